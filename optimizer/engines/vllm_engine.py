@@ -1,0 +1,128 @@
+"""The real engine: vLLM's AsyncLLM in this process, its engine core in child processes.
+
+Driven with token ids only (`skip_tokenizer_init=True`), so no tokenizer is needed. Started fresh for every
+trial; `shutdown` ends every process the start created, by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from multiprocessing import resource_tracker
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from optimizer import failures
+from optimizer.errors import EngineDiedError, EngineStartError
+from optimizer.processes import ProcessRef, children, end_processes, output_to
+from optimizer.workload import Request
+
+_ids = itertools.count()
+
+
+def resolved_config(vllm_config: Any) -> dict[str, Any]:
+    """The values vLLM actually runs with, defaults filled in: what a user would write on `vllm serve`."""
+    sched, cache, model = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
+    return {
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "max_model_len": model.max_model_len,
+        "gpu_memory_utilization": cache.gpu_memory_utilization,
+        "enable_chunked_prefill": bool(sched.enable_chunked_prefill),
+        "enable_prefix_caching": bool(cache.enable_prefix_caching),
+        "block_size": cache.block_size,
+        "long_prefill_token_threshold": sched.long_prefill_token_threshold,
+        "num_kv_blocks": cache.num_gpu_blocks,
+    }
+
+
+class VllmEngine:
+    """AsyncLLM adapter. `base_args` (model, dtype, ...) are fixed; `start(params)` adds the trial's values."""
+
+    def __init__(self, base_args: dict[str, Any], shutdown_timeout_s: float = 20.0) -> None:
+        self._base_args = dict(base_args)
+        self._llm: Any = None
+        self._procs: list[ProcessRef] = []
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._log_path: Path | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    @property
+    def process_refs(self) -> list[ProcessRef]:
+        return list(self._procs)
+
+    def engine_args(self, params: dict[str, Any]) -> Any:
+        """Build AsyncEngineArgs; unknown or ill-typed names are an invalid config, not a crash."""
+        from vllm import AsyncEngineArgs
+
+        kwargs = {"skip_tokenizer_init": True, "disable_log_stats": True, **self._base_args, **params}
+        try:
+            return AsyncEngineArgs(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise EngineStartError(str(exc), failures.INVALID_CONFIG) from None
+
+    async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
+        # multiprocessing's resource tracker is started once per process and outlives the engine: start it now so
+        # that it is not taken for one of the engine's processes.
+        resource_tracker.ensure_running()
+        self._log_path = log_path
+        before = children()
+        try:
+            with output_to(log_path):
+                from vllm.v1.engine.async_llm import AsyncLLM
+
+                args = self.engine_args(params)
+                self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        except EngineStartError:
+            raise
+        except Exception as exc:  # vLLM raises many kinds; the log tells which
+            self._procs = sorted(children() - before, key=lambda r: r.pid)
+            end_processes(self._procs)
+            log_text = log_path.read_text(errors="replace") if log_path and log_path.exists() else ""
+            reason, detail = failures.classify(f"{type(exc).__name__}: {exc}", log_text)
+            raise EngineStartError(detail or str(exc), reason, log_excerpt=log_text[-4000:]) from None
+        self._procs = sorted(children() - before, key=lambda r: r.pid)
+        # vLLM's front end warns per request about token-id prompts; its engine log goes to the trial's file.
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+        return resolved_config(self._llm.vllm_config)
+
+    async def generate(self, request: Request) -> AsyncIterator[int]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        params = SamplingParams(
+            max_tokens=request.output_len,
+            min_tokens=request.output_len,
+            ignore_eos=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        try:
+            async for out in self._llm.generate(prompt, params, request_id=f"r{request.index}-{next(_ids)}"):
+                n = len(out.outputs[0].token_ids)
+                if n:
+                    yield n
+        except EngineDeadError as exc:
+            raise EngineDiedError(f"the engine died during the replay: {exc}") from None
+
+    async def reset_prefix_cache(self) -> None:
+        if self._llm is not None:
+            await self._llm.reset_prefix_cache()
+
+    async def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        with output_to(self._log_path):  # vLLM's shutdown messages belong in the trial's log
+            if llm is not None:
+                try:
+                    await asyncio.wait_for(asyncio.to_thread(llm.shutdown), timeout=self._shutdown_timeout_s)
+                except Exception:  # a hung or broken shutdown is finished below, by PID
+                    pass
+            end_processes(self._procs)

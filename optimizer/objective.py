@@ -1,0 +1,163 @@
+"""One trial: params -> engine -> warm-up -> rate search (cold replays) -> values, constraint, stored curve.
+
+A configuration that cannot run (vLLM rejects it, it runs out of memory, the engine dies, it hangs) ends as a
+PRUNED trial with a violated constraint and its reason in user attributes: the sampler learns from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from optimizer import failures
+from optimizer.clock import Clock, MonotonicClock
+from optimizer.config import StudyConfig
+from optimizer.engines.base import Engine, EngineFactory
+from optimizer.errors import EngineDiedError, EngineStartError
+from optimizer.metrics import summarize
+from optimizer.rate_search import find_max_rate
+from optimizer.replay import replay
+from optimizer.space import Space
+from optimizer.workload import Workload
+
+CONSTRAINT = "ttft_p99_over_limit_ms"
+# The constraint value of a config that cannot run at all: worse than any measured SLO miss.
+CANNOT_RUN_MS = 1e7
+# On the CPU build, when vLLM's default memory fraction (0.92) does not fit beside other processes.
+CPU_BASELINE_MEMORY_FALLBACK = 0.3
+
+
+@dataclass
+class TrialTimings:
+    start_s: float = 0.0
+    replay_s: float = 0.0
+    shutdown_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        return max(self.total_s - self.start_s - self.replay_s - self.shutdown_s, 0.0)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"engine_start_s": round(self.start_s, 3), "replay_s": round(self.replay_s, 3),
+                "engine_shutdown_s": round(self.shutdown_s, 3), "overhead_s": round(self.overhead_s, 3),
+                "total_s": round(self.total_s, 3)}
+
+
+@dataclass
+class Objective:
+    """Callable for `study.optimize`: measures one trial on a fresh engine."""
+
+    config: StudyConfig
+    space: Space
+    workload: Workload
+    engine_factory: EngineFactory
+    logs_dir: Path
+    clock: Clock = field(default_factory=MonotonicClock)
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
+        return asyncio.run(self.run(trial))
+
+    def trial_params(self, trial: optuna.Trial) -> dict[str, Any]:
+        if trial.user_attrs.get("baseline"):
+            # vLLM's own defaults for every searched knob; only the user's fixed values apply.
+            return {k: v for k, v in self.space.fixed.items() if k != "max_model_len"}
+        return self.space.suggest(trial)
+
+    async def run(self, trial: optuna.Trial) -> tuple[float, float]:
+        timings = TrialTimings()
+        t0 = time.perf_counter()
+        params = self.trial_params(trial)
+        trial.set_user_attr("engine_params", params)
+        problems = self.space.violations(params)
+        if problems:
+            self._prune(trial, failures.INVALID_CONFIG, "; ".join(problems))
+        engine = self.engine_factory()
+        log_path = self.logs_dir / f"trial-{trial.number:05d}.log"
+        trial.set_user_attr("log_file", str(log_path))
+        try:
+            resolved = await self._start(trial, engine, params, log_path, timings)
+            trial.set_user_attr("engine_config", resolved)
+            trial.set_user_attr("engine_pids", engine.pids)
+            t_replay = time.perf_counter()
+            try:
+                search = await asyncio.wait_for(self._measure(engine), timeout=self.config.trial_timeout_s)
+            except asyncio.TimeoutError:
+                self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
+            except EngineDiedError as exc:
+                self._prune(trial, failures.ENGINE_DIED, str(exc))
+            timings.replay_s = time.perf_counter() - t_replay
+        finally:
+            t_stop = time.perf_counter()
+            await engine.shutdown()
+            timings.shutdown_s = time.perf_counter() - t_stop
+            timings.total_s = time.perf_counter() - t0
+            trial.set_user_attr("timings", timings.to_dict())
+        limit = self.config.ttft_p99_ms
+        trial.set_user_attr("curve", [p.to_dict() for p in search.points])
+        violation = search.violation_ms(limit)
+        trial.set_constraint(CONSTRAINT, violation)
+        point = search.best or min(search.points, key=lambda p: (p.ttft_p99_ms if math.isfinite(p.ttft_p99_ms)
+                                                                  else math.inf))
+        summary = {"feasible": search.feasible,
+                   "rate_rps": point.offered_rate_rps if math.isfinite(point.offered_rate_rps) else None,
+                   "output_throughput_tok_s": point.output_throughput_tok_s,
+                   "request_throughput_rps": point.request_throughput_rps,
+                   "ttft_p50_ms": point.ttft_p50_ms, "ttft_p99_ms": point.ttft_p99_ms,
+                   "tpot_p99_ms": point.tpot_p99_ms}
+        trial.set_user_attr("result", summary)
+        ttft = point.ttft_p99_ms if math.isfinite(point.ttft_p99_ms) else CANNOT_RUN_MS
+        return point.output_throughput_tok_s, ttft
+
+    async def _start(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path,
+                     timings: TrialTimings) -> dict[str, Any]:
+        t = time.perf_counter()
+        try:
+            try:
+                return await asyncio.wait_for(engine.start(params, log_path), timeout=self.config.trial_timeout_s)
+            except EngineStartError as exc:
+                if not (trial.user_attrs.get("baseline") and self.config.device == "cpu"
+                        and exc.reason == failures.OUT_OF_MEMORY and "gpu_memory_utilization" not in params):
+                    raise
+                # vLLM's default memory fraction does not fit beside other processes on this CPU machine:
+                # keep its scheduler defaults and reserve a fraction that fits.
+                await engine.shutdown()
+                note = (f"vLLM's default gpu_memory_utilization did not fit on this CPU machine ({exc}); the "
+                        f"baseline keeps vLLM's scheduler defaults with gpu_memory_utilization="
+                        f"{CPU_BASELINE_MEMORY_FALLBACK}")
+                trial.set_user_attr("baseline_note", note)
+                params = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
+                trial.set_user_attr("engine_params", params)
+                return await asyncio.wait_for(engine.start(params, log_path), timeout=self.config.trial_timeout_s)
+        except asyncio.TimeoutError:
+            self._prune(trial, failures.TIMEOUT, f"the engine did not start within {self.config.trial_timeout_s:.0f} s")
+        except EngineStartError as exc:
+            self._prune(trial, exc.reason, str(exc))
+        finally:
+            timings.start_s = time.perf_counter() - t
+        raise AssertionError("unreachable")
+
+    async def _measure(self, engine: Engine):
+        if self.workload.warmup:
+            await replay(engine, self.workload.warmup, [0.0] * len(self.workload.warmup), self.clock)
+
+        async def replay_at(rate_rps: float):
+            # Cold every time: a replay must never be served from the previous replay's prefix cache.
+            await engine.reset_prefix_cache()
+            records = await replay(engine, self.workload.requests, self.workload.arrivals_s(rate_rps), self.clock)
+            return summarize(records, rate_rps)
+
+        return await find_max_rate(replay_at, self.config.ttft_p99_ms, self.config.search)
+
+    @staticmethod
+    def _prune(trial: optuna.Trial, reason: str, detail: str) -> None:
+        trial.set_user_attr("pruned_reason", reason)
+        trial.set_user_attr("pruned_detail", detail[:1000])
+        trial.set_constraint(CONSTRAINT, CANNOT_RUN_MS)
+        raise optuna.TrialPruned(f"{reason}: {detail}")

@@ -1,0 +1,173 @@
+"""The search space: default ranges per device, user overrides from YAML, and vLLM's rules between parameters.
+
+Known constraints are checked before any engine starts, so a combination vLLM would reject costs no start.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from optimizer.config import Choice, FloatRange, IntRange, SpaceSpec, WorkloadSpec, build
+from optimizer.errors import UsageError
+
+Dist = IntRange | FloatRange | Choice
+
+SEARCHABLE = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "block_size",
+    "long_prefill_token_threshold",
+)
+
+# gpu_memory_utilization is capped below 0.95: the last few percent go out of memory under bursts.
+_DEFAULTS: dict[str, dict[str, Dist]] = {
+    "cuda": {
+        "max_num_seqs": IntRange(low=8, high=512, log=True),
+        "max_num_batched_tokens": IntRange(low=512, high=16384, log=True),
+        "gpu_memory_utilization": FloatRange(low=0.70, high=0.94, step=0.02),
+        "enable_chunked_prefill": Choice(choices=[True, False]),
+        "enable_prefix_caching": Choice(choices=[True, False]),
+        "block_size": Choice(choices=[16, 32]),
+        "long_prefill_token_threshold": Choice(choices=[0, 256, 512, 1024, 2048]),
+    },
+    # On the CPU build the memory fraction is of the NUMA node's memory, and the KV cache of a small model
+    # needs little of it; the scale of the other knobs is that of a 2-core machine.
+    "cpu": {
+        "max_num_seqs": IntRange(low=1, high=64, log=True),
+        "max_num_batched_tokens": IntRange(low=64, high=4096, log=True),
+        "gpu_memory_utilization": FloatRange(low=0.15, high=0.5, step=0.05),
+        "enable_chunked_prefill": Choice(choices=[True, False]),
+        "enable_prefix_caching": Choice(choices=[True, False]),
+        "block_size": Choice(choices=[16, 32, 64, 128]),
+        "long_prefill_token_threshold": Choice(choices=[0, 32, 64, 128, 256]),
+    },
+}
+MEMORY_CAP = 0.94
+
+
+@dataclass(frozen=True)
+class Space:
+    """Resolved: what to sample and what is fixed, for one model, device and workload."""
+
+    dists: dict[str, Dist]
+    fixed: dict[str, Any]
+    min_model_len: int
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        """Sample one parameter set (fixed values included)."""
+        params: dict[str, Any] = {}
+        for name, dist in self.dists.items():
+            if isinstance(dist, IntRange):
+                step = 1 if dist.log else dist.step
+                params[name] = trial.suggest_int(name, dist.low, dist.high, log=dist.log, step=step)
+            elif isinstance(dist, FloatRange):
+                value = trial.suggest_float(name, dist.low, dist.high, step=dist.step)
+                params[name] = round(value, 6)
+            else:
+                params[name] = trial.suggest_categorical(name, dist.choices)
+        return {**params, **self.fixed}
+
+    def violations(self, params: dict[str, Any]) -> list[str]:
+        """vLLM's rules between parameters that `params` breaks, each with the fix."""
+        return check_constraints(params, self.min_model_len)
+
+
+def check_constraints(params: dict[str, Any], min_model_len: int) -> list[str]:
+    """Rules vLLM enforces at start (and one of ours), as messages. Missing keys are vLLM defaults: unchecked."""
+    out = []
+    seqs, tokens = params.get("max_num_seqs"), params.get("max_num_batched_tokens")
+    model_len = params.get("max_model_len")
+    if seqs is not None and tokens is not None and tokens < seqs:
+        out.append(f"max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs})")
+    if params.get("enable_chunked_prefill") is False and tokens is not None and model_len is not None \
+            and tokens < model_len:
+        out.append(f"without chunked prefill, max_num_batched_tokens ({tokens}) must be >= max_model_len "
+                   f"({model_len})")
+    if model_len is not None and model_len < min_model_len:
+        out.append(f"max_model_len ({model_len}) is below the workload's longest request ({min_model_len})")
+    mem = params.get("gpu_memory_utilization")
+    if mem is not None and not 0 < mem <= 1:
+        out.append(f"gpu_memory_utilization ({mem}) must be in (0, 1]")
+    return out
+
+
+def parse_space_yaml(data: dict[str, Any]) -> SpaceSpec:
+    """`{name: {min, max[, log, step]} | [choices] | value}` -> SpaceSpec. Names are checked in `resolve`."""
+    ranges: dict[str, Dist] = {}
+    fixed: dict[str, Any] = {}
+    for name, value in data.items():
+        if isinstance(value, dict):
+            if set(value) - {"min", "max", "log", "step"} or not {"min", "max"} <= set(value):
+                raise UsageError(f"search space: {name!r} needs 'min' and 'max' (optional 'log', 'step'), "
+                                 f"got keys {sorted(value)}")
+            low, high = value["min"], value["max"]
+            is_int = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high))
+            fields = {"low": low, "high": high, **{k: value[k] for k in ("log", "step") if k in value}}
+            ranges[name] = build(IntRange if is_int else FloatRange, fields, f"search space range {name!r}")
+        elif isinstance(value, list):
+            if not value:
+                raise UsageError(f"search space: {name!r} has an empty list of choices")
+            ranges[name] = Choice(choices=value)
+        else:
+            fixed[name] = value
+    return SpaceSpec(ranges=ranges, fixed=fixed)
+
+
+def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: WorkloadSpec) -> Space:
+    """Defaults for `device`, overridden by the user's ranges and fixed values."""
+    known_engine_args = _engine_arg_names()
+    for name in [*spec.ranges, *spec.fixed]:
+        if name not in SEARCHABLE and not (name in spec.fixed and name in known_engine_args):
+            raise UsageError(f"search space: unknown parameter {name!r}; searchable are {', '.join(SEARCHABLE)}"
+                             f" (other vLLM engine arguments may only be fixed to one value)")
+    need = workload.max_total_len
+    if need > model_max_len:
+        raise UsageError(f"the workload's longest request ({workload.input_len_max} + {workload.output_len_max} "
+                         f"tokens) exceeds the model's context of {model_max_len} tokens: lower "
+                         f"--input-len/--output-len")
+    dists: dict[str, Dist] = dict(_DEFAULTS[device])
+    if model_max_len > need:
+        dists["max_model_len"] = IntRange(low=need, high=model_max_len, log=True)
+    fixed: dict[str, Any] = {} if "max_model_len" in dists else {"max_model_len": model_max_len}
+    dists.update(spec.ranges)
+    for name in spec.fixed:
+        dists.pop(name, None)
+    fixed.update(spec.fixed)
+    if isinstance(dists.get("max_model_len"), IntRange) and dists["max_model_len"].low < need:
+        raise UsageError(f"search space: max_model_len min {dists['max_model_len'].low} is below the workload's "
+                         f"longest request ({need} tokens): raise it to at least {need}")
+    mem = dists.get("gpu_memory_utilization")
+    if isinstance(mem, FloatRange) and not (0 < mem.low and mem.high <= 1):
+        raise UsageError("search space: gpu_memory_utilization must lie in (0, 1]")
+    return Space(dists=dists, fixed=fixed, min_model_len=need)
+
+
+def _engine_arg_names() -> set[str]:
+    try:
+        import dataclasses
+
+        from vllm.engine.arg_utils import EngineArgs
+
+        return {f.name for f in dataclasses.fields(EngineArgs)}
+    except Exception:  # vLLM not importable: only the searchable names are known
+        return set()
+
+
+def distance_to_default(params: dict[str, Any], default: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Parameters whose value differs from `default`: name -> (default, value)."""
+    out = {}
+    for name in SEARCHABLE:
+        if name in params and name in default and params[name] != default[name]:
+            a, b = default[name], params[name]
+            if isinstance(a, float) and isinstance(b, float) and math.isclose(a, b):
+                continue
+            out[name] = (a, b)
+    return out

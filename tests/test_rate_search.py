@@ -1,0 +1,104 @@
+"""The in-trial rate search on scripted replays: the engine 'sustains' up to a known knee."""
+
+import asyncio
+import math
+
+from optimizer.config import RateSearchSpec
+from optimizer.metrics import Distribution, ReplayMetrics
+from optimizer.rate_search import find_max_rate
+
+
+def fake_metrics(rate, ttft_p99_ms, achieved=None, burst_rps=20.0):
+    sent = math.inf if rate == math.inf else rate
+    d = Distribution(ttft_p99_ms / 2, ttft_p99_ms / 2, ttft_p99_ms, ttft_p99_ms)
+    req_tput = burst_rps if rate == math.inf else (achieved or rate)
+    return ReplayMetrics(offered_rate_rps=rate, achieved_rate_rps=achieved or (req_tput), sent_rate_rps=sent,
+                         completed=100, failed=0, duration_s=100 / req_tput, request_throughput_rps=req_tput,
+                         output_throughput_tok_s=req_tput * 10, total_token_throughput_tok_s=req_tput * 20,
+                         ttft=d, tpot=d, itl=d, e2e=d)
+
+
+def knee_engine(knee_rps, calls):
+    async def replay_at(rate):
+        calls.append(rate)
+        if rate == math.inf:
+            return fake_metrics(rate, 5000.0)
+        return fake_metrics(rate, 50.0 if rate <= knee_rps else 200.0 + 100.0 * (rate - knee_rps))
+    return replay_at
+
+
+def run(replay_at, limit=150.0, **kw):
+    return asyncio.run(find_max_rate(replay_at, limit, RateSearchSpec(**kw)))
+
+
+def test_burst_first_then_down_then_bisect():
+    calls = []
+    res = run(knee_engine(13.0, calls), max_replays=10, step_down=0.5, refine_steps=2)
+    # burst ceiling 20 -> 10 (ok) -> bisect (10+20)/2=15 (no) -> 12.5 (ok)
+    assert calls == [math.inf, 10.0, 15.0, 12.5]
+    assert res.best.offered_rate_rps == 12.5
+    assert res.best.output_throughput_tok_s == 125.0
+    assert res.violation_ms(150.0) == 0.0
+    assert [p.feasible for p in res.points] == [False, True, False, True]
+
+
+def test_keeps_stepping_down_until_feasible():
+    calls = []
+    res = run(knee_engine(3.0, calls), max_replays=10, step_down=0.5, refine_steps=0)
+    assert calls == [math.inf, 10.0, 5.0, 2.5]
+    assert res.best.offered_rate_rps == 2.5
+
+
+def test_never_feasible_reports_the_closest_miss():
+    calls = []
+    res = run(knee_engine(0.0, calls), max_replays=4, step_down=0.5)
+    assert calls == [math.inf, 10.0, 5.0, 2.5]
+    assert res.best is None and not res.feasible
+    assert res.violation_ms(150.0) == 450.0 - 150.0
+
+
+def test_stops_when_lower_rates_no_longer_cut_latency():
+    calls = []
+
+    async def replay_at(rate):
+        calls.append(rate)
+        return fake_metrics(rate, 5000.0 if rate == math.inf else 400.0)
+    res = run(replay_at, max_replays=10, step_down=0.5)
+    # 10 and 5 req/s show the same TTFT: the limit is below this config's unloaded latency
+    assert calls == [math.inf, 10.0, 5.0] and res.best is None
+
+
+def test_keeps_descending_while_latency_still_falls():
+    calls = []
+
+    async def replay_at(rate):
+        calls.append(rate)
+        return fake_metrics(rate, 5000.0 if rate == math.inf else 100.0 + 40.0 * rate)
+    res = run(replay_at, max_replays=10, step_down=0.5, refine_steps=0)
+    assert calls == [math.inf, 10.0, 5.0, 2.5, 1.25] and res.best.offered_rate_rps == 1.25
+
+
+def test_a_rate_not_sustained_is_not_feasible_even_with_low_ttft():
+    async def replay_at(rate):
+        if rate == math.inf:
+            return fake_metrics(rate, 5000.0)
+        return fake_metrics(rate, 10.0, achieved=rate * (0.5 if rate > 6 else 1.0))
+    res = run(replay_at, max_replays=10, step_down=0.5, refine_steps=0)
+    assert res.best.offered_rate_rps == 5.0
+    assert not res.points[1].sustained
+
+
+def test_feasible_burst_ends_the_search():
+    calls = []
+
+    async def replay_at(rate):
+        calls.append(rate)
+        return fake_metrics(rate, 20.0)
+    res = run(replay_at)
+    assert calls == [math.inf] and res.best.offered_rate_rps == math.inf
+
+
+def test_respects_max_replays():
+    calls = []
+    run(knee_engine(13.0, calls), max_replays=3, step_down=0.5, refine_steps=5)
+    assert len(calls) == 3

@@ -1,0 +1,113 @@
+"""Study logic on the fake engine: budget, baseline once, resume, pruning, constraints, recommendation."""
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from optimizer import failures
+from optimizer.config import SpaceSpec, StudyConfig, WorkloadSpec, FloatRange
+from optimizer.engines.fake import FakeEngine
+from optimizer.errors import OptimizerError
+from optimizer.export import export
+from optimizer.objective import CONSTRAINT
+from optimizer.report import compare, recommended, summary_text
+from optimizer.runner import prepare, run
+
+
+def make_config(tmp_path, model, **kw):
+    base = dict(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", ttft_p99_ms=30.0, budget=3,
+                model=str(model), dummy_weights=True, device="cpu",
+                workload=WorkloadSpec(num_requests=40, warmup_requests=2, input_len_min=64, input_len_max=256,
+                                      output_len_min=2, output_len_max=6))
+    return StudyConfig(**{**base, **kw})
+
+
+def slow_fake():
+    return FakeEngine()
+
+
+def run_study(tmp_path, config, engine=slow_fake):
+    prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=engine)
+    return run(prepared, quiet=True)
+
+
+def test_runs_to_budget_with_the_baseline_first_and_once(tmp_path, config_only_model):
+    study = run_study(tmp_path, make_config(tmp_path, config_only_model))
+    trials = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert len(trials) == 3
+    assert trials[0].user_attrs.get("baseline") is True and trials[0].params == {}
+    assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
+    for t in trials:
+        assert t.state == TrialState.COMPLETE
+        curve = t.user_attrs["curve"]
+        assert curve[0]["offered_rate_rps"] is None  # the burst comes first
+        assert len(curve) >= 2 and t.constraints[CONSTRAINT] == 0.0
+        assert t.values[0] > 0
+    best = recommended(study)
+    assert best is not None and best.values[0] == max(t.values[0] for t in trials)
+
+
+def test_resume_adds_trials_without_repeating(tmp_path, config_only_model):
+    config = make_config(tmp_path, config_only_model)
+    first = run_study(tmp_path, config)
+    done = {t.number: t.datetime_complete for t in first.trials}
+    study = run_study(tmp_path, config.model_copy(update={"budget": 5}))
+    assert len(study.trials) == 5
+    assert {t.number: t.datetime_complete for t in study.trials[:3]} == done
+    assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
+    assert run_study(tmp_path, config.model_copy(update={"budget": 5})).trials == study.trials  # nothing left
+
+
+def test_out_of_memory_is_pruned_with_reason_and_violated_constraint(tmp_path, config_only_model):
+    space = SpaceSpec(ranges={"gpu_memory_utilization": FloatRange(low=0.95, high=0.99)})
+    study = run_study(tmp_path, make_config(tmp_path, config_only_model, space=space, budget=3))
+    searched = [t for t in study.trials if not t.user_attrs.get("baseline")]
+    assert searched and all(t.state == TrialState.PRUNED for t in searched)
+    for t in searched:
+        assert t.user_attrs["pruned_reason"] == failures.OUT_OF_MEMORY
+        assert t.constraints[CONSTRAINT] > 0
+
+
+def test_invalid_combination_is_pruned_before_any_engine_starts(tmp_path, config_only_model):
+    starts = []
+
+    class Counting(FakeEngine):
+        async def start(self, params, log_path=None):
+            starts.append(params)
+            return await super().start(params, log_path)
+
+    space = SpaceSpec(fixed={"max_num_seqs": 64, "max_num_batched_tokens": 32})
+    study = run_study(tmp_path, make_config(tmp_path, config_only_model, space=space, budget=2), engine=Counting)
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert len(pruned) == 2  # the baseline keeps the fixed values too
+    assert all(t.user_attrs["pruned_reason"] == failures.INVALID_CONFIG for t in pruned)
+    assert "must be >= max_num_seqs" in pruned[0].user_attrs["pruned_detail"]
+    assert starts == []
+
+
+def test_an_impossible_limit_leaves_no_recommendation(tmp_path, config_only_model):
+    config = make_config(tmp_path, config_only_model, ttft_p99_ms=0.001, budget=2)
+    study = run_study(tmp_path, config)
+    assert all(t.constraints[CONSTRAINT] > 0 for t in study.trials)
+    assert recommended(study) is None
+    assert "No trial met the limit" in summary_text(study, config.ttft_p99_ms)
+    with pytest.raises(OptimizerError, match="Relax the limit"):
+        export(None, config, tmp_path, str(config_only_model))
+
+
+def test_summary_names_gain_and_changes(tmp_path, config_only_model):
+    study = run_study(tmp_path, make_config(tmp_path, config_only_model, budget=4))
+    text = summary_text(study, 30.0)
+    c = compare(study)
+    assert "vLLM defaults" in text and "recommended" in text
+    if c.best.number != c.baseline.number:
+        assert c.changed and "changed from vLLM's defaults" in text
+        assert c.gain_pct is not None and f"{c.gain_pct:+.1f}%" in text
+
+
+def test_sampler_sees_pruned_trials_as_infeasible(tmp_path, config_only_model):
+    space = SpaceSpec(ranges={"gpu_memory_utilization": FloatRange(low=0.5, high=0.99)})
+    study = run_study(tmp_path, make_config(tmp_path, config_only_model, space=space, budget=6))
+    for t in study.get_trials(states=(TrialState.PRUNED,)):
+        assert t.params["gpu_memory_utilization"] > 0.9
+    assert isinstance(study.sampler, optuna.samplers.TPESampler)
