@@ -2,6 +2,7 @@
 
     optimize --ttft-p99 150ms --budget 40       run (or resume) a study
     optimize export --study NAME                write the recommended config for `vllm serve`
+    optimize report --study NAME [--ttft-p99 X] the Pareto front, plots, and a re-ranking for another limit
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "under your limit. Each trial starts the engine with one parameter set and replays the same "
                     "Poisson workload at several rates; the study lives in a database and resumes where it "
                     "stopped when the same command runs again.",
-        epilog="Subcommand: 'optimize export --study NAME' writes the recommended config. "
+        epilog="Subcommands: 'optimize export --study NAME' writes the recommended config; 'optimize report "
+               "--study NAME' prints the Pareto front and writes plots (see each one's --help). "
                "Example: optimize --ttft-p99 150ms --budget 40",
     )
     _common(p)
@@ -208,16 +210,17 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 def cmd_export(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="optimize export",
-                                description="Write the recommended config of a study as `vllm serve` flags (printed) "
-                                            "and as a YAML file for `vllm serve --config`.")
+                                description="Write the recommended config of a study as `vllm serve` flags (printed), "
+                                            "as a YAML file for `vllm serve --config`, as a JSON of engine keyword "
+                                            "arguments (AsyncEngineArgs) and as a docker compose service.")
     _common(p)
-    p.add_argument("--out", help="folder for the YAML file (default: the studies dir)")
+    p.add_argument("--out", help="folder for the exported files (default: the studies dir)")
     ns = p.parse_args(argv)
     return _guarded(ns.debug, lambda: _export(ns))
 
 
 def _export(ns: argparse.Namespace) -> int:
-    from optimizer.export import export
+    from optimizer.export import export_all
     from optimizer.report import recommended
     from optimizer.study import storage_for
 
@@ -231,9 +234,91 @@ def _export(ns: argparse.Namespace) -> int:
     study = optuna.load_study(study_name=ns.study, storage=storage_for(url))
     from optimizer.runner import model_path
 
-    command, path = export(recommended(study), config, Path(ns.out or ns.studies_dir), model_path(config))
-    print(command)
-    print(f"wrote {path} (use: vllm serve --config {path})", file=sys.stderr)
+    done = export_all(recommended(study), config, Path(ns.out or ns.studies_dir), model_path(config))
+    print(done.command)
+    print(f"wrote {done.yaml_path} (use: vllm serve --config {done.yaml_path})", file=sys.stderr)
+    print(f"wrote {done.json_path} (use: AsyncEngineArgs(**json.load(f)['engine_args']))", file=sys.stderr)
+    print(f"wrote {done.compose_path} (use: docker compose -f {done.compose_path} up)", file=sys.stderr)
+    return 0
+
+
+def cmd_report(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="optimize report",
+        description="Print the feasible Pareto front of a study (output throughput vs TTFT P99), the recommendation "
+                    "against vLLM's defaults and the parameter importances; write STUDY.report.png and a "
+                    "self-contained STUDY.report.html. With --ttft-p99 the stored replays are re-ranked for another "
+                    "limit without rerunning anything.",
+        epilog="Examples: optimize report --study s; optimize report --study s --ttft-p99 300ms --format csv; "
+               "optimize report --study s --trial 3 --bench-json s-3.json")
+    _common(p)
+    p.add_argument("--format", default="table", help="table, json or csv (default: %(default)s)")
+    p.add_argument("--out", help="folder for the PNG and HTML report (default: the studies dir)")
+    p.add_argument("--ttft-p99", help="re-rank for this TTFT P99 limit from the stored replays, e.g. 300ms "
+                   "(default: the study's own limit)")
+    p.add_argument("--trial", help="print this trial's replays (its latency-vs-load curve) instead of the front")
+    p.add_argument("--bench-json", metavar="PATH", help="write the result of --trial (default: the recommended trial) "
+                   "in the JSON format of `vllm bench serve --save-result`")
+    ns = p.parse_args(argv)
+    return _guarded(ns.debug, lambda: _report(ns))
+
+
+def _load_study(ns: argparse.Namespace):
+    """The stored config and the study, or a UsageError that names the fix."""
+    url = _storage_url(ns)
+    config = _existing_config(url, ns.study)
+    if config is None:
+        raise UsageError(f"no study {ns.study!r} in {ns.storage or ns.studies_dir}: run optimize --study {ns.study} "
+                         f"first, or pass the right --study/--storage")
+    import optuna
+
+    from optimizer.study import storage_for
+
+    return config, optuna.load_study(study_name=ns.study, storage=storage_for(url))
+
+
+def _report(ns: argparse.Namespace) -> int:
+    from optimizer.decision import FORMATS, curve_rows, decide, format_output, render, view
+
+    if ns.format not in FORMATS:
+        raise UsageError(f"--format {ns.format!r} is not one of {', '.join(FORMATS)}")
+    limit_ms = parse_duration_ms(ns.ttft_p99, "--ttft-p99") if ns.ttft_p99 is not None else None
+    trial_no = None
+    if ns.trial is not None:
+        try:
+            trial_no = int(ns.trial)
+        except ValueError:
+            raise UsageError(f"--trial {ns.trial!r} is not a trial number, e.g. --trial 3") from None
+    config, study = _load_study(ns)
+    decision = decide(study, config, limit_ms)
+    say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
+    if trial_no is not None or ns.bench_json:
+        if trial_no is None and decision.best is None:
+            raise UsageError("no trial meets the limit, so there is no recommendation to write: pass --trial N")
+        chosen = view(decision, trial_no) if trial_no is not None else decision.best
+        if trial_no is not None:
+            rows = curve_rows(decision, chosen)
+            why = chosen.trial.user_attrs.get("pruned_reason", "no curve stored")
+            print(format_output(rows, ns.format) if rows or ns.format != "table" else
+                  f"trial #{chosen.number} stored no replays: it could not run ({why}: "
+                  f"{chosen.trial.user_attrs.get('pruned_detail', '')})")
+        if ns.bench_json:
+            from optimizer.benchjson import bench_result, chosen_point, write_bench_json
+
+            point = chosen_point(chosen.trial, decision.limit_ms)
+            path = write_bench_json(Path(ns.bench_json), bench_result(chosen.trial, config, point,
+                                                                      decision.limit_ms))
+            rate = point.get("offered_rate_rps")
+            say(f"wrote {path} (trial #{chosen.number} at {'a burst' if rate is None else f'{rate:.2f} req/s'})")
+        return 0
+    from optimizer.plots import write_report
+
+    out, extra = render(decision, ns.format)
+    print(out)
+    for line in extra:
+        say(line)
+    png, html = write_report(decision, Path(ns.out or ns.studies_dir))
+    say(f"wrote {png} and {html}")
     return 0
 
 
@@ -255,10 +340,24 @@ def _guarded(debug: bool, fn) -> int:
         return 1
 
 
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """`--budget -3` -> `--budget=-3`, so that argparse hands the value to our checks instead of failing on it."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and len(token) > 1 and token[0] == "-" \
+                and (token[1].isdigit() or token[1] == "."):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     if argv and argv[0] == "export":
         return cmd_export(argv[1:])
+    if argv and argv[0] == "report":
+        return cmd_report(argv[1:])
     parser = build_parser()
     ns = parser.parse_args(argv)
     return _guarded(ns.debug, lambda: cmd_run(ns))

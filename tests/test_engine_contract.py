@@ -1,0 +1,88 @@
+"""One contract, every Engine implementation: the fake and the real vLLM CPU engine."""
+
+import asyncio
+
+import psutil
+import pytest
+
+from optimizer import failures
+from optimizer.config import WorkloadSpec
+from optimizer.engines.base import Engine
+from optimizer.engines.fake import FakeEngine
+from optimizer.errors import EngineStartError
+from optimizer.workload import build_workload
+
+WORKLOAD = build_workload(WorkloadSpec(num_requests=10, warmup_requests=0, input_len_min=8, input_len_max=40,
+                                       output_len_min=3, output_len_max=7, seed=3), 16000)
+OOM_PARAMS = {"gpu_memory_utilization": 0.99}
+
+
+@pytest.fixture(params=["fake", pytest.param("vllm", marks=pytest.mark.engine)])
+def make_engine(request):
+    if request.param == "fake":
+        return lambda: FakeEngine(max_memory_fraction=0.95)
+    tiny = request.getfixturevalue("tiny_model")
+    from optimizer.engines.vllm_engine import VllmEngine
+
+    return lambda: VllmEngine({"model": str(tiny), "enforce_eager": True})
+
+
+async def collect(engine, request):
+    return [n async for n in engine.generate(request)]
+
+
+def test_lifecycle(make_engine, tmp_path):
+    async def scenario():
+        engine: Engine = make_engine()
+        assert isinstance(engine, Engine)
+        resolved = await engine.start({"max_num_seqs": 4, "gpu_memory_utilization": 0.2}, tmp_path / "e.log")
+        pids = list(engine.pids)
+        try:
+            assert resolved["max_num_seqs"] == 4
+            one = await collect(engine, WORKLOAD.requests[0])
+            assert sum(one) == WORKLOAD.requests[0].output_len and all(n > 0 for n in one)
+            await engine.reset_prefix_cache()
+            # more requests than max_num_seqs at once: all complete, each with exactly its tokens
+            outs = await asyncio.gather(*(collect(engine, r) for r in WORKLOAD.requests))
+            assert [sum(o) for o in outs] == [r.output_len for r in WORKLOAD.requests]
+        finally:
+            await engine.shutdown()
+        await engine.shutdown()  # twice is safe
+        return pids
+
+    pids = asyncio.run(scenario())
+    assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_config_that_does_not_fit_fails_with_reason_and_leaves_no_process(make_engine, tmp_path):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+
+    async def scenario():
+        engine = make_engine()
+        with pytest.raises(EngineStartError) as err:
+            await engine.start(OOM_PARAMS, tmp_path / "oom.log")
+        await engine.shutdown()
+        return err.value
+
+    err = asyncio.run(scenario())
+    assert err.reason == failures.OUT_OF_MEMORY, str(err)
+    after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+    assert after <= before | _resource_tracker()
+
+
+def test_unknown_argument_is_an_invalid_config(make_engine, tmp_path):
+    async def scenario():
+        engine = make_engine()
+        with pytest.raises(EngineStartError) as err:
+            await engine.start({"unknown_arg": 1}, tmp_path / "bad.log")
+        await engine.shutdown()
+        return err.value
+
+    assert asyncio.run(scenario()).reason == failures.INVALID_CONFIG
+
+
+def _resource_tracker() -> set[int]:
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return {pid} if pid else set()
