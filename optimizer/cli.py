@@ -165,7 +165,8 @@ def resolve_config(ns: argparse.Namespace, log=print):
     url = _storage_url(ns)
     stored = _existing_config(url, ns.study)
     if stored is not None:
-        merged = {**stored.model_dump(), **{k: v for k, v in explicit.items() if k != "workload"}}
+        merged = {**stored.model_dump(), **{k: v for k, v in explicit.items() if k != "workload"},
+                  "storage_url": url}  # the stored form has no password
         if "workload" in explicit:
             merged["workload"] = {**stored.workload.model_dump(), **explicit["workload"]}
         config = build(StudyConfig, merged, "settings")
@@ -190,8 +191,18 @@ def resolve_config(ns: argparse.Namespace, log=print):
     return build(StudyConfig, settings, "settings"), None
 
 
+def _sigterm_as_interrupt() -> None:
+    """`docker stop` and `kill` stop a study like Ctrl-C: the engine is shut down and the trial queued again."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     from optimizer.runner import prepare, run
+    from optimizer.study import redact
+
+    _sigterm_as_interrupt()
 
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
     config, stored = resolve_config(ns)
@@ -203,7 +214,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     print(summary_text(study, config.ttft_p99_ms))
     print(f"export it: optimize export --study {config.study_name}"
-          + (f" --storage '{ns.storage}'" if ns.storage else "")
+          + (f" --storage '{redact(ns.storage)}'" if ns.storage else "")
           + (f" --studies-dir {ns.studies_dir}" if ns.studies_dir != "studies" else ""))
     return 0
 

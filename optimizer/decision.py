@@ -131,7 +131,7 @@ def param_importances(views: list[TrialView]) -> tuple[dict[str, float], str]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             result = optuna.importance.get_param_importances(scratch, evaluator=evaluator)
-    except Exception as exc:  # e.g. every trial measured the same throughput
+    except Exception as exc:  # noqa: BLE001 - e.g. every trial measured the same throughput
         return {}, f"parameter importance could not be computed ({type(exc).__name__}: {exc})"
     finally:
         optuna.logging.set_verbosity(verbosity)
@@ -164,21 +164,17 @@ def caveats(d: Decision) -> list[str]:
                    f"for <= {format_ms(d.searched_limit_ms)}); nothing was rerun")
     measured = [v for v in d.views if v.ranked.answer != Answer.NOT_RUN]
     if d.best is None:
-        closest = [v for v in measured if v.ranked.closest is not None]
-        low = min(closest, key=lambda v: v.ranked.closest["ttft_p99_ms"], default=None)
-        where = "" if low is None else (f"; the lowest TTFT P99 stored is "
-                                        f"{format_ms(low.ranked.closest['ttft_p99_ms'])} (trial #{low.number} at "
-                                        f"{_rate_text(low.ranked.closest.get('offered_rate_rps'))})")
+        closest = [(v.number, c) for v in measured if (c := v.ranked.closest) is not None]
+        low = min(closest, key=lambda nc: nc[1]["ttft_p99_ms"], default=None)
+        where = "" if low is None else (f"; the lowest TTFT P99 stored is {format_ms(low[1]['ttft_p99_ms'])} "
+                                        f"(trial #{low[0]} at {_rate_text(low[1].get('offered_rate_rps'))})")
         out.append(f"the stored data cannot answer this limit: no stored replay meets TTFT P99 <= "
-                   f"{format_ms(d.limit_ms)}{where}. Lower rates were not tried; measure it with "
-                   f"optimize --study NEW_NAME --ttft-p99 {format_ms(d.limit_ms)}")
+                   f"{format_ms(d.limit_ms)}{where}. Rates below the stored ones were not tried: {_measure_hint(d)}")
         return out
-    if d.best.ranked.answer == Answer.LOWER_BOUND:
-        p = d.best.ranked.point
+    if d.best.ranked.answer == Answer.LOWER_BOUND and (p := d.best.ranked.point) is not None:
         out.append(f"trial #{d.best.number}'s throughput is a lower bound: the highest Poisson rate it tried "
                    f"({_rate_text(p.get('offered_rate_rps'))}) already meets the limit (TTFT P99 "
-                   f"{format_ms(p['ttft_p99_ms'])}), so it may sustain more. Measure it with "
-                   f"optimize --study NEW_NAME --ttft-p99 {format_ms(d.limit_ms)}")
+                   f"{format_ms(p['ttft_p99_ms'])}), so it may sustain more: {_measure_hint(d)}")
     others = [v.number for v in d.views if v.ranked.answer == Answer.LOWER_BOUND and v is not d.best]
     if others:
         out.append(f"lower bounds that might rank higher if measured: {', '.join(f'#{n}' for n in others)}")
@@ -187,6 +183,11 @@ def caveats(d: Decision) -> list[str]:
         out.append(f"{len(unanswered)} trial(s) have no stored replay within the limit; they were not tried at "
                    f"lower rates and might meet it there: {', '.join(f'#{n}' for n in unanswered)}")
     return out
+
+
+def _measure_hint(d: Decision) -> str:
+    return (f"measure it with a new study, optimize --study NEW_NAME --ttft-p99 {format_ms(d.limit_ms)} and the "
+            f"model and workload flags of {d.study_name!r}")
 
 
 def _rate_text(rate_rps: float | None) -> str:
@@ -206,7 +207,7 @@ def trial_row(d: Decision, v: TrialView, params: list[str]) -> dict[str, Any]:
         "trial": v.number,
         "role": _role(d, v),
         "output_throughput_tok_s": p.get("output_throughput_tok_s"),
-        "arrivals": "burst" if p and p.get("offered_rate_rps") is None else "poisson",
+        "arrivals": None if not p else "burst" if p.get("offered_rate_rps") is None else "poisson",
         "rate_rps": p.get("offered_rate_rps"),
         "ttft_p50_ms": p.get("ttft_p50_ms"),
         "ttft_p99_ms": p.get("ttft_p99_ms"),
@@ -290,8 +291,11 @@ def summary_lines(d: Decision) -> list[str]:
                "recommended: none: no trial meets the limit")
     if d.baseline is not None:
         out.append(f"vLLM defaults (baseline): {_describe(d.baseline)}")
-    if d.gain_pct is not None:
-        out.append(f"gain over vLLM's defaults: {d.gain_pct:+.1f}% output throughput")
+    if d.gain_pct is not None and d.best is not None and d.baseline is not None:
+        bounds = d.best.ranked.answer == Answer.LOWER_BOUND, d.baseline.ranked.answer == Answer.LOWER_BOUND
+        qualifier = ("; the baseline's number is a lower bound too, so the gain is uncertain" if bounds[1] else
+                     "; at least that much, as the recommendation's number is a lower bound" if bounds[0] else "")
+        out.append(f"gain over vLLM's defaults: {d.gain_pct:+.1f}% output throughput{qualifier}")
     if d.best is not None and d.baseline is not None and d.best is not d.baseline:
         changed = distance_to_default(d.best.engine_config, d.baseline.engine_config)
         if changed:

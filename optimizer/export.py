@@ -91,12 +91,22 @@ def to_engine_json(args: dict[str, Any], meta: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
+def _label(key: str, value: Any) -> str:
+    if value is None and key == "rate_rps":
+        return "burst"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
 def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], device: str) -> str:
     """A docker compose service running `vllm serve` with these arguments; the numbers also as labels."""
     measured = meta.get("measured", {})
     labels = {"optimize.study": str(meta["study"]), "optimize.trial": str(meta["trial"]),
               "optimize.slo.ttft_p99_ms": str(meta["slo"]["ttft_p99_ms"])}
-    labels.update({f"optimize.measured.{k}": str(v) for k, v in measured.items()})
+    w = meta["workload"]
+    labels["optimize.workload"] = (f"{w['arrivals']}, {w['num_requests']} requests, inputs {w['input_len_min']}-"
+                                   f"{w['input_len_max']}, outputs {w['output_len_min']}-{w['output_len_max']} "
+                                   f"tokens, seed {w['seed']}")
+    labels.update({f"optimize.measured.{k}": _label(k, v) for k, v in measured.items()})
     service: dict[str, Any] = {
         "image": "${VLLM_IMAGE:-vllm/vllm-openai:latest}",
         "entrypoint": ["vllm", "serve"],

@@ -22,6 +22,7 @@ from optimizer.engines.base import Engine, EngineFactory
 from optimizer.errors import EngineDiedError, EngineStartError
 from optimizer.metrics import summarize
 from optimizer.rate_search import find_max_rate
+from optimizer.recovery import INTERRUPTED_ATTR, PROCESSES_ATTR, WORKER_ATTR, worker_identity
 from optimizer.replay import replay
 from optimizer.space import Space
 from optimizer.workload import Workload
@@ -62,7 +63,13 @@ class Objective:
     clock: Clock = field(default_factory=MonotonicClock)
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
-        return asyncio.run(self.run(trial))
+        trial.set_user_attr(WORKER_ATTR, worker_identity())
+        try:
+            return asyncio.run(self.run(trial))
+        except KeyboardInterrupt:
+            # The engine was shut down on the way out; the trial ends FAIL (not counted) and is queued again.
+            trial.set_user_attr(INTERRUPTED_ATTR, "Ctrl-C or SIGTERM")
+            raise
 
     def trial_params(self, trial: optuna.Trial) -> dict[str, Any]:
         if trial.user_attrs.get("baseline"):
@@ -84,7 +91,6 @@ class Objective:
         try:
             resolved = await self._start(trial, engine, params, log_path, timings)
             trial.set_user_attr("engine_config", resolved)
-            trial.set_user_attr("engine_pids", engine.pids)
             t_replay = time.perf_counter()
             try:
                 search = await asyncio.wait_for(self._measure(engine), timeout=self.config.trial_timeout_s)
@@ -118,6 +124,7 @@ class Objective:
     async def _start(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path,
                      timings: TrialTimings) -> dict[str, Any]:
         t = time.perf_counter()
+        recorder = asyncio.create_task(_record_processes(trial, engine))
         try:
             try:
                 return await asyncio.wait_for(engine.start(params, log_path), timeout=self.config.trial_timeout_s)
@@ -141,6 +148,8 @@ class Objective:
             self._prune(trial, exc.reason, str(exc))
         finally:
             timings.start_s = time.perf_counter() - t
+            recorder.cancel()
+            _save_processes(trial, engine)
         raise AssertionError("unreachable")
 
     async def _measure(self, engine: Engine):
@@ -161,3 +170,18 @@ class Objective:
         trial.set_user_attr("pruned_detail", detail[:1000])
         trial.set_constraint(CONSTRAINT, CANNOT_RUN_MS)
         raise optuna.TrialPruned(f"{reason}: {detail}")
+
+
+def _save_processes(trial: optuna.Trial, engine: Engine) -> list[list[float]]:
+    refs = [[r.pid, r.create_time] for r in getattr(engine, "process_refs", [])]
+    if refs != trial.user_attrs.get(PROCESSES_ATTR, []):
+        trial.set_user_attr(PROCESSES_ATTR, refs)
+        trial.set_user_attr("engine_pids", [int(pid) for pid, _ in refs])
+    return refs
+
+
+async def _record_processes(trial: optuna.Trial, engine: Engine) -> None:
+    """While the engine starts, keep its processes on record: a run killed mid-start leaves them findable."""
+    while True:
+        await asyncio.sleep(1.0)
+        _save_processes(trial, engine)

@@ -12,20 +12,22 @@ import io
 import math
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import LogFormatter
+from matplotlib.ticker import LogFormatter, MaxNLocator
 
 from optimizer.decision import Decision, TrialView, format_output, front_rows, summary_lines, title, trial_row
 from optimizer.rerank import Answer, rate_key_rps
+from optimizer.space import SEARCHABLE
 from optimizer.units import format_ms
 
 CURVES_SHOWN = 3
 _PLAIN = LogFormatter(labelOnlyBase=False)  # 20, 50, 100 instead of 2x10^1
-SLO_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.2)
+SLO_STYLE: dict[str, Any] = {"color": "tab:red", "linestyle": "--", "linewidth": 1.2}
 
 
 def _legend_below(ax: Axes, handles: list | None = None) -> None:
@@ -36,7 +38,7 @@ def _legend_below(ax: Axes, handles: list | None = None) -> None:
 
 def _empty_note(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=11, color="tab:red",
-            bbox=dict(facecolor="white", edgecolor="tab:red", alpha=0.9))
+            bbox={"facecolor": "white", "edgecolor": "tab:red", "alpha": 0.9})
 
 
 def _slo_label(d: Decision) -> str:
@@ -45,10 +47,9 @@ def _slo_label(d: Decision) -> str:
 
 def _pareto(ax: Axes, d: Decision) -> None:
     feasible = [v for v in d.views if v.ranked.answerable]
-    missed = [v for v in d.views if v.ranked.answer == Answer.NO_POINT and v.ranked.closest is not None]
+    missed = [c for v in d.views if v.ranked.answer == Answer.NO_POINT and (c := v.ranked.closest) is not None]
     if missed:
-        ax.scatter([v.ranked.closest["ttft_p99_ms"] for v in missed],
-                   [v.ranked.closest["output_throughput_tok_s"] for v in missed],
+        ax.scatter([c["ttft_p99_ms"] for c in missed], [c["output_throughput_tok_s"] for c in missed],
                    marker="x", color="0.6", label="misses the limit (its lowest-TTFT replay)")
     exact = [v for v in feasible if v.ranked.answer != Answer.LOWER_BOUND]
     bounds = [v for v in feasible if v.ranked.answer == Answer.LOWER_BOUND]
@@ -71,7 +72,7 @@ def _pareto(ax: Axes, d: Decision) -> None:
     if d.best is not None:
         ax.scatter([d.best.ranked.ttft_p99_ms], [d.best.ranked.output_throughput_tok_s], s=260, marker="*",
                    color="gold", edgecolors="black", label=f"recommended (#{d.best.number})", zorder=5)
-    xs = [v.ranked.ttft_p99_ms for v in feasible] + [v.ranked.closest["ttft_p99_ms"] for v in missed]
+    xs = [v.ranked.ttft_p99_ms for v in feasible] + [c["ttft_p99_ms"] for c in missed]
     if xs and max(xs + [d.limit_ms]) / max(min(xs + [d.limit_ms]), 1e-9) > 20:
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(_PLAIN)
@@ -100,6 +101,7 @@ def _history(ax: Axes, d: Decision) -> None:
     if d.best is not None:
         ax.scatter([d.best.number], [d.best.ranked.output_throughput_tok_s], s=260, marker="*", color="gold",
                    edgecolors="black", label=f"recommended (#{d.best.number})", zorder=5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial number")
     ax.set_ylabel("output throughput within the limit (tokens/s)")
     ax.set_title("Optimization history")
@@ -115,9 +117,9 @@ def _history(ax: Axes, d: Decision) -> None:
 
 
 def curve_trials(d: Decision) -> list[TrialView]:
-    """The best configurations by throughput within the limit, then the baseline if it is not among them."""
-    shown = d.by_throughput()[:CURVES_SHOWN]
-    if d.baseline is not None and d.baseline.curve and d.baseline not in shown:
+    """The best searched configurations by throughput within the limit, then vLLM's defaults."""
+    shown = [v for v in d.by_throughput() if not v.baseline][:CURVES_SHOWN]
+    if d.baseline is not None and d.baseline.curve:
         shown.append(d.baseline)
     return shown
 
@@ -129,7 +131,7 @@ def _curves(ax: Axes, d: Decision) -> None:
         pts = sorted((p for p in v.curve if p.get("offered_rate_rps") is not None and p.get("sustained")
                       and math.isfinite(p.get("ttft_p99_ms", math.nan))), key=rate_key_rps)
         label = f"#{v.number}" + (" vLLM defaults" if v.baseline else "") + (" (recommended)" if v is d.best else "")
-        style = dict(color="black" if v.baseline else color, linestyle=":" if v.baseline else "-")
+        style: dict[str, Any] = {"color": "black" if v.baseline else color, "linestyle": ":" if v.baseline else "-"}
         ax.plot([p["offered_rate_rps"] for p in pts], [p["ttft_p99_ms"] for p in pts], marker="o", label=label,
                 **style)
         chosen = v.ranked.point
@@ -155,7 +157,7 @@ def _curves(ax: Axes, d: Decision) -> None:
     ax.set_ylabel("TTFT P99 (ms, log scale)")
     ax.set_title(f"Latency vs load: best {CURVES_SHOWN} and vLLM defaults")
     ax.yaxis.set_major_formatter(_PLAIN)
-    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.grid(alpha=0.3, which="both")
     _legend_below(ax, handles + extra)
 
@@ -191,9 +193,10 @@ def render_png(d: Decision, dpi: int = 110) -> bytes:
 
 def all_rows(d: Decision) -> list[dict]:
     """Every finished trial as a row (its pruning reason where it could not run)."""
+    params = [k for k in SEARCHABLE if any(k in v.engine_config for v in d.views)]
     rows = []
     for v in d.views:
-        row = trial_row(d, v, [])
+        row = trial_row(d, v, params)
         if v.trial.user_attrs.get("pruned_reason"):
             row["answer"] = f"cannot run: {v.trial.user_attrs['pruned_reason']}"
         rows.append(row)

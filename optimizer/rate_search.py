@@ -78,6 +78,7 @@ class RateSearchResult:
 
 # Lowering the rate must cut TTFT P99 below this fraction of the previous rate's to be worth going on.
 FLOOR_RATIO = 0.9
+FLAT_STEPS_TO_STOP = 2  # P99 is noisy: one flat step is not proof
 
 ReplayAt = Callable[[float], Awaitable[ReplayMetrics]]
 
@@ -101,12 +102,15 @@ async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSp
     hi, lo = ceiling, None  # a Poisson stream at the burst's pace is at best borderline: start below it
     rate = ceiling * spec.step_down
     previous: CurvePoint | None = None
+    flat_steps = 0
     while len(result.points) < spec.max_replays and rate >= spec.min_rate_rps:
         point = await probe(rate)
         if point.feasible:
             lo = point
             break
-        if previous is not None and point.sustained and point.ttft_p99_ms > FLOOR_RATIO * previous.ttft_p99_ms:
+        flat = previous is not None and point.sustained and point.ttft_p99_ms > FLOOR_RATIO * previous.ttft_p99_ms
+        flat_steps = flat_steps + 1 if flat else 0
+        if flat_steps >= FLAT_STEPS_TO_STOP:
             break  # latency no longer falls with load: the limit is below what this config does unloaded
         previous = point
         hi = rate

@@ -46,7 +46,7 @@ _DEFAULTS: dict[str, dict[str, Dist]] = {
         "gpu_memory_utilization": FloatRange(low=0.15, high=0.5, step=0.05),
         "enable_chunked_prefill": Choice(choices=[True, False]),
         "enable_prefix_caching": Choice(choices=[True, False]),
-        "block_size": Choice(choices=[16, 32, 64, 128]),
+        "block_size": Choice(choices=[32, 64, 128]),  # the CPU attention backend needs multiples of 32
         "long_prefill_token_threshold": Choice(choices=[0, 32, 64, 128, 256]),
     },
 }
@@ -62,9 +62,18 @@ class Space:
     min_model_len: int
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
-        """Sample one parameter set (fixed values included)."""
+        """Sample one parameter set (fixed values included).
+
+        Conditional like vLLM itself: without chunked prefill a step must hold a whole prompt, so
+        `max_num_batched_tokens` is not searched but set to `max(max_model_len, max_num_seqs)`, and
+        `long_prefill_token_threshold` (a chunking knob) is left out.
+        """
         params: dict[str, Any] = {}
-        for name, dist in self.dists.items():
+        order = sorted(self.dists, key=lambda n: n not in ("max_model_len", "enable_chunked_prefill", "max_num_seqs"))
+        for name in order:
+            dist = self.dists[name]
+            if self._chunking_off(params) and name in ("max_num_batched_tokens", "long_prefill_token_threshold"):
+                continue
             if isinstance(dist, IntRange):
                 step = 1 if dist.log else dist.step
                 params[name] = trial.suggest_int(name, dist.low, dist.high, log=dist.log, step=step)
@@ -73,7 +82,15 @@ class Space:
                 params[name] = round(value, 6)
             else:
                 params[name] = trial.suggest_categorical(name, dist.choices)
-        return {**params, **self.fixed}
+        params.update(self.fixed)
+        if self._chunking_off(params) and "max_num_batched_tokens" not in self.fixed:
+            model_len = params.get("max_model_len")
+            if model_len is not None:
+                params["max_num_batched_tokens"] = max(int(model_len), int(params.get("max_num_seqs", 1)))
+        return params
+
+    def _chunking_off(self, params: dict[str, Any]) -> bool:
+        return {**params, **self.fixed}.get("enable_chunked_prefill") is False
 
     def violations(self, params: dict[str, Any]) -> list[str]:
         """vLLM's rules between parameters that `params` breaks, each with the fix."""

@@ -8,6 +8,8 @@ and its work is redone.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -18,10 +20,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import UsageError
+from optimizer.recovery import WORKER_ATTR, recover
 
 CONFIG_ATTR = "optimizer_config"
+# A worker that stops beating for HEARTBEAT_GRACE_S has its trial failed and queued again (by any worker).
+HEARTBEAT_INTERVAL_S = 10
+HEARTBEAT_GRACE_S = 60
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 DIRECTIONS = ["maximize", "minimize"]  # output throughput (tok/s), TTFT P99 (ms) at the best sustained rate
+METRIC_NAMES = ["output_throughput_tok_s", "ttft_p99_ms"]  # what optuna-dashboard shows as the objectives
 
 
 def default_storage_url(study_name: str, studies_dir: Path) -> str:
@@ -42,14 +49,30 @@ def storage_for(url: str) -> optuna.storages.BaseStorage:
     """Open the storage, or fail with a message that names the fix (the password never printed)."""
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    url = _with_installed_driver(url)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(url, heartbeat_interval=None)
+            return optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                grace_period=HEARTBEAT_GRACE_S,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
+            )
     except Exception as exc:
         raise UsageError(f"cannot open storage {redact(url)} ({type(exc).__name__}): check the URL (e.g. "
                          f"sqlite:///studies/NAME.db or postgresql://user:pass@host/db) and that the "
                          f"database is reachable") from None
+
+
+def _with_installed_driver(url: str) -> str:
+    """`postgresql://` means psycopg 3 to SQLAlchemy 2.1; use psycopg2 (the `postgres` extra) when that is what is here."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
 
 
 def stored_config(storage: optuna.storages.BaseStorage, study_name: str) -> StudyConfig | None:
@@ -75,13 +98,49 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage) -> opt
     try:
         study = optuna.load_study(study_name=config.study_name, storage=storage, sampler=sampler(config.seed))
     except KeyError:
-        study = optuna.create_study(study_name=config.study_name, storage=storage, directions=DIRECTIONS,
-                                    sampler=sampler(config.seed))
-        study.set_user_attr(CONFIG_ATTR, config.model_dump_json())
+        try:
+            study = optuna.create_study(study_name=config.study_name, storage=storage, directions=DIRECTIONS,
+                                        sampler=sampler(config.seed))
+        except optuna.exceptions.DuplicatedStudyError:  # another worker created it a moment ago
+            return open_study(config, storage)
+        study.set_metric_names(METRIC_NAMES)
+        study.set_user_attr(CONFIG_ATTR, _stored_form(config))
     else:
-        study.set_user_attr(CONFIG_ATTR, config.model_dump_json())  # a larger budget is the only change allowed
+        refuse_parallel_sqlite(study, config.storage_url)
+        study.set_user_attr(CONFIG_ATTR, _stored_form(config))  # a larger budget is the only change allowed
+    requeued, ended = recover(study)
+    if requeued or ended:
+        warnings.warn(f"recovered from an earlier run: trials {requeued} queued again, "
+                      f"leftover engine processes {ended} ended", stacklevel=1)
     ensure_baseline(study)
     return study
+
+
+def _stored_form(config: StudyConfig) -> str:
+    """The config as stored with the study: never with the database password."""
+    return config.model_copy(update={"storage_url": redact(config.storage_url)}).model_dump_json()
+
+
+def refuse_parallel_sqlite(study: optuna.Study, url: str) -> None:
+    """SQLite is not for parallel workers (Optuna's own advice): refuse a second live worker on one file."""
+    if not url.startswith("sqlite"):
+        return
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        w = t.user_attrs.get(WORKER_ATTR)
+        if w and w.get("pid") != os.getpid() and not _dead_or_elsewhere(w):
+            raise UsageError(
+                f"another optimize process (pid {w['pid']}) is running study {study.study_name!r} on this SQLite "
+                f"file; SQLite is not for parallel workers. Wait for it, or put the study in PostgreSQL "
+                f"(--storage postgresql://user:pass@host/db) to run several workers."
+            )
+
+
+def _dead_or_elsewhere(worker: dict[str, Any]) -> bool:
+    from optimizer.processes import ProcessRef
+
+    if worker.get("host") != socket.gethostname():
+        return True
+    return ProcessRef(int(worker["pid"]), float(worker["create_time"])).alive() is None
 
 
 def is_baseline(trial: FrozenTrial) -> bool:
@@ -100,12 +159,24 @@ def finished_count(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=FINISHED))
 
 
+def _claimed_count(study: optuna.Study) -> int:
+    """Finished trials plus those running now (stale ones failed first): what the budget has given out."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    return len(study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)))
+
+
 def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any], budget: int,
                   on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None) -> int:
-    """Run trials one by one until the study holds `budget` finished trials. Returns how many ran here."""
+    """Run trials one by one until the study holds `budget` finished trials. Returns how many ran here.
+
+    With several workers, a worker starts a trial only while finished + running trials are under the budget,
+    so the workers together never run more than the budget.
+    """
     ran = 0
     callbacks = [lambda s, t: on_trial(s, t)] if on_trial else []
-    while finished_count(study) < budget:
+    while _claimed_count(study) < budget:
         study.optimize(objective, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=True)
         ran += 1
     return ran

@@ -64,8 +64,8 @@ def test_stops_when_lower_rates_no_longer_cut_latency():
         calls.append(rate)
         return fake_metrics(rate, 5000.0 if rate == math.inf else 400.0)
     res = run(replay_at, max_replays=10, step_down=0.5)
-    # 10 and 5 req/s show the same TTFT: the limit is below this config's unloaded latency
-    assert calls == [math.inf, 10.0, 5.0] and res.best is None
+    # 10, 5 and 2.5 req/s show the same TTFT: the limit is below this config's unloaded latency
+    assert calls == [math.inf, 10.0, 5.0, 2.5] and res.best is None
 
 
 def test_keeps_descending_while_latency_still_falls():

@@ -63,3 +63,18 @@ def test_bad_spaces_say_what_to_fix(data, hint):
 def test_workload_longer_than_the_context_is_refused():
     with pytest.raises(UsageError, match="exceeds the model's context"):
         resolve(parse_space_yaml({}), "cpu", 100, WL)
+
+
+def test_sampled_configs_never_break_vllms_rules():
+    space = resolve(parse_space_yaml({}), "cpu", 2048, WL)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen_off = 0
+    for _ in range(60):
+        params = space.suggest(study.ask())
+        assert space.violations(params) == []
+        if params["enable_chunked_prefill"] is False:
+            seen_off += 1
+            assert params["max_num_batched_tokens"] == max(params["max_model_len"], params["max_num_seqs"])
+            assert "long_prefill_token_threshold" not in params
+        assert params["block_size"] % 32 == 0  # the CPU attention backend's rule
+    assert seen_off > 0

@@ -72,12 +72,22 @@ class VllmEngine:
         resource_tracker.ensure_running()
         self._log_path = log_path
         before = children()
+        watcher = asyncio.create_task(self._watch_children(before))
         try:
             with output_to(log_path):
                 from vllm.v1.engine.async_llm import AsyncLLM
 
                 args = self.engine_args(params)
-                self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+                starting = asyncio.ensure_future(asyncio.to_thread(AsyncLLM.from_engine_args, args))
+                try:
+                    self._llm = await asyncio.shield(starting)
+                except asyncio.CancelledError:
+                    # Interrupted mid-start: the start goes on in its thread; wait for it, then end what it made.
+                    self._llm = await asyncio.gather(starting, return_exceptions=True)
+                    self._llm = None if isinstance(self._llm[0], BaseException) else self._llm[0]
+                    await self.shutdown()
+                    end_processes(sorted(children() - before, key=lambda r: r.pid))
+                    raise
         except EngineStartError:
             raise
         except Exception as exc:  # vLLM raises many kinds; the log tells which
@@ -86,10 +96,18 @@ class VllmEngine:
             log_text = log_path.read_text(errors="replace") if log_path and log_path.exists() else ""
             reason, detail = failures.classify(f"{type(exc).__name__}: {exc}", log_text)
             raise EngineStartError(detail or str(exc), reason, log_excerpt=log_text[-4000:]) from None
+        finally:
+            watcher.cancel()
         self._procs = sorted(children() - before, key=lambda r: r.pid)
         # vLLM's front end warns per request about token-id prompts; its engine log goes to the trial's file.
         logging.getLogger("vllm").setLevel(logging.ERROR)
         return resolved_config(self._llm.vllm_config)
+
+    async def _watch_children(self, before: set[ProcessRef]) -> None:
+        """Keep `process_refs` current during the start, so that a kill mid-start leaves them on record."""
+        while True:
+            self._procs = sorted(children() - before, key=lambda r: r.pid)
+            await asyncio.sleep(0.5)
 
     async def generate(self, request: Request) -> AsyncIterator[int]:
         from vllm import SamplingParams

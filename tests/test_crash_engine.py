@@ -1,0 +1,101 @@
+"""Studies that survive the night, on the real CPU engine: SIGKILL mid-trial, Ctrl-C, then resume."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from tests.conftest import REPO, subprocess_env
+
+pytestmark = pytest.mark.engine
+
+ARGS = ["--num-requests", "20", "--input-len", "16:96", "--output-len", "4:12", "--ttft-p99", "150ms"]
+
+
+def start(cache, studies, *args):
+    return subprocess.Popen([sys.executable, "-m", "optimizer", *ARGS, *args, "--studies-dir", str(studies)],
+                            cwd=REPO, env=subprocess_env(cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def load(studies):
+    return optuna.load_study(study_name="default", storage=f"sqlite:///{studies}/default.db")
+
+
+def wait_for_engine(studies, proc, trial_number, timeout_s=240):
+    """Wait until trial `trial_number` runs with its engine processes on record; return their PIDs."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        if (studies / "default.db").exists():
+            try:
+                trials = load(studies).get_trials(deepcopy=False)
+            except (KeyError, optuna.exceptions.StorageInternalError):
+                trials = []
+            for t in trials:
+                if t.number == trial_number and t.state == TrialState.RUNNING and t.user_attrs.get("engine_config"):
+                    return [int(pid) for pid, _ in t.user_attrs["engine_processes"]]
+        time.sleep(0.5)
+    raise AssertionError("the trial never got its engine running")
+
+
+def alive(pids):
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_sigkill_then_ctrl_c_then_resume_loses_nothing(tmp_path, model_cache, tiny_model):
+    # 1. SIGKILL in the middle of the first trial (the baseline): its engine is orphaned.
+    proc = start(model_cache, tmp_path, "--budget", "3")
+    orphans = wait_for_engine(tmp_path, proc, 0)
+    proc.kill()
+    proc.wait()
+    assert alive(orphans), "a SIGKILLed optimize leaves its engine running: that is what recovery must clean"
+
+    # 2. Resume, then Ctrl-C during the next trial: exit 130 within seconds, engine shut down.
+    proc = start(model_cache, tmp_path, "--budget", "3")
+    deadline = time.monotonic() + 120
+    while load(tmp_path).trials[0].state == TrialState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not alive(orphans), "the resumed run ends the killed run's engine processes by PID"
+    study = load(tmp_path)
+    killed = study.trials[0]
+    assert killed.state == TrialState.FAIL and killed.user_attrs["interrupted"] == "its optimize process died"
+    retry = next(t for t in study.trials if t.user_attrs.get("retry_of") == 0)
+    assert retry.user_attrs.get("baseline") is True  # the baseline is queued again, not lost
+
+    running = wait_for_engine(tmp_path, proc, retry.number + 1)
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert time.monotonic() - t0 < 60
+    assert "run the same command again to resume" in err
+    assert not alive(running)
+    study = load(tmp_path)
+    interrupted = study.trials[retry.number + 1]
+    assert interrupted.state == TrialState.FAIL and interrupted.user_attrs["interrupted"] == "Ctrl-C or SIGTERM"
+
+    # 3. Resume to the end: exactly the budget of finished trials, one baseline, nothing left running.
+    proc = start(model_cache, tmp_path)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
+    study = load(tmp_path)
+    finished = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert len(finished) == 3
+    assert sum(bool(t.user_attrs.get("baseline")) for t in finished) == 1
+    assert any(t.user_attrs.get("retry_of") == interrupted.number for t in finished)
+    assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+    all_pids = [int(p) for t in study.trials for p, _ in t.user_attrs.get("engine_processes", [])]
+    assert not alive(all_pids)
