@@ -195,6 +195,8 @@ def _sigterm_as_interrupt() -> None:
     """`docker stop` and `kill` stop a study like Ctrl-C: the engine is shut down and the trial queued again."""
     import signal
 
+    # A process started in the background by a shell inherits SIGINT ignored: restore Ctrl-C's default first.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
 
 

@@ -87,6 +87,16 @@ def stored_config(storage: optuna.storages.BaseStorage, study_name: str) -> Stud
     return StudyConfig.model_validate(json.loads(raw))
 
 
+def worker_seed(config: StudyConfig) -> int:
+    """The study's seed for a lone SQLite worker; mixed with host and PID where several workers share a study,
+    or identically seeded workers would propose identical parameter sets."""
+    if config.storage_url.startswith("sqlite"):
+        return config.seed
+    import zlib
+
+    return zlib.crc32(f"{config.seed}:{socket.gethostname()}:{os.getpid()}".encode())
+
+
 def sampler(seed: int) -> optuna.samplers.BaseSampler:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -96,15 +106,17 @@ def sampler(seed: int) -> optuna.samplers.BaseSampler:
 def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage) -> optuna.Study:
     """Create the study (with its baseline queued first) or load it to resume."""
     try:
-        study = optuna.load_study(study_name=config.study_name, storage=storage, sampler=sampler(config.seed))
+        study = optuna.load_study(study_name=config.study_name, storage=storage, sampler=sampler(worker_seed(config)))
     except KeyError:
         try:
             study = optuna.create_study(study_name=config.study_name, storage=storage, directions=DIRECTIONS,
-                                        sampler=sampler(config.seed))
+                                        sampler=sampler(worker_seed(config)))
         except optuna.exceptions.DuplicatedStudyError:  # another worker created it a moment ago
             return open_study(config, storage)
         study.set_metric_names(METRIC_NAMES)
         study.set_user_attr(CONFIG_ATTR, _stored_form(config))
+        study.enqueue_trial({}, user_attrs={"baseline": True}, skip_if_exists=False)  # only the creator queues it
+        return study
     else:
         refuse_parallel_sqlite(study, config.storage_url)
         study.set_user_attr(CONFIG_ATTR, _stored_form(config))  # a larger budget is the only change allowed
@@ -148,11 +160,17 @@ def is_baseline(trial: FrozenTrial) -> bool:
 
 
 def ensure_baseline(study: optuna.Study) -> None:
-    """Queue vLLM's defaults unless a baseline finished or is already queued or running."""
-    for t in study.get_trials(deepcopy=False):
-        if is_baseline(t) and t.state in (*FINISHED, TrialState.WAITING, TrialState.RUNNING):
-            return
-    study.enqueue_trial({}, user_attrs={"baseline": True}, skip_if_exists=False)
+    """On resume, queue vLLM's defaults again if every baseline attempt failed (none is finished, queued or running).
+
+    A study with no baseline trial at all is one whose creator is queueing it right now (another worker): the
+    creator alone queues the first baseline, so that two workers starting together never run it twice.
+    """
+    trials = study.get_trials(deepcopy=False)
+    baselines = [t for t in trials if is_baseline(t)]
+    if any(t.state in (*FINISHED, TrialState.WAITING, TrialState.RUNNING) for t in baselines):
+        return
+    if baselines or any(t.state in FINISHED for t in trials):
+        study.enqueue_trial({}, user_attrs={"baseline": True}, skip_if_exists=False)
 
 
 def finished_count(study: optuna.Study) -> int:

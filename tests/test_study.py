@@ -113,3 +113,30 @@ def test_sampler_sees_pruned_trials_as_infeasible(tmp_path, config_only_model):
     for t in study.get_trials(states=(TrialState.PRUNED,)):
         assert t.params["gpu_memory_utilization"] > 0.9
     assert isinstance(study.sampler, optuna.samplers.TPESampler)
+
+
+def test_a_second_live_worker_on_sqlite_is_refused(tmp_path, config_only_model):
+    import socket
+    import subprocess
+
+    import psutil
+
+    from optimizer.errors import UsageError
+    from optimizer.study import open_study, storage_for
+
+    config = make_config(tmp_path, config_only_model)
+    storage = storage_for(config.storage_url)
+    study = open_study(config, storage)
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        trial = study.ask()  # the queued baseline, now RUNNING on behalf of the other process
+        trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": other.pid,
+                                       "create_time": psutil.Process(other.pid).create_time()})
+        with pytest.raises(UsageError, match="SQLite is not for parallel workers"):
+            open_study(config, storage)
+    finally:
+        other.kill()
+        other.wait()
+    reopened = open_study(config, storage)  # its worker is gone: the trial is recovered and queued again
+    assert reopened.trials[0].state == TrialState.FAIL
+    assert any(t.user_attrs.get("retry_of") == 0 and t.user_attrs.get("baseline") for t in reopened.trials)
