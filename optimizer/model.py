@@ -41,6 +41,16 @@ class ModelInfo:
     path: str
     vocab_size: int
     max_len: int
+    num_layers: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    dtype_bytes: int = 2
+    weights_bytes: int = 0
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Keys and values of one token over all layers (0 when the architecture is not understood)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
 
 def cache_dir() -> Path:
@@ -120,4 +130,18 @@ def inspect_model(model: str, dummy_weights: bool = False) -> ModelInfo:
     text_config = config.get("text_config") or config
     max_len = next((int(text_config[k]) for k in _LEN_KEYS if isinstance(text_config.get(k), int)), 2048)
     vocab = int(text_config.get("vocab_size") or 32000)
-    return ModelInfo(path=resolved, vocab_size=vocab, max_len=max_len)
+    hidden = int(text_config.get("hidden_size") or 0)
+    heads = int(text_config.get("num_attention_heads") or 0)
+    layers = int(text_config.get("num_hidden_layers") or 0)
+    kv_heads = int(text_config.get("num_key_value_heads") or heads)
+    head_dim = int(text_config.get("head_dim") or (hidden // heads if heads else 0))
+    dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16")
+    dtype_bytes = 4 if "32" in dtype else 2
+    weights = sum(f.stat().st_size for f in Path(resolved).glob("*.safetensors")) if looks_local else 0
+    if not weights or dummy_weights:  # estimate from the architecture: embeddings + attention + MLP
+        inter = int(text_config.get("intermediate_size") or 4 * hidden)
+        params = vocab * hidden * (1 if text_config.get("tie_word_embeddings") else 2) \
+            + layers * (2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter)
+        weights = params * dtype_bytes
+    return ModelInfo(path=resolved, vocab_size=vocab, max_len=max_len, num_layers=layers, num_kv_heads=kv_heads,
+                     head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ from optimizer.config import StudyConfig
 from optimizer.engines.base import Engine, EngineFactory
 from optimizer.errors import EngineDiedError, EngineStartError
 from optimizer.metrics import summarize
+from optimizer.model import ModelInfo
+from optimizer.preflight import VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, memory_problems
+from optimizer.processes import output_to
 from optimizer.rate_search import find_max_rate
 from optimizer.recovery import INTERRUPTED_ATTR, PROCESSES_ATTR, WORKER_ATTR, worker_identity
 from optimizer.replay import replay
@@ -61,6 +65,8 @@ class Objective:
     engine_factory: EngineFactory
     logs_dir: Path
     clock: Clock = field(default_factory=MonotonicClock)
+    model: ModelInfo | None = None
+    memory_probe: Callable[[], DeviceMemory | None] = lambda: None
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         trial.set_user_attr(WORKER_ATTR, worker_identity())
@@ -88,6 +94,7 @@ class Objective:
         engine = self.engine_factory()
         log_path = self.logs_dir / f"trial-{trial.number:05d}.log"
         trial.set_user_attr("log_file", str(log_path))
+        params = self._preflight(trial, engine, params, log_path)
         try:
             resolved = await self._start(trial, engine, params, log_path, timings)
             trial.set_user_attr("engine_config", resolved)
@@ -121,6 +128,34 @@ class Objective:
         ttft = point.ttft_p99_ms if math.isfinite(point.ttft_p99_ms) else CANNOT_RUN_MS
         return point.output_throughput_tok_s, ttft
 
+    def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:
+        """vLLM's config validation and the memory estimate: a config that cannot start costs no start."""
+        try:
+            with output_to(log_path):
+                engine.validate(params)
+        except EngineStartError as exc:
+            self._prune(trial, exc.reason, str(exc))
+        memory = self.memory_probe() if self.model is not None else None
+        if memory is None:
+            return params
+        w = self.config.workload
+        mean_tokens = (w.input_len_min + w.input_len_max + w.output_len_min + w.output_len_max) / 2
+        est = estimate(params, self.model, self.config.device, memory, mean_tokens)
+        trial.set_user_attr("memory_estimate_gib", est.to_dict())
+        problems = memory_problems(est)
+        if problems and self._may_fall_back(trial, params):
+            fallback = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
+            trial.set_user_attr("baseline_note", _fallback_note("; ".join(problems)))
+            trial.set_user_attr("engine_params", fallback)
+            return fallback
+        if problems:
+            self._prune(trial, failures.OUT_OF_MEMORY, "preflight: " + "; ".join(problems))
+        return params
+
+    def _may_fall_back(self, trial: optuna.Trial, params: dict[str, Any]) -> bool:
+        return bool(trial.user_attrs.get("baseline")) and self.config.device == "cpu" \
+            and "gpu_memory_utilization" not in params
+
     async def _start(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path,
                      timings: TrialTimings) -> dict[str, Any]:
         t = time.perf_counter()
@@ -129,16 +164,12 @@ class Objective:
             try:
                 return await asyncio.wait_for(engine.start(params, log_path), timeout=self.config.trial_timeout_s)
             except EngineStartError as exc:
-                if not (trial.user_attrs.get("baseline") and self.config.device == "cpu"
-                        and exc.reason == failures.OUT_OF_MEMORY and "gpu_memory_utilization" not in params):
+                if not (exc.reason == failures.OUT_OF_MEMORY and self._may_fall_back(trial, params)):
                     raise
                 # vLLM's default memory fraction does not fit beside other processes on this CPU machine:
                 # keep its scheduler defaults and reserve a fraction that fits.
                 await engine.shutdown()
-                note = (f"vLLM's default gpu_memory_utilization did not fit on this CPU machine ({exc}); the "
-                        f"baseline keeps vLLM's scheduler defaults with gpu_memory_utilization="
-                        f"{CPU_BASELINE_MEMORY_FALLBACK}")
-                trial.set_user_attr("baseline_note", note)
+                trial.set_user_attr("baseline_note", _fallback_note(str(exc)))
                 params = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
                 trial.set_user_attr("engine_params", params)
                 return await asyncio.wait_for(engine.start(params, log_path), timeout=self.config.trial_timeout_s)
@@ -170,6 +201,12 @@ class Objective:
         trial.set_user_attr("pruned_detail", detail[:1000])
         trial.set_constraint(CONSTRAINT, CANNOT_RUN_MS)
         raise optuna.TrialPruned(f"{reason}: {detail}")
+
+
+def _fallback_note(why: str) -> str:
+    return (f"vLLM's default gpu_memory_utilization ({VLLM_DEFAULT_MEMORY_FRACTION}) does not fit on this CPU machine "
+            f"({why}); the baseline keeps vLLM's scheduler defaults with gpu_memory_utilization="
+            f"{CPU_BASELINE_MEMORY_FALLBACK}")
 
 
 def _save_processes(trial: optuna.Trial, engine: Engine) -> list[list[float]]:

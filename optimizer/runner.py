@@ -13,6 +13,7 @@ from optimizer.config import StudyConfig
 from optimizer.engines.base import EngineFactory
 from optimizer.model import DEFAULT_MODEL_NAME, default_model, inspect_model
 from optimizer.objective import Objective
+from optimizer.preflight import DeviceMemory
 from optimizer.progress import Progress
 from optimizer.space import resolve
 from optimizer.study import finished_count, open_study, run_to_budget, storage_for
@@ -50,7 +51,8 @@ def vllm_factory(base_args: dict[str, Any]) -> EngineFactory:
 
 
 def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = print,
-            engine_factory: EngineFactory | None = None) -> Prepared:
+            engine_factory: EngineFactory | None = None,
+            memory_probe: Callable[[], DeviceMemory | None] | None = None) -> Prepared:
     """Validate everything a user gave before anything is written, then open (or create) the study."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     path = model_path(config)
@@ -69,6 +71,8 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         workload=workload,
         engine_factory=engine_factory or vllm_factory(engine_base_args(config, path)),
         logs_dir=studies_dir / f"{config.study_name}.logs",
+        model=info,
+        memory_probe=memory_probe or (lambda: DeviceMemory.probe(config.device)),
     )
     say(f"study {config.study_name!r}: TTFT P99 <= {format_ms(config.ttft_p99_ms)}, budget {config.budget} trials, "
         f"engine logs in {objective.logs_dir}")

@@ -37,7 +37,8 @@ def fake_study(tmp_path_factory):
                          model=str(model), dummy_weights=True, device="cpu",
                          workload=WorkloadSpec(num_requests=40, warmup_requests=2, input_len_min=64,
                                                input_len_max=256, output_len_min=2, output_len_max=6))
-    study = run(prepare(config, d, say=lambda *a: None, engine_factory=FakeEngine), quiet=True)
+    study = run(prepare(config, d, say=lambda *a: None, engine_factory=FakeEngine, memory_probe=lambda: None),
+                quiet=True)
     return study, config, d
 
 

@@ -1,6 +1,6 @@
 """The Engine protocol, owned by its caller (replay and objective).
 
-Lifecycle: `start(params)` once -> any number of `generate` and `reset_prefix_cache` -> `shutdown()` once,
+Lifecycle: `validate(params)` (cheap, optional) -> `start(params)` once -> any number of `generate` and `reset_prefix_cache` -> `shutdown()` once,
 which must leave no process behind. `generate` yields, per output chunk, how many new tokens it carried.
 """
 
@@ -16,6 +16,10 @@ from optimizer.workload import Request
 @runtime_checkable
 class Engine(Protocol):
     """An engine that serves token-id requests with one trial's parameters."""
+
+    def validate(self, params: dict[str, Any]) -> None:
+        """Check `params` as the engine would at start, without starting it; raise EngineStartError if invalid."""
+        ...
 
     async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
         """Start with `params` (engine keyword arguments). Returns the resolved engine configuration.

@@ -44,11 +44,14 @@ class FakeEngine:
     def started(self) -> bool:
         return self._loop_task is not None
 
-    async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
-        if params.get("gpu_memory_utilization", 0.5) > self.max_memory_fraction:
-            raise EngineStartError("fake: requested memory exceeds the device", failures.OUT_OF_MEMORY)
+    def validate(self, params: dict[str, Any]) -> None:
         if "unknown_arg" in params:
             raise EngineStartError("fake: unexpected keyword argument 'unknown_arg'", failures.INVALID_CONFIG)
+
+    async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
+        self.validate(params)
+        if params.get("gpu_memory_utilization", 0.5) > self.max_memory_fraction:
+            raise EngineStartError("fake: requested memory exceeds the device", failures.OUT_OF_MEMORY)
         self.max_num_seqs = int(params.get("max_num_seqs", 16))
         self._wake = asyncio.Event()
         self._loop_task = asyncio.create_task(self._loop())

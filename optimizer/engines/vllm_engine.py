@@ -66,6 +66,18 @@ class VllmEngine:
         except (TypeError, ValueError) as exc:
             raise EngineStartError(str(exc), failures.INVALID_CONFIG) from None
 
+    def validate(self, params: dict[str, Any]) -> None:
+        """vLLM's own config validation without starting anything (building the config objects: ~0.1 s)."""
+        from vllm.usage.usage_lib import UsageContext
+
+        args = self.engine_args(params)
+        try:
+            args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        except Exception as exc:  # pydantic ValidationError, ValueError, ...: the config is not valid
+            detail = str(exc).splitlines()
+            text = " ".join(line.strip() for line in detail[:3])
+            raise EngineStartError(f"vLLM rejects the config: {text}"[:600], failures.INVALID_CONFIG) from None
+
     async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
         # multiprocessing's resource tracker is started once per process and outlives the engine: start it now so
         # that it is not taken for one of the engine's processes.
