@@ -100,7 +100,8 @@ class Objective:
             trial.set_user_attr("engine_config", resolved)
             t_replay = time.perf_counter()
             try:
-                search = await asyncio.wait_for(self._measure(engine), timeout=self.config.trial_timeout_s)
+                search = await asyncio.wait_for(self._measure(engine, _incumbent_rate(trial)),
+                                                timeout=self.config.trial_timeout_s)
             except asyncio.TimeoutError:
                 self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
             except EngineDiedError as exc:
@@ -118,7 +119,7 @@ class Objective:
         trial.set_constraint(CONSTRAINT, violation)
         point = search.best or min(search.points, key=lambda p: (p.ttft_p99_ms if math.isfinite(p.ttft_p99_ms)
                                                                   else math.inf))
-        summary = {"feasible": search.feasible,
+        summary = {"feasible": search.feasible, "stopped_early": search.stopped_early,
                    "rate_rps": point.offered_rate_rps if math.isfinite(point.offered_rate_rps) else None,
                    "output_throughput_tok_s": point.output_throughput_tok_s,
                    "request_throughput_rps": point.request_throughput_rps,
@@ -183,7 +184,7 @@ class Objective:
             _save_processes(trial, engine)
         raise AssertionError("unreachable")
 
-    async def _measure(self, engine: Engine):
+    async def _measure(self, engine: Engine, incumbent_rate_rps: float | None):
         if self.workload.warmup:
             await replay(engine, self.workload.warmup, [0.0] * len(self.workload.warmup), self.clock)
 
@@ -193,7 +194,7 @@ class Objective:
             records = await replay(engine, self.workload.requests, self.workload.arrivals_s(rate_rps), self.clock)
             return summarize(records, rate_rps)
 
-        return await find_max_rate(replay_at, self.config.ttft_p99_ms, self.config.search)
+        return await find_max_rate(replay_at, self.config.ttft_p99_ms, self.config.search, incumbent_rate_rps)
 
     @staticmethod
     def _prune(trial: optuna.Trial, reason: str, detail: str) -> None:
@@ -201,6 +202,17 @@ class Objective:
         trial.set_user_attr("pruned_detail", detail[:1000])
         trial.set_constraint(CONSTRAINT, CANNOT_RUN_MS)
         raise optuna.TrialPruned(f"{reason}: {detail}")
+
+
+def _incumbent_rate(trial: optuna.Trial) -> float | None:
+    """The highest rate any finished trial of the study sustained within the limit (None before the first)."""
+    rates = []
+    for t in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        r = t.user_attrs.get("result", {})
+        if r.get("feasible"):
+            rate = r.get("rate_rps")
+            rates.append(math.inf if rate is None else float(rate))
+    return max(rates, default=None)
 
 
 def _fallback_note(why: str) -> str:

@@ -23,7 +23,8 @@ def describe(trial: FrozenTrial) -> str:
     r = trial.user_attrs.get("result", {})
     rate = r.get("rate_rps")
     where = "a burst" if rate is None else f"{rate:.2f} req/s"
-    verdict = "meets the limit" if feasible(trial) else "misses the limit at every rate"
+    verdict = "meets the limit" if feasible(trial) else (
+        "cannot beat the best so far: stopped early" if r.get("stopped_early") else "misses the limit at every rate")
     t = trial.user_attrs.get("timings", {})
     ttft = r.get("ttft_p99_ms", math.nan)
     return (f"{label} #{trial.number}: {r.get('output_throughput_tok_s', 0):.1f} tok/s at {where}, "

@@ -63,6 +63,7 @@ class CurvePoint:
 class RateSearchResult:
     points: list[CurvePoint] = field(default_factory=list)
     best: CurvePoint | None = None
+    stopped_early: bool = False  # the descent reached the incumbent's floor without a feasible rate
 
     @property
     def feasible(self) -> bool:
@@ -78,14 +79,25 @@ class RateSearchResult:
 
 # Lowering the rate must cut TTFT P99 below this fraction of the previous rate's to be worth going on.
 FLOOR_RATIO = 0.9
+INCUMBENT_FLOOR = 0.9  # below 90% of the incumbent's rate a config cannot win: stop descending
 FLAT_STEPS_TO_STOP = 2  # P99 is noisy: one flat step is not proof
 
 ReplayAt = Callable[[float], Awaitable[ReplayMetrics]]
 
 
-async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSpec) -> RateSearchResult:
-    """Search rates with at most `spec.max_replays` replays; `replay_at(rate)` runs one cold replay."""
+async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSpec,
+                        incumbent_rate_rps: float | None = None) -> RateSearchResult:
+    """Search rates with at most `spec.max_replays` replays; `replay_at(rate)` runs one cold replay.
+
+    With an incumbent (the best feasible rate of the study so far), the descent stops below
+    `INCUMBENT_FLOOR` x that rate: every trial replays the same requests, so a config that meets the limit only
+    there serves less than the incumbent and cannot become the recommendation. The trial then ends infeasible
+    with `stopped_early` set, and saves the slowest replays of all.
+    """
     result = RateSearchResult()
+    floor_rps = spec.min_rate_rps
+    if incumbent_rate_rps is not None and math.isfinite(incumbent_rate_rps):
+        floor_rps = max(floor_rps, INCUMBENT_FLOOR * incumbent_rate_rps)
 
     async def probe(rate: float) -> CurvePoint:
         point = CurvePoint.of(await replay_at(rate), limit_ms, spec.sustain_ratio)
@@ -103,7 +115,7 @@ async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSp
     rate = ceiling * spec.step_down
     previous: CurvePoint | None = None
     flat_steps = 0
-    while len(result.points) < spec.max_replays and rate >= spec.min_rate_rps:
+    while len(result.points) < spec.max_replays and rate >= floor_rps:
         point = await probe(rate)
         if point.feasible:
             lo = point
@@ -116,6 +128,7 @@ async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSp
         hi = rate
         rate *= spec.step_down
     if lo is None:
+        result.stopped_early = rate < floor_rps and floor_rps > spec.min_rate_rps
         return result
     for _ in range(spec.refine_steps):
         if len(result.points) >= spec.max_replays or hi / lo.offered_rate_rps < 1.05:

@@ -102,3 +102,20 @@ def test_respects_max_replays():
     calls = []
     run(knee_engine(13.0, calls), max_replays=3, step_down=0.5, refine_steps=5)
     assert len(calls) == 3
+
+
+def test_stops_below_the_incumbents_rate():
+    calls = []
+    res = asyncio.run(find_max_rate(knee_engine(3.0, calls), 150.0, RateSearchSpec(step_down=0.5, max_replays=10),
+                                    incumbent_rate_rps=6.0))
+    # burst ceiling 20 -> 10 (no) -> 5 is below 0.9 x 6 = 5.4: not worth measuring
+    assert calls == [math.inf, 10.0]
+    assert res.best is None and res.stopped_early
+
+
+def test_incumbent_does_not_stop_a_competitive_config():
+    calls = []
+    res = asyncio.run(find_max_rate(knee_engine(13.0, calls), 150.0,
+                                    RateSearchSpec(step_down=0.5, max_replays=10, refine_steps=0),
+                                    incumbent_rate_rps=6.0))
+    assert res.best.offered_rate_rps == 10.0 and not res.stopped_early
