@@ -235,18 +235,9 @@ def cmd_export(argv: list[str]) -> int:
 def _export(ns: argparse.Namespace) -> int:
     from optimizer.export import export_all
     from optimizer.report import recommended
-    from optimizer.study import storage_for
-
-    url = _storage_url(ns)
-    config = _existing_config(url, ns.study)
-    if config is None:
-        raise UsageError(f"no study {ns.study!r} in {ns.storage or ns.studies_dir}: run optimize --study {ns.study} "
-                         f"first, or pass the right --study/--storage")
-    import optuna
-
-    study = optuna.load_study(study_name=ns.study, storage=storage_for(url))
     from optimizer.runner import model_path
 
+    config, study = _load_study(ns)
     done = export_all(recommended(study), config, Path(ns.out or ns.studies_dir), model_path(config))
     print(done.command)
     print(f"wrote {done.yaml_path} (use: vllm serve --config {done.yaml_path})", file=sys.stderr)
