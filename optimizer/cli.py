@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", help="prompt lengths MIN:MAX in tokens")
     p.add_argument("--output-len", help="completion lengths MIN:MAX in tokens")
     p.add_argument("--workload-seed", type=str, help="seed of the workload (lengths, tokens, arrivals)")
+    p.add_argument("--trace", help="CSV or JSONL of requests (input_len, output_len[, timestamp]): replayed in its "
+                   "own rhythm, rescaled to each rate; replaces the length ranges")
     p.add_argument("--space", help="YAML file overriding the search space: name: {min, max[, log]} | [choices] | value")
     p.add_argument("--seed", type=str, help="seed of the sampler (default 0)")
     p.add_argument("--trial-timeout", help="wall-clock limit of one trial, e.g. 30min (default 30min)")
@@ -123,6 +125,11 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
             workload["seed"] = int(ns.workload_seed)
         except ValueError:
             raise UsageError(f"--workload-seed {ns.workload_seed!r} is not a whole number") from None
+    if ns.trace is not None:
+        from optimizer.trace import load_trace
+
+        workload["trace"] = load_trace(ns.trace)
+        workload["num_requests"] = min(workload.get("num_requests", len(workload["trace"])), len(workload["trace"]))
     if workload:
         out["workload"] = workload
     if ns.space is not None:

@@ -25,6 +25,9 @@ class WorkloadSpec(_Strict):
     output_len_min: int = Field(100, ge=1, description="Shortest completion, tokens.")
     output_len_max: int = Field(300, ge=1, description="Longest completion, tokens.")
     seed: int = Field(0, description="Seed of lengths, token ids and arrival gaps.")
+    trace: list[tuple[int, int, float | None]] | None = Field(
+        None, description="Rows (input_len, output_len, timestamp_s or null) read from a trace file; replaces the "
+                          "length ranges, and its timestamps (if any) replace Poisson gaps, rescaled to each rate.")
 
     @model_validator(mode="after")
     def _ranges(self) -> "WorkloadSpec":
@@ -37,7 +40,15 @@ class WorkloadSpec(_Strict):
     @property
     def max_total_len(self) -> int:
         """Longest prompt plus longest completion: `max_model_len` may never be below it."""
+        if self.trace:
+            return max(i + o for i, o, _ in self.trace)
         return self.input_len_max + self.output_len_max
+
+    @property
+    def mean_total_len(self) -> float:
+        if self.trace:
+            return sum(i + o for i, o, _ in self.trace) / len(self.trace)
+        return (self.input_len_min + self.input_len_max + self.output_len_min + self.output_len_max) / 2
 
 
 # Chat traffic scaled down so that a 2-core CPU serves it at a few requests per second.

@@ -139,9 +139,7 @@ class Objective:
         memory = self.memory_probe() if self.model is not None else None
         if memory is None:
             return params
-        w = self.config.workload
-        mean_tokens = (w.input_len_min + w.input_len_max + w.output_len_min + w.output_len_max) / 2
-        est = estimate(params, self.model, self.config.device, memory, mean_tokens)
+        est = estimate(params, self.model, self.config.device, memory, self.config.workload.mean_total_len)
         trial.set_user_attr("memory_estimate_gib", est.to_dict())
         problems = memory_problems(est)
         if problems and self._may_fall_back(trial, params):

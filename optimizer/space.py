@@ -147,9 +147,8 @@ def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: Workload
                              f" (other vLLM engine arguments may only be fixed to one value)")
     need = workload.max_total_len
     if need > model_max_len:
-        raise UsageError(f"the workload's longest request ({workload.input_len_max} + {workload.output_len_max} "
-                         f"tokens) exceeds the model's context of {model_max_len} tokens: lower "
-                         f"--input-len/--output-len")
+        raise UsageError(f"the workload's longest request ({need} tokens, prompt + output) exceeds the model's "
+                         f"context of {model_max_len} tokens: lower --input-len/--output-len or drop long trace rows")
     dists: dict[str, Dist] = dict(_DEFAULTS[device])
     if model_max_len > need:
         dists["max_model_len"] = IntRange(low=need, high=model_max_len, log=True)

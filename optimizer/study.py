@@ -60,6 +60,9 @@ def storage_for(url: str) -> optuna.storages.BaseStorage:
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
             )
     except Exception as exc:
+        if "locked" in str(exc).lower():
+            raise UsageError(f"the study database {redact(url)} is locked by another process: wait for it to "
+                             f"finish, or use PostgreSQL (--storage postgresql://...) for several workers") from None
         raise UsageError(f"cannot open storage {redact(url)} ({type(exc).__name__}): check the URL (e.g. "
                          f"sqlite:///studies/NAME.db or postgresql://user:pass@host/db) and that the "
                          f"database is reachable") from None

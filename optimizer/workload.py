@@ -66,10 +66,29 @@ def _draw(rng: np.random.Generator, count: int, spec: WorkloadSpec, vocab_size: 
     ]
 
 
+def _from_trace(rng: np.random.Generator, spec: WorkloadSpec, vocab_size: int) -> list[Request]:
+    rows = spec.trace[: spec.num_requests] if spec.trace else []
+    count = len(rows)
+    if rows[0][2] is not None:
+        arrivals = np.asarray([r[2] for r in rows], dtype=float) - float(rows[0][2])  # the trace's own rhythm
+    else:
+        gaps = rng.exponential(1.0, size=count)
+        gaps[0] = 0.0
+        arrivals = np.cumsum(gaps)
+    if arrivals[-1] > 0:
+        arrivals *= (count - 1) / arrivals[-1]  # rescaled to 1 request/s, then to each offered rate
+    high = max(vocab_size, _FIRST_TOKEN_ID + 2)
+    return [Request(index=i, prompt_token_ids=tuple(int(t) for t in rng.integers(_FIRST_TOKEN_ID, high, size=inp)),
+                    output_len=out, unit_arrival_s=float(arrivals[i])) for i, (inp, out, _) in enumerate(rows)]
+
+
 def build_workload(spec: WorkloadSpec, vocab_size: int) -> Workload:
     """The study's workload. Same spec and vocabulary size give the same requests, token for token."""
     rng = np.random.default_rng(spec.seed)
-    measured = _draw(rng, spec.num_requests, spec, vocab_size, start=0)
+    if spec.trace:
+        measured = _from_trace(rng, spec, vocab_size)
+    else:
+        measured = _draw(rng, spec.num_requests, spec, vocab_size, start=0)
     warm_rng = np.random.default_rng([spec.seed, 1])  # independent stream: warm-up never shifts measured draws
-    warmup = _draw(warm_rng, spec.warmup_requests, spec, vocab_size, start=spec.num_requests)
+    warmup = _draw(warm_rng, spec.warmup_requests, spec, vocab_size, start=len(measured))
     return Workload(requests=tuple(measured), warmup=tuple(warmup))

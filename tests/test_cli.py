@@ -103,3 +103,27 @@ def test_malformed_storage_url_hides_the_password(tmp_path, capsys):
     code, err = run_cli(capsys, "--ttft-p99", "150ms", "--storage", "postgresql://bob:s3cret@127.0.0.1:1/db",
                         "--studies-dir", str(tmp_path))
     assert code == 2 and "s3cret" not in err and "cannot open storage" in err
+
+
+def test_malformed_storage_url(tmp_path, capsys):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--storage", "not a url", "--studies-dir", str(tmp_path))
+    assert code == 2 and "cannot open storage" in err and "sqlite:///" in err
+
+
+def test_locked_sqlite_file_is_a_clear_error_and_changes_nothing(tmp_path, capsys, config_only_model):
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path}/locked.db"
+    config = StudyConfig(study_name="locked", storage_url=url, ttft_p99_ms=150.0, budget=3,
+                         model=str(config_only_model), dummy_weights=True)
+    open_study(config, storage_for(url))
+    before = (tmp_path / "locked.db").read_bytes()
+    holder = sqlite3.connect(tmp_path / "locked.db", timeout=0)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        code, err = run_cli(capsys, "--study", "locked", "--studies-dir", str(tmp_path))
+    finally:
+        holder.rollback()
+        holder.close()
+    assert code == 2 and "locked" in err and "another process" in err, err
+    assert (tmp_path / "locked.db").read_bytes() == before

@@ -55,26 +55,34 @@ def alive(pids):
     return out
 
 
-def test_sigkill_then_ctrl_c_then_resume_loses_nothing(tmp_path, model_cache, tiny_model):
-    # 1. SIGKILL in the middle of the first trial (the baseline): its engine is orphaned.
-    proc = start(model_cache, tmp_path, "--budget", "3")
-    orphans = wait_for_engine(tmp_path, proc, 0)
+def kill_and_check_recovery(tmp_path, model_cache, proc, trial_number):
+    """SIGKILL `proc` while trial `trial_number` runs; resume; return the resumed process and the retry trial."""
+    orphans = wait_for_engine(tmp_path, proc, trial_number)
     proc.kill()
     proc.wait()
     assert alive(orphans), "a SIGKILLed optimize leaves its engine running: that is what recovery must clean"
-
-    # 2. Resume, then Ctrl-C during the next trial: exit 130 within seconds, engine shut down.
-    proc = start(model_cache, tmp_path, "--budget", "3")
+    resumed = start(model_cache, tmp_path)  # the stored config: no flags repeated
     deadline = time.monotonic() + 120
-    while load(tmp_path).trials[0].state == TrialState.RUNNING and time.monotonic() < deadline:
+    while load(tmp_path).trials[trial_number].state == TrialState.RUNNING and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not alive(orphans), "the resumed run ends the killed run's engine processes by PID"
     study = load(tmp_path)
-    killed = study.trials[0]
+    killed = study.trials[trial_number]
     assert killed.state == TrialState.FAIL and killed.user_attrs["interrupted"] == "its optimize process died"
-    retry = next(t for t in study.trials if t.user_attrs.get("retry_of") == 0)
-    assert retry.user_attrs.get("baseline") is True  # the baseline is queued again, not lost
+    retry = next(t for t in study.trials if t.user_attrs.get("retry_of") == trial_number)
+    assert retry.params == killed.params
+    return resumed, retry
 
+
+def test_two_sigkills_and_a_ctrl_c_then_resume_lose_nothing(tmp_path, model_cache, tiny_model):
+    # 1. SIGKILL in the middle of the first trial (the baseline), resume; SIGKILL its retry too, resume again.
+    proc = start(model_cache, tmp_path, "--budget", "3")
+    proc, retry = kill_and_check_recovery(tmp_path, model_cache, proc, 0)
+    assert retry.user_attrs.get("baseline") is True  # the baseline is queued again, not lost
+    proc, retry = kill_and_check_recovery(tmp_path, model_cache, proc, retry.number)
+    assert retry.user_attrs.get("baseline") is True
+
+    # 2. Ctrl-C during the trial after the baseline: exit 130 within seconds, engine shut down.
     running = wait_for_engine(tmp_path, proc, retry.number + 1)
     proc.send_signal(signal.SIGINT)
     t0 = time.monotonic()
@@ -96,6 +104,7 @@ def test_sigkill_then_ctrl_c_then_resume_loses_nothing(tmp_path, model_cache, ti
     assert len(finished) == 3
     assert sum(bool(t.user_attrs.get("baseline")) for t in finished) == 1
     assert any(t.user_attrs.get("retry_of") == interrupted.number for t in finished)
+    assert len(study.get_trials(states=(TrialState.FAIL,))) == 3  # two kills and one Ctrl-C, nothing else
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
     all_pids = [int(p) for t in study.trials for p, _ in t.user_attrs.get("engine_processes", [])]
     assert not alive(all_pids)

@@ -142,3 +142,18 @@ def test_a_second_live_worker_on_sqlite_is_refused(tmp_path, config_only_model):
     reopened = open_study(config, storage)  # its worker is gone: the trial is recovered and queued again
     assert reopened.trials[0].state == TrialState.FAIL
     assert any(t.user_attrs.get("retry_of") == 0 and t.user_attrs.get("baseline") for t in reopened.trials)
+
+
+def test_a_hung_engine_becomes_a_pruned_timeout_and_the_study_goes_on(tmp_path, config_only_model):
+    import asyncio
+
+    class Hangs(FakeEngine):
+        async def start(self, params, log_path=None):
+            if params:  # the baseline (no params) starts; searched trials hang
+                await asyncio.sleep(3600)
+            return await super().start(params, log_path)
+
+    config = make_config(tmp_path, config_only_model, budget=2, trial_timeout_s=1.0)
+    study = run_study(tmp_path, config, engine=Hangs)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.PRUNED]
+    assert study.trials[1].user_attrs["pruned_reason"] == failures.TIMEOUT
