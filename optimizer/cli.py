@@ -3,6 +3,7 @@
     optimize --ttft-p99 150ms --budget 40       run (or resume) a study
     optimize export --study NAME                write the recommended config for `vllm serve`
     optimize report --study NAME [--ttft-p99 X] the Pareto front, plots, and a re-ranking for another limit
+    optimize verify --study NAME                the best configs again under other seeds, bursts, long prompts
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "Poisson workload at several rates; the study lives in a database and resumes where it "
                     "stopped when the same command runs again.",
         epilog="Subcommands: 'optimize export --study NAME' writes the recommended config; 'optimize report "
-               "--study NAME' prints the Pareto front and writes plots (see each one's --help). "
+               "--study NAME' prints the Pareto front and writes plots; 'optimize verify --study NAME' measures the "
+               "best configs again under other seeds, bursts and long prompts (see each one's --help). "
                "Example: optimize --ttft-p99 150ms --budget 40",
     )
     _common(p)
@@ -333,6 +335,82 @@ def _report(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="optimize verify",
+        description="Run the recommended config and the next best ones again, each on a fresh engine at the rate it "
+                    "was recommended for, under other arrival seeds, burstier (gamma) arrivals and a surge of long "
+                    "prompts; report the worst case against the limit and recommend the most robust config within "
+                    "a small throughput margin of the best.")
+    _common(p)
+    p.add_argument("--top", default="3", help="how many of the best feasible configs to verify (default: %(default)s)")
+    p.add_argument("--seeds", default="2", help="other arrival seeds per config (default: %(default)s)")
+    p.add_argument("--margin", default="5%", help="throughput margin within which the most robust config wins "
+                   "(default: %(default)s)")
+    ns = p.parse_args(argv)
+    return _guarded(ns.debug, lambda: _verify(ns))
+
+
+def _percent(text: str, what: str) -> float:
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise UsageError(f"{what} {text!r} is not a share: write e.g. 5% or 0.05") from None
+    if not 0 <= value < 1:
+        raise UsageError(f"{what} {text!r} must be between 0% and 100%")
+    return value
+
+
+def _verify(ns: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from optimizer.decision import format_output
+    from optimizer.errors import OptimizerError
+    from optimizer.model import inspect_model
+    from optimizer.report import feasible
+    from optimizer.runner import engine_base_args, model_path, vllm_factory
+    from optimizer.verify import report_rows, robust_choice, verify_trial
+
+    top, seeds = _positive_int(ns.top, "--top"), _positive_int(ns.seeds, "--seeds")
+    margin = _percent(ns.margin, "--margin")
+    config, study = _load_study(ns)
+    ranked = sorted((t for t in study.get_trials(deepcopy=False) if feasible(t)), key=lambda t: -t.values[0])
+    if not ranked:
+        raise OptimizerError(f"study {ns.study!r} has no trial that meets its limit: nothing to verify. Relax the "
+                             f"limit or run more trials first.")
+    path = model_path(config)
+    info = inspect_model(path, config.dummy_weights)
+    factory = vllm_factory(engine_base_args(config, path))
+    logs = Path(ns.studies_dir) / f"{config.study_name}.logs"
+    results = []
+    for t in ranked[:top]:
+        if not ns.quiet:
+            print(f"verifying trial #{t.number} ({t.values[0]:.1f} tok/s) ...", file=sys.stderr)
+        results.append(asyncio.run(verify_trial(t, config, factory, info.vocab_size, seeds or 1,
+                                                logs / f"verify-{t.number:05d}.log")))
+    chosen = robust_choice(results, margin)
+    print(format_output(report_rows(results, config.ttft_p99_ms, chosen), "table"))
+    if chosen is None:
+        print(f"No verified config holds TTFT P99 <= {config.ttft_p99_ms:.0f}ms under every variant: deploy with "
+              f"headroom (a lower rate than recommended), or run a study with a stricter --ttft-p99.")
+    else:
+        best = results[0]
+        note = "" if chosen is best else (f" (trial #{best.trial_number} serves {best.throughput_tok_s:.1f} tok/s but is "
+                                          f"less robust)")
+        print(f"most robust within {margin:.0%} of the best throughput: trial #{chosen.trial_number}, "
+              f"{chosen.throughput_tok_s:.1f} tok/s, worst TTFT P99 {chosen.worst_ttft_p99_ms:.0f}ms{note}")
+    out = Path(ns.studies_dir) / f"{config.study_name}.verify.json"
+    payload = {"limit_ms": config.ttft_p99_ms, "margin": margin,
+               "recommended_trial": None if chosen is None else chosen.trial_number,
+               "results": [r.to_dict() for r in results]}
+    out.write_text(json.dumps(payload, indent=2, default=str))
+    study.set_user_attr("verify", payload)
+    if not ns.quiet:
+        print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
 def _guarded(debug: bool, fn) -> int:
     try:
         return fn()
@@ -367,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     if argv and argv[0] == "export":
         return cmd_export(argv[1:])
+    if argv and argv[0] == "verify":
+        return cmd_verify(argv[1:])
     if argv and argv[0] == "report":
         return cmd_report(argv[1:])
     parser = build_parser()

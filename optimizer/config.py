@@ -25,6 +25,11 @@ class WorkloadSpec(_Strict):
     output_len_min: int = Field(100, ge=1, description="Shortest completion, tokens.")
     output_len_max: int = Field(300, ge=1, description="Longest completion, tokens.")
     seed: int = Field(0, description="Seed of lengths, token ids and arrival gaps.")
+    burstiness: float = Field(1.0, gt=0, description="Gamma shape of the arrival gaps, as `vllm bench serve "
+                                                     "--burstiness`: 1 is Poisson, below 1 burstier.")
+    long_prompt_fraction: float = Field(0.0, ge=0, le=1, description="Share of requests with a long prompt.")
+    long_input_len_min: int | None = Field(None, ge=1, description="Shortest long prompt, tokens.")
+    long_input_len_max: int | None = Field(None, ge=1, description="Longest long prompt, tokens.")
     trace: list[tuple[int, int, float | None]] | None = Field(
         None, description="Rows (input_len, output_len, timestamp_s or null) read from a trace file; replaces the "
                           "length ranges, and its timestamps (if any) replace Poisson gaps, rescaled to each rate.")
@@ -35,6 +40,12 @@ class WorkloadSpec(_Strict):
             raise ValueError(f"input_len_min {self.input_len_min} > input_len_max {self.input_len_max}")
         if self.output_len_min > self.output_len_max:
             raise ValueError(f"output_len_min {self.output_len_min} > output_len_max {self.output_len_max}")
+        if self.long_prompt_fraction > 0:
+            if self.long_input_len_min is None or self.long_input_len_max is None:
+                raise ValueError("long_prompt_fraction needs long_input_len_min and long_input_len_max")
+            if self.long_input_len_min > self.long_input_len_max:
+                raise ValueError(f"long_input_len_min {self.long_input_len_min} > long_input_len_max "
+                                 f"{self.long_input_len_max}")
         return self
 
     @property
@@ -42,7 +53,10 @@ class WorkloadSpec(_Strict):
         """Longest prompt plus longest completion: `max_model_len` may never be below it."""
         if self.trace:
             return max(i + o for i, o, _ in self.trace)
-        return self.input_len_max + self.output_len_max
+        longest_input = self.input_len_max
+        if self.long_prompt_fraction > 0 and self.long_input_len_max:
+            longest_input = max(longest_input, self.long_input_len_max)
+        return longest_input + self.output_len_max
 
     @property
     def mean_total_len(self) -> float:

@@ -47,13 +47,19 @@ class Workload:
 def _draw(rng: np.random.Generator, count: int, spec: WorkloadSpec, vocab_size: int, start: int) -> list[Request]:
     inputs = rng.integers(spec.input_len_min, spec.input_len_max + 1, size=count)
     outputs = rng.integers(spec.output_len_min, spec.output_len_max + 1, size=count)
-    gaps = rng.exponential(1.0, size=count)
+    if spec.burstiness == 1.0:
+        gaps = rng.exponential(1.0, size=count)
+    else:  # gamma gaps of mean 1, as `vllm bench serve --burstiness`: shape < 1 clusters arrivals in bursts
+        gaps = rng.gamma(shape=spec.burstiness, scale=1.0 / spec.burstiness, size=count)
     if count:
         gaps[0] = 0.0  # the first request opens the replay
     arrivals = np.cumsum(gaps)
     if count > 1 and arrivals[-1] > 0:
         # Normalize the sample to exactly 1 request/s, so that a replay at rate r really sends at r.
         arrivals *= (count - 1) / arrivals[-1]
+    if spec.long_prompt_fraction > 0 and count:
+        long = rng.random(count) < spec.long_prompt_fraction
+        inputs[long] = rng.integers(spec.long_input_len_min, spec.long_input_len_max + 1, size=int(long.sum()))
     high = max(vocab_size, _FIRST_TOKEN_ID + 2)
     return [
         Request(

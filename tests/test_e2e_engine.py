@@ -130,3 +130,15 @@ def test_config_that_runs_out_of_memory_is_pruned_with_its_reason(tmp_path, mode
     assert "No trial met the limit" in proc.stdout
     proc = optimize(model_cache, tmp_path, "export", "--study", "oom")
     assert proc.returncode == 1 and "nothing to export" in proc.stderr
+
+
+def test_verify_measures_the_best_configs_again(studies, model_cache):
+    proc = optimize(model_cache, studies, "verify", "--top", "2", "--seeds", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "bursty (gamma 0.5)" in proc.stdout and "worst_ttft_p99" in proc.stdout
+    data = json.loads((studies / "default.verify.json").read_text())
+    assert 1 <= len(data["results"]) <= 2
+    for r in data["results"]:
+        assert len(r["points"]) == 3 and not r["error"]
+        assert all(p["completed"] == 20 for p in r["points"].values())
+    assert load(studies).user_attrs["verify"]["results"][0]["trial_number"] == data["results"][0]["trial_number"]

@@ -45,3 +45,24 @@ def test_poisson_gaps_look_exponential():
     mean = sum(gaps) / len(gaps)
     cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
     assert 0.9 < cv < 1.1  # exponential gaps have a coefficient of variation of 1
+
+
+def test_gamma_burstiness_clusters_arrivals():
+    def cv(burstiness):
+        w = build_workload(spec(num_requests=3000, burstiness=burstiness), 1000)
+        arr = w.arrivals_s(1.0)
+        gaps = [b - a for a, b in zip(arr, arr[1:])]
+        mean = sum(gaps) / len(gaps)
+        return (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+    # gamma(shape k) gaps have a coefficient of variation of 1/sqrt(k): 0.25 -> 2
+    assert 1.8 < cv(0.25) < 2.2
+    assert build_workload(spec(burstiness=1.0), 1000) == build_workload(spec(), 1000)
+
+
+def test_long_prompt_mixture():
+    w = build_workload(spec(num_requests=1000, long_prompt_fraction=0.3, long_input_len_min=900,
+                            long_input_len_max=1000), 2000)
+    long = [r for r in w.requests if r.input_len >= 900]
+    assert 250 < len(long) < 350
+    assert all(8 <= r.input_len <= 32 for r in w.requests if r.input_len < 900)
+    assert spec(long_prompt_fraction=0.3, long_input_len_min=900, long_input_len_max=1000).max_total_len == 1009
