@@ -113,6 +113,12 @@ async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSp
         return result
     hi, lo = ceiling, None  # a Poisson stream at the burst's pace is at best borderline: start below it
     rate = ceiling * spec.step_down
+    if incumbent_rate_rps is not None and floor_rps > spec.min_rate_rps:
+        if ceiling < floor_rps:  # even its burst pace is below what the incumbent sustains
+            result.stopped_early = True
+            return result
+        if rate < incumbent_rate_rps < ceiling:
+            rate = incumbent_rate_rps  # the one question that matters: does it hold where the incumbent does?
     previous: CurvePoint | None = None
     flat_steps = 0
     while len(result.points) < spec.max_replays and rate >= floor_rps:

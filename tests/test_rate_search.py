@@ -113,6 +113,22 @@ def test_stops_below_the_incumbents_rate():
     assert res.best is None and res.stopped_early
 
 
+def test_probes_at_the_incumbents_rate_first_when_the_usual_start_is_below_it():
+    calls = []
+    res = asyncio.run(find_max_rate(knee_engine(16.0, calls), 150.0,
+                                    RateSearchSpec(step_down=0.5, max_replays=10, refine_steps=1),
+                                    incumbent_rate_rps=14.0))
+    # ceiling 20 x 0.5 = 10 would be below the incumbent's 14: ask at 14 (ok), then bisect (14+20)/2 = 17 (no)
+    assert calls == [math.inf, 14.0, 17.0]
+    assert res.best.offered_rate_rps == 14.0
+
+
+def test_a_ceiling_below_the_incumbent_ends_after_the_burst():
+    calls = []
+    res = asyncio.run(find_max_rate(knee_engine(16.0, calls), 150.0, RateSearchSpec(), incumbent_rate_rps=30.0))
+    assert calls == [math.inf] and res.stopped_early and res.best is None
+
+
 def test_incumbent_does_not_stop_a_competitive_config():
     calls = []
     res = asyncio.run(find_max_rate(knee_engine(13.0, calls), 150.0,

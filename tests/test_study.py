@@ -153,7 +153,7 @@ def test_a_hung_engine_becomes_a_pruned_timeout_and_the_study_goes_on(tmp_path, 
                 await asyncio.sleep(3600)
             return await super().start(params, log_path)
 
-    config = make_config(tmp_path, config_only_model, budget=2, trial_timeout_s=1.0)
+    config = make_config(tmp_path, config_only_model, budget=2, trial_timeout_s=15.0)
     study = run_study(tmp_path, config, engine=Hangs)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.PRUNED]
     assert study.trials[1].user_attrs["pruned_reason"] == failures.TIMEOUT
