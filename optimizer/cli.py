@@ -269,6 +269,9 @@ def cmd_report(argv: list[str]) -> int:
     p.add_argument("--out", help="folder for the PNG and HTML report (default: the studies dir)")
     p.add_argument("--ttft-p99", help="re-rank for this TTFT P99 limit from the stored replays, e.g. 300ms "
                    "(default: the study's own limit)")
+    for metric in ("tpot", "itl", "e2e"):
+        p.add_argument(f"--{metric}-p99", help=f"also require {metric.upper()} P99 within this limit, e.g. 50ms "
+                       "(re-ranked from the stored replays)")
     p.add_argument("--trial", help="print this trial's replays (its latency-vs-load curve) instead of the front")
     p.add_argument("--bench-json", metavar="PATH", help="write the result of --trial (default: the recommended trial) "
                    "in the JSON format of `vllm bench serve --save-result`")
@@ -302,8 +305,10 @@ def _report(ns: argparse.Namespace) -> int:
             trial_no = int(ns.trial)
         except ValueError:
             raise UsageError(f"--trial {ns.trial!r} is not a trial number, e.g. --trial 3") from None
+    other = {f"{m}_p99_ms": parse_duration_ms(getattr(ns, f"{m}_p99"), f"--{m}-p99")
+             for m in ("tpot", "itl", "e2e") if getattr(ns, f"{m}_p99") is not None}
     config, study = _load_study(ns)
-    decision = decide(study, config, limit_ms)
+    decision = decide(study, config, limit_ms, other)
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
     if trial_no is not None or ns.bench_json:
         if trial_no is None and decision.best is None:

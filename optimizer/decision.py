@@ -69,10 +69,11 @@ class Decision:
     importances: dict[str, float] = field(default_factory=dict)
     importance_note: str = ""
     notes: list[str] = field(default_factory=list)
+    other_limits_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"tpot_p99_ms": 50.0}
 
     @property
     def reranked(self) -> bool:
-        return not math.isclose(self.limit_ms, self.searched_limit_ms)
+        return not math.isclose(self.limit_ms, self.searched_limit_ms) or bool(self.other_limits_ms)
 
     @property
     def gain_pct(self) -> float | None:
@@ -98,11 +99,14 @@ class Decision:
                       key=lambda v: (-v.ranked.output_throughput_tok_s, v.ranked.ttft_p99_ms, v.number))
 
 
-def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = None) -> Decision:
-    """Rank every finished trial of `study` for `limit_ms` (default: the limit the study searched with)."""
+def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = None,
+           other_limits_ms: dict[str, float] | None = None) -> Decision:
+    """Rank every finished trial of `study` for `limit_ms` (default: the limit the study searched with) and any
+    other latency limits (TPOT, ITL, E2E P99), from the stored curves."""
     limit = config.ttft_p99_ms if limit_ms is None else limit_ms
+    other = dict(other_limits_ms or {})
     trials = sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number)
-    views = [TrialView(t, rank_curve(t.user_attrs.get("curve"), limit)) for t in trials]
+    views = [TrialView(t, rank_curve(t.user_attrs.get("curve"), limit, other)) for t in trials]
     by_number = {v.number: v for v in views}
     ranked = {v.number: v.ranked for v in views}
     front = [by_number[n] for n in pareto_front(ranked)]
@@ -110,7 +114,15 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     best = by_number[best_n] if best_n is not None else None
     base = next((v for v in views if v.baseline), None)
     importances, note = param_importances(views)
-    decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note)
+    decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note,
+                        other_limits_ms=other)
+    missing = sorted({k for k in other for v in views for p in v.curve if k not in p})
+    if missing:
+        decision.notes.append(f"some stored replays did not record {', '.join(missing)} (studies made before it was "
+                              f"stored): those replays cannot answer that limit")
+    if other:
+        decision.notes.append("also required: " + ", ".join(f"{k[:-3].replace('_', ' ').upper()} <= {format_ms(v)}"
+                                                             for k, v in other.items()))
     decision.notes.extend(caveats(decision))
     return decision
 
@@ -318,9 +330,10 @@ def title(d: Decision) -> str:
 def curve_rows(d: Decision, v: TrialView) -> list[dict[str, Any]]:
     """A trial's stored replays in the order they ran: its latency-vs-load curve, judged under the limit."""
     keys = ("offered_rate_rps", "sent_rate_rps", "achieved_rate_rps", "output_throughput_tok_s",
-            "request_throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms", "completed", "failed", "sustained")
+            "request_throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms",
+            "completed", "failed", "sustained")
     return [{"replay": i, "arrivals": "burst" if p.get("offered_rate_rps") is None else "poisson",
-             **{k: p.get(k) for k in keys}, "meets_limit": qualifies(p, d.limit_ms),
+             **{k: p.get(k) for k in keys}, "meets_limit": qualifies(p, d.limit_ms, d.other_limits_ms),
              "chosen": p is v.ranked.point} for i, p in enumerate(v.curve)]
 
 

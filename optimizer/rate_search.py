@@ -27,6 +27,8 @@ class CurvePoint:
     ttft_p50_ms: float
     ttft_p99_ms: float
     tpot_p99_ms: float
+    itl_p99_ms: float
+    e2e_p99_ms: float
     completed: int
     failed: int
     sustained: bool
@@ -44,6 +46,8 @@ class CurvePoint:
             ttft_p50_ms=m.ttft.p50_ms,
             ttft_p99_ms=m.ttft.p99_ms,
             tpot_p99_ms=m.tpot.p99_ms,
+            itl_p99_ms=m.itl.p99_ms,
+            e2e_p99_ms=m.e2e.p99_ms,
             completed=m.completed,
             failed=m.failed,
             sustained=sustained,

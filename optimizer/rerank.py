@@ -37,10 +37,20 @@ def rate_key_rps(point: Point) -> float:
     return math.inf if rate is None else float(rate)
 
 
-def qualifies(point: Point, limit_ms: float) -> bool:
-    """Sustained, and TTFT P99 within the limit (a NaN TTFT, from a replay with no completion, never qualifies)."""
-    ttft_ms = point.get("ttft_p99_ms")
-    return bool(point.get("sustained")) and ttft_ms is not None and not math.isnan(ttft_ms) and ttft_ms <= limit_ms
+# Other latency limits a study can be asked about, by the curve key that stores each.
+OTHER_LIMITS = ("tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms")
+
+
+def _within(value: Any, limit_ms: float) -> bool:
+    return value is not None and not math.isnan(value) and value <= limit_ms
+
+
+def qualifies(point: Point, limit_ms: float, other_limits_ms: Mapping[str, float] | None = None) -> bool:
+    """Sustained, TTFT P99 within the limit, and each other limit met (a metric the point did not store, or a NaN
+    from a replay with no completion, never qualifies)."""
+    if not (point.get("sustained") and _within(point.get("ttft_p99_ms"), limit_ms)):
+        return False
+    return all(_within(point.get(key), lim) for key, lim in (other_limits_ms or {}).items())
 
 
 @dataclass(frozen=True)
@@ -70,11 +80,12 @@ class Ranked:
         return None if self.point is None else self.point.get("offered_rate_rps")
 
 
-def rank_curve(curve: Sequence[Point] | None, limit_ms: float) -> Ranked:
-    """The trial's best point for `limit_ms`, and how far the stored points vouch for it."""
+def rank_curve(curve: Sequence[Point] | None, limit_ms: float,
+               other_limits_ms: Mapping[str, float] | None = None) -> Ranked:
+    """The trial's best point for `limit_ms` (and any other limits), and how far the stored points vouch for it."""
     if not curve:
         return Ranked(Answer.NOT_RUN)
-    good = [p for p in curve if qualifies(p, limit_ms)]
+    good = [p for p in curve if qualifies(p, limit_ms, other_limits_ms)]
     if not good:
         finite = [p for p in curve if p.get("ttft_p99_ms") is not None and not math.isnan(p["ttft_p99_ms"])]
         closest = min(finite, key=lambda p: p["ttft_p99_ms"], default=None)

@@ -239,3 +239,18 @@ def test_the_study_database_opens_with_plain_optuna(fake_study):
     summaries = {s.study_name: s for s in optuna.get_all_study_summaries(storage=config.storage_url)}
     assert summaries[config.study_name].n_trials == len(study.trials)  # the dashboard's study list
     assert {t.number for t in study.best_trials} <= {t.number for t in complete}
+
+
+def test_cli_report_with_a_tpot_limit(fake_study, capsys):
+    study, config, d = fake_study
+    rc, out, err = cli(capsys, "report", "--study", "f", "--studies-dir", str(d), "--out", str(d / "o"),
+                       "--tpot-p99", "1000s", "--format", "json")
+    assert rc == 0, err
+    loose = json.loads(out)
+    rc, out, err = cli(capsys, "report", "--study", "f", "--studies-dir", str(d), "--out", str(d / "o"),
+                       "--tpot-p99", "0.001ms", "--format", "json")
+    assert rc == 0, err
+    assert loose and json.loads(out) == []  # no stored replay has a TPOT P99 that low
+    assert "TPOT P99 <= " in err
+    rc, _, err = cli(capsys, "report", "--study", "f", "--studies-dir", str(d), "--e2e-p99", "fast")
+    assert rc == 2 and "--e2e-p99" in err

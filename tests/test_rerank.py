@@ -91,3 +91,20 @@ def test_recommendation_ties_go_to_the_lower_ttft_then_the_earlier_trial():
     assert recommend({1: ranked(100, 50), 2: ranked(100, 40)}) == 2
     assert recommend({3: ranked(100, 40), 2: ranked(100, 40)}) == 2
     assert recommend({1: Ranked(Answer.NOT_RUN)}) is None
+
+
+def test_other_latency_limits_narrow_the_answer():
+    from optimizer.rerank import rank_curve
+
+    curve = [
+        {"offered_rate_rps": None, "sustained": True, "ttft_p99_ms": 900.0, "tpot_p99_ms": 40.0,
+         "output_throughput_tok_s": 1000.0},
+        {"offered_rate_rps": 8.0, "sustained": True, "ttft_p99_ms": 90.0, "tpot_p99_ms": 30.0,
+         "output_throughput_tok_s": 800.0},
+        {"offered_rate_rps": 4.0, "sustained": True, "ttft_p99_ms": 60.0, "tpot_p99_ms": 12.0,
+         "output_throughput_tok_s": 400.0},
+    ]
+    assert rank_curve(curve, 100.0).rate_rps == 8.0
+    assert rank_curve(curve, 100.0, {"tpot_p99_ms": 20.0}).rate_rps == 4.0  # TPOT rules out 8 req/s
+    assert not rank_curve(curve, 100.0, {"tpot_p99_ms": 5.0}).answerable
+    assert not rank_curve(curve, 100.0, {"e2e_p99_ms": 1e9}).answerable  # not stored: cannot answer
