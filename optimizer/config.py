@@ -35,7 +35,7 @@ class WorkloadSpec(_Strict):
                           "length ranges, and its timestamps (if any) replace Poisson gaps, rescaled to each rate.")
 
     @model_validator(mode="after")
-    def _ranges(self) -> "WorkloadSpec":
+    def _ranges(self) -> WorkloadSpec:
         if self.input_len_min > self.input_len_max:
             raise ValueError(f"input_len_min {self.input_len_min} > input_len_max {self.input_len_max}")
         if self.output_len_min > self.output_len_max:
@@ -88,7 +88,7 @@ class IntRange(_Strict):
     step: int = 1
 
     @model_validator(mode="after")
-    def _ordered(self) -> "IntRange":
+    def _ordered(self) -> IntRange:
         if self.low > self.high:
             raise ValueError(f"min {self.low} > max {self.high}")
         return self
@@ -100,7 +100,7 @@ class FloatRange(_Strict):
     step: float | None = None
 
     @model_validator(mode="after")
-    def _ordered(self) -> "FloatRange":
+    def _ordered(self) -> FloatRange:
         if self.low > self.high:
             raise ValueError(f"min {self.low} > max {self.high}")
         return self

@@ -54,7 +54,7 @@ class Distribution:
     p99_ms: float
 
     @classmethod
-    def of_seconds(cls, values_s: list[float]) -> "Distribution":
+    def of_seconds(cls, values_s: list[float]) -> Distribution:
         if not values_s:
             nan = float("nan")
             return cls(nan, nan, nan, nan)

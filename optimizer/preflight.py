@@ -26,7 +26,7 @@ class DeviceMemory:
     available_bytes: int
 
     @classmethod
-    def probe(cls, device: str) -> "DeviceMemory | None":
+    def probe(cls, device: str) -> DeviceMemory | None:
         """Memory of the device trials run on: the CPU's NUMA node 0 (as vLLM reads it) or GPU 0 (NVML)."""
         try:
             if device == "cpu":

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 
@@ -20,7 +20,7 @@ class ProcessRef:
     create_time: float
 
     @classmethod
-    def of(cls, proc: psutil.Process) -> "ProcessRef":
+    def of(cls, proc: psutil.Process) -> ProcessRef:
         return cls(proc.pid, proc.create_time())
 
     def alive(self) -> psutil.Process | None:

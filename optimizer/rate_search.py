@@ -35,7 +35,7 @@ class CurvePoint:
     feasible: bool
 
     @classmethod
-    def of(cls, m: ReplayMetrics, limit_ms: float, sustain_ratio: float) -> "CurvePoint":
+    def of(cls, m: ReplayMetrics, limit_ms: float, sustain_ratio: float) -> CurvePoint:
         sustained = m.sustained(sustain_ratio)
         return cls(
             offered_rate_rps=m.offered_rate_rps,

@@ -5,7 +5,7 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer import failures
-from optimizer.config import SpaceSpec, StudyConfig, WorkloadSpec, FloatRange
+from optimizer.config import FloatRange, SpaceSpec, StudyConfig, WorkloadSpec
 from optimizer.engines.fake import FakeEngine
 from optimizer.errors import OptimizerError
 from optimizer.export import export

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from multiprocessing import resource_tracker
 from collections.abc import AsyncIterator
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
