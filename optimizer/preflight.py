@@ -17,6 +17,9 @@ GIB = 1024**3
 # Memory the engine needs besides weights and KV cache (runtime, activations, buffers). On CPU, measured here:
 # 0.67-0.69 GiB for the 17M-parameter default model. On GPUs, CUDA context and activation peaks.
 RUNTIME_RESERVE_BYTES = {"cpu": int(0.6 * GIB), "cuda": int(1.0 * GIB)}
+# On the CPU build the KV cache is ordinary memory shared with everything else on the machine: a config that
+# leaves less than this free (vLLM's default 0.92 of a 24 GiB machine did) thrashes, hangs and dies mid-replay.
+CPU_HEADROOM_FRACTION, CPU_HEADROOM_MIN_BYTES = 0.1, 2 * GIB
 VLLM_DEFAULT_MEMORY_FRACTION = 0.92
 
 
@@ -55,6 +58,7 @@ class MemoryEstimate:
     kv_budget_bytes: int
     kv_one_sequence_bytes: int
     sequences_that_fit: float
+    headroom_bytes: int = 0  # what must stay free for the rest of the machine
 
     def to_dict(self) -> dict[str, Any]:
         return {k: round(v / GIB, 3) if k.endswith("_bytes") else round(v, 1) for k, v in asdict(self).items()}
@@ -71,16 +75,20 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
     per_token = model.kv_bytes_per_token
     one_seq = per_token * model_len
     fit = kv_budget / (per_token * mean_request_tokens) if per_token and mean_request_tokens else float("inf")
+    headroom = 0
+    if device == "cpu":
+        headroom = max(int(CPU_HEADROOM_FRACTION * memory.total_bytes), CPU_HEADROOM_MIN_BYTES)
     return MemoryEstimate(requested, memory.available_bytes, model.weights_bytes, reserve, kv_budget, one_seq,
-                          max(fit, 0.0))
+                          max(fit, 0.0), headroom)
 
 
 def memory_problems(est: MemoryEstimate) -> list[str]:
     """Why the config cannot start, each with the fix; empty when it may."""
     out = []
-    if est.requested_bytes > est.available_bytes:
+    if est.requested_bytes > est.available_bytes - est.headroom_bytes:
+        keep = f" (keeping {est.headroom_bytes / GIB:.2f} GiB for the rest of the machine)" if est.headroom_bytes else ""
         out.append(f"gpu_memory_utilization asks for {est.requested_bytes / GIB:.2f} GiB but only "
-                   f"{est.available_bytes / GIB:.2f} GiB are free: lower it")
+                   f"{est.available_bytes / GIB:.2f} GiB are free{keep}: lower it")
     if est.kv_budget_bytes <= 0:
         out.append(f"weights ({est.weights_bytes / GIB:.2f} GiB) and runtime ({est.reserve_bytes / GIB:.2f} GiB) leave "
                    f"no room for the KV cache in {est.requested_bytes / GIB:.2f} GiB: raise gpu_memory_utilization")

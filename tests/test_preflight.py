@@ -62,3 +62,11 @@ def test_tpe_learns_to_avoid_an_infeasible_region():
     early, late = sum(infeasible[:20]) / 20, sum(infeasible[40:]) / 20
     assert late < early
     assert late <= 0.2
+
+
+def test_cpu_keeps_headroom_for_the_rest_of_the_machine():
+    mem = DeviceMemory(total_bytes=24 * GIB, available_bytes=22 * GIB)
+    # vLLM's default 0.92 of 24 GiB = 22.08 GiB: more than is free once 2.4 GiB stay for everything else
+    problems = memory_problems(estimate({}, MODEL, "cpu", mem, 256))
+    assert problems and "keeping 2.40 GiB for the rest of the machine" in problems[0]
+    assert memory_problems(estimate({"gpu_memory_utilization": 0.5}, MODEL, "cpu", mem, 256)) == []
