@@ -26,6 +26,7 @@ from optimizer.model import ModelInfo
 from optimizer.preflight import VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, memory_problems
 from optimizer.processes import output_to
 from optimizer.rate_search import find_max_rate
+from optimizer.records import RecordStore
 from optimizer.recovery import INTERRUPTED_ATTR, PROCESSES_ATTR, WORKER_ATTR, worker_identity
 from optimizer.replay import replay
 from optimizer.space import Space
@@ -67,6 +68,8 @@ class Objective:
     clock: Clock = field(default_factory=MonotonicClock)
     model: ModelInfo | None = None
     memory_probe: Callable[[], DeviceMemory | None] = lambda: None
+    records: RecordStore | None = None  # where every replay's per-request records go
+    early_stop: bool = True  # stop a trial's rate search where it cannot beat the incumbent
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         trial.set_user_attr(WORKER_ATTR, worker_identity())
@@ -100,7 +103,8 @@ class Objective:
             trial.set_user_attr("engine_config", resolved)
             t_replay = time.perf_counter()
             try:
-                search = await asyncio.wait_for(self._measure(engine, _incumbent_rate(trial)),
+                incumbent = _incumbent_rate(trial) if self.early_stop else None
+                search = await asyncio.wait_for(self._measure(engine, incumbent, trial.number),
                                                 timeout=self.config.trial_timeout_s)
             except asyncio.TimeoutError:
                 self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
@@ -182,14 +186,19 @@ class Objective:
             _save_processes(trial, engine)
         raise AssertionError("unreachable")
 
-    async def _measure(self, engine: Engine, incumbent_rate_rps: float | None):
+    async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int):
         if self.workload.warmup:
             await replay(engine, self.workload.warmup, [0.0] * len(self.workload.warmup), self.clock)
+        replays = 0
 
         async def replay_at(rate_rps: float):
+            nonlocal replays
             # Cold every time: a replay must never be served from the previous replay's prefix cache.
             await engine.reset_prefix_cache()
             records = await replay(engine, self.workload.requests, self.workload.arrivals_s(rate_rps), self.clock)
+            if self.records is not None:  # between replays, never inside one
+                self.records.save(self.config.study_name, trial_number, replays, rate_rps, records)
+            replays += 1
             return summarize(records, rate_rps)
 
         return await find_max_rate(replay_at, self.config.ttft_p99_ms, self.config.search, incumbent_rate_rps)

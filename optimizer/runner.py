@@ -14,6 +14,7 @@ from optimizer.engines.base import EngineFactory
 from optimizer.model import DEFAULT_MODEL_NAME, default_model, inspect_model
 from optimizer.objective import Objective
 from optimizer.preflight import DeviceMemory
+from optimizer.records import RecordStore
 from optimizer.progress import Progress
 from optimizer.space import resolve
 from optimizer.study import finished_count, open_study, run_to_budget, storage_for
@@ -73,6 +74,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         logs_dir=studies_dir / f"{config.study_name}.logs",
         model=info,
         memory_probe=memory_probe or (lambda: DeviceMemory.probe(config.device)),
+        records=RecordStore(config.storage_url),
     )
     say(f"study {config.study_name!r}: TTFT P99 <= {format_ms(config.ttft_p99_ms)}, budget {config.budget} trials, "
         f"engine logs in {objective.logs_dir}")

@@ -40,9 +40,9 @@ _DEFAULTS: dict[str, dict[str, Dist]] = {
     },
     # On the CPU build the memory fraction is of the NUMA node's memory, and the KV cache of a small model
     # needs little of it; the scale of the other knobs is that of a 2-core machine.
-    "cpu": {
-        "max_num_seqs": IntRange(low=1, high=64, log=True),
-        "max_num_batched_tokens": IntRange(low=64, high=4096, log=True),
+    "cpu": {  # wide enough to hold vLLM's CPU defaults (128 sequences, 2048 tokens) and more on both sides
+        "max_num_seqs": IntRange(low=2, high=256, log=True),
+        "max_num_batched_tokens": IntRange(low=256, high=8192, log=True),
         "gpu_memory_utilization": FloatRange(low=0.15, high=0.5, step=0.05),
         "enable_chunked_prefill": Choice(choices=[True, False]),
         "enable_prefix_caching": Choice(choices=[True, False]),
