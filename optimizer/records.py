@@ -40,8 +40,10 @@ class RecordStore:
     def __init__(self, url: str) -> None:
         from optimizer.study import _with_installed_driver
 
+        from optimizer.study import with_schema_retry
+
         self._engine = create_engine(_with_installed_driver(url))
-        _metadata.create_all(self._engine)
+        with_schema_retry(lambda: _metadata.create_all(self._engine))
 
     def save(self, study_name: str, trial_number: int, replay: int, offered_rate_rps: float,
              records: list[RequestRecord]) -> None:

@@ -51,14 +51,7 @@ def storage_for(url: str) -> optuna.storages.BaseStorage:
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     url = _with_installed_driver(url)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(
-                url,
-                heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                grace_period=HEARTBEAT_GRACE_S,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
-            )
+        return with_schema_retry(lambda: _rdb_storage(url))
     except Exception as exc:
         if "locked" in str(exc).lower():
             raise UsageError(f"the study database {redact(url)} is locked by another process: wait for it to "
@@ -66,6 +59,33 @@ def storage_for(url: str) -> optuna.storages.BaseStorage:
         raise UsageError(f"cannot open storage {redact(url)} ({type(exc).__name__}): check the URL (e.g. "
                          f"sqlite:///studies/NAME.db or postgresql://user:pass@host/db) and that the "
                          f"database is reachable") from None
+
+
+def _rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return optuna.storages.RDBStorage(
+            url,
+            heartbeat_interval=HEARTBEAT_INTERVAL_S,
+            grace_period=HEARTBEAT_GRACE_S,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
+        )
+
+
+def with_schema_retry(make: Callable[[], Any], attempts: int = 5) -> Any:
+    """Workers starting together on an empty database race to create the tables; the loser retries."""
+    import time
+
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for attempt in range(attempts):
+        try:
+            return make()
+        except (IntegrityError, ProgrammingError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _with_installed_driver(url: str) -> str:
