@@ -22,7 +22,9 @@ def v(n, tput, worst, mem=0.9, holds=True):
 def test_variants_of_the_workload():
     spec = WorkloadSpec(input_len_min=32, input_len_max=256, output_len_min=16, output_len_max=64, seed=7)
     names = [x.name for x in variants(spec, max_model_len=2048, seeds=2)]
-    assert names == ["seed 8", "seed 9", "bursty (gamma 0.5)", "long prompts (30% at 384-512 tok)"]
+    assert names == ["seed 8", "seed 9", "bursty (gamma 0.5)", "long prompts (30%)"]
+    surge_wide = variants(spec, max_model_len=2048, seeds=1)[-1].workload
+    assert (surge_wide.long_input_len_min, surge_wide.long_input_len_max) == (384, 512)
     surge = variants(spec, max_model_len=300, seeds=1)[-1].workload
     assert surge.long_input_len_max == 256  # never longer than the config's max_model_len allows
 
