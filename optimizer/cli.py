@@ -165,7 +165,7 @@ def _existing_config(url: str, study: str):
     return stored_config(storage_for(url), study)
 
 
-def resolve_config(ns: argparse.Namespace, log=print):
+def resolve_config(ns: argparse.Namespace):
     """Flags (+ YAML) -> StudyConfig, merged over the stored study's config when resuming."""
     from optimizer.config import CPU_DEMO_WORKLOAD, StudyConfig, build
     from optimizer.model import DEFAULT_MODEL_NAME
