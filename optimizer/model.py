@@ -127,6 +127,12 @@ def inspect_model(model: str, dummy_weights: bool = False) -> ModelInfo:
             raise UsageError(f"cannot load model {model!r} from the hub ({type(exc).__name__}): check the id, the "
                              f"network and HF_TOKEN, or give a local directory") from None
         resolved = model
+    weights = sum(f.stat().st_size for f in Path(resolved).glob("*.safetensors")) if looks_local else 0
+    return model_info(config, resolved, 0 if dummy_weights else weights)
+
+
+def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
+    """What a transformers `config.json` says; weights estimated from the architecture when `weights_bytes` is 0."""
     text_config = config.get("text_config") or config
     max_len = next((int(text_config[k]) for k in _LEN_KEYS if isinstance(text_config.get(k), int)), 2048)
     vocab = int(text_config.get("vocab_size") or 32000)
@@ -137,11 +143,11 @@ def inspect_model(model: str, dummy_weights: bool = False) -> ModelInfo:
     head_dim = int(text_config.get("head_dim") or (hidden // heads if heads else 0))
     dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16")
     dtype_bytes = 4 if "32" in dtype else 2
-    weights = sum(f.stat().st_size for f in Path(resolved).glob("*.safetensors")) if looks_local else 0
-    if not weights or dummy_weights:  # estimate from the architecture: embeddings + attention + MLP
+    weights = weights_bytes
+    if not weights:  # estimate from the architecture: embeddings + attention + MLP
         inter = int(text_config.get("intermediate_size") or 4 * hidden)
         params = vocab * hidden * (1 if text_config.get("tie_word_embeddings") else 2) \
             + layers * (2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter)
         weights = params * dtype_bytes
-    return ModelInfo(path=resolved, vocab_size=vocab, max_len=max_len, num_layers=layers, num_kv_heads=kv_heads,
+    return ModelInfo(path=path, vocab_size=vocab, max_len=max_len, num_layers=layers, num_kv_heads=kv_heads,
                      head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights))

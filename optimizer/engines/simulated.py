@@ -1,0 +1,154 @@
+"""The simulated engine: vLLM's continuous batching modelled step by step (optimizer/sim/), behind the Engine protocol.
+
+Two ways to drive it:
+- `generate` serves requests in real time (each step sleeps its modelled duration), like any engine: the contract
+  tests run against it;
+- `simulate_replay` serves a whole replay in virtual time (a ten-minute workload in well under a second):
+  `optimizer.replay.replay` uses it when an engine has it, so studies, rate searches and benchmarks run on the
+  simulator unchanged, only faster.
+
+Its memory model follows optimizer/preflight.py: `gpu_memory_utilization` x device memory, less weights and a
+runtime reserve, is the KV cache; a config that asks for more than the device has fails to start as out of memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from optimizer import failures
+from optimizer.errors import EngineStartError
+from optimizer.metrics import RequestRecord
+from optimizer.model import ModelInfo
+from optimizer.preflight import GIB, RUNTIME_RESERVE_BYTES, VLLM_DEFAULT_MEMORY_FRACTION
+from optimizer.sim.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from optimizer.sim.steptime import StepTimeModel
+from optimizer.sim.virtual import simulate
+from optimizer.space import SEARCHABLE, check_constraints
+from optimizer.workload import Request
+
+# vLLM 0.32's defaults for what the simulator models (what the real engines resolved on each device).
+VLLM_DEFAULTS = {
+    "cpu": {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "block_size": 128, "enable_chunked_prefill": True,
+            "enable_prefix_caching": True, "long_prefill_token_threshold": 0},
+    "cuda": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "block_size": 16, "enable_chunked_prefill": True,
+             "enable_prefix_caching": True, "long_prefill_token_threshold": 0},
+}
+# Engine arguments that do not change what the simulator models: accepted, ignored.
+_IGNORED = {"model", "enforce_eager", "dtype", "load_format", "seed", "skip_tokenizer_init", "disable_log_stats"}
+
+
+class SimulatedEngine:
+    def __init__(self, model: ModelInfo, time_model: StepTimeModel | None = None, device: str = "cpu",
+                 device_memory_bytes: int = 24 * GIB, max_memory_fraction: float = 0.9) -> None:
+        self.model, self.time_model, self.device = model, time_model or StepTimeModel(), device
+        self.device_memory_bytes, self.max_memory_fraction = device_memory_bytes, max_memory_fraction
+        self.virtual_s = 0.0  # modelled seconds this engine has cost: start, replays, shutdown
+        self.last_stats: SchedulerStats | None = None
+        self._config: SchedulerConfig | None = None
+        self._sched: Scheduler | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._queues: dict[int, asyncio.Queue[int | None]] = {}
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    def resolve(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The values the simulated engine runs with, defaults filled in, and its KV cache size."""
+        self.validate(params)
+        out = {**VLLM_DEFAULTS.get(self.device, VLLM_DEFAULTS["cpu"]), **{k: v for k, v in params.items()
+                                                                          if k not in _IGNORED}}
+        out.setdefault("max_model_len", self.model.max_len)
+        out.setdefault("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION)
+        requested = out["gpu_memory_utilization"] * self.device_memory_bytes
+        if out["gpu_memory_utilization"] > self.max_memory_fraction:
+            raise EngineStartError(f"simulated: gpu_memory_utilization {out['gpu_memory_utilization']} asks for "
+                                   f"more memory than the device has free", failures.OUT_OF_MEMORY)
+        reserve = RUNTIME_RESERVE_BYTES.get(self.device, RUNTIME_RESERVE_BYTES["cuda"])
+        kv_bytes = requested - self.model.weights_bytes - reserve
+        per_block = max(self.model.kv_bytes_per_token, 1) * out["block_size"]
+        blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
+        if blocks * out["block_size"] < out["max_model_len"]:
+            raise EngineStartError(f"simulated: the KV cache ({blocks} blocks) cannot hold one sequence of "
+                                   f"max_model_len {out['max_model_len']}", failures.OUT_OF_MEMORY)
+        out["num_kv_blocks"] = blocks
+        if not out["enable_chunked_prefill"]:
+            out["max_num_batched_tokens"] = max(out["max_num_batched_tokens"], out["max_model_len"])
+        return out
+
+    def validate(self, params: dict[str, Any]) -> None:
+        unknown = sorted(set(params) - set(SEARCHABLE) - _IGNORED)
+        if unknown:
+            raise EngineStartError(f"simulated: unexpected keyword argument {unknown[0]!r}", failures.INVALID_CONFIG)
+        problems = check_constraints(params, 1)
+        if problems:
+            raise EngineStartError("simulated: " + "; ".join(problems), failures.INVALID_CONFIG)
+
+    async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
+        resolved = self.resolve(params)
+        self._config = SchedulerConfig.of(resolved)
+        self._sched = Scheduler(self._config)
+        self.virtual_s += self.time_model.engine_start_s
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_text(f"simulated engine: {resolved}\nstep time model: {self.time_model.to_dict()}\n")
+        return resolved
+
+    # -- virtual time ------------------------------------------------------------------------------------
+    def simulate_replay(self, requests: list[Request] | tuple[Request, ...],
+                        arrivals_s: list[float]) -> list[RequestRecord]:
+        assert self._sched is not None and self._config is not None, "simulate_replay before start"
+        result = simulate(requests, arrivals_s, self._config, self.time_model, self._sched)
+        self.virtual_s += result.duration_s
+        self.last_stats = result.stats
+        return result.records
+
+    # -- real time ---------------------------------------------------------------------------------------
+    async def generate(self, request: Request) -> AsyncIterator[int]:
+        assert self._sched is not None, "generate before start"
+        if self._loop_task is None:
+            self._wake = asyncio.Event()
+            self._loop_task = asyncio.create_task(self._loop())
+        queue: asyncio.Queue[int | None] = asyncio.Queue()
+        self._sched.add(request, key=queue)
+        assert self._wake is not None
+        self._wake.set()
+        while (n := await queue.get()) is not None:
+            yield n
+
+    async def _loop(self) -> None:
+        assert self._sched is not None and self._wake is not None
+        while True:
+            if self._sched.idle:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            plan = self._sched.plan()
+            if not plan.scheduled:
+                if not plan.preempted:
+                    seq = self._sched.waiting.popleft()
+                    seq.key.put_nowait(None)
+                continue
+            await asyncio.sleep(self.time_model.step_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens))
+            emitted, completed = self._sched.finish(plan)
+            for seq in emitted:
+                seq.key.put_nowait(1)
+            for seq in completed:
+                seq.key.put_nowait(None)
+
+    async def reset_prefix_cache(self) -> None:
+        if self._sched is not None:
+            self._sched.reset_prefix_cache()
+
+    async def shutdown(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        if self._sched is not None:
+            self.virtual_s += self.time_model.engine_shutdown_s
+        self._sched = None

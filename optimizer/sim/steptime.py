@@ -1,0 +1,49 @@
+"""How long one engine step takes: the simulator's time model, fitted to a real engine by `optimize calibrate`.
+
+One step of vLLM's continuous batching runs the forward pass over every scheduled token at once. Its time is
+modelled as linear in what the step holds (as Vidur and vLLM's own cost models do, in simpler form):
+
+    step_s = fixed_s + prefill_token_s * prefill tokens + decode_seq_s * decode sequences
+             + context_token_s * tokens already in the KV cache of the scheduled sequences
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from optimizer.errors import UsageError
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    fixed_s: float = 0.004
+    prefill_token_s: float = 2.0e-5
+    decode_seq_s: float = 3.0e-4
+    context_token_s: float = 1.0e-7
+    engine_start_s: float = 17.0  # what one trial pays before its first replay (for simulated minutes)
+    engine_shutdown_s: float = 4.7
+
+    def step_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        return (self.fixed_s + self.prefill_token_s * prefill_tokens + self.decode_seq_s * decode_seqs
+                + self.context_token_s * context_tokens)
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"step_time_model": self.to_dict()}, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> StepTimeModel:
+        """Read a calibration file written by `optimize calibrate`, or fail naming the fix."""
+        p = Path(path)
+        if not p.is_file():
+            raise UsageError(f"calibration file {str(p)!r} does not exist: run `optimize calibrate --out {p}` first")
+        try:
+            data = json.loads(p.read_text())["step_time_model"]
+            return cls(**{k: float(v) for k, v in data.items()})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"calibration file {str(p)!r} is not one `optimize calibrate` wrote ({exc}): "
+                             "run `optimize calibrate` again") from None
