@@ -77,7 +77,7 @@ def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any],
         "optimizer_engine_args": trial.user_attrs.get("engine_config", {}),
         "optimizer_workload": config.workload.model_dump(),
         "request_rate": "inf" if rate is None else rate,
-        "burstiness": 1.0,  # Poisson arrivals, as vLLM's default
+        "burstiness": config.workload.burstiness,  # 1.0: Poisson arrivals, as vLLM's default
         "max_concurrency": None,
         "duration": duration_s,
         "completed": completed,

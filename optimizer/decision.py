@@ -22,7 +22,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import UsageError
-from optimizer.rerank import Answer, Ranked, pareto_front, qualifies, rank_curve, recommend
+from optimizer.noise import median, noise_threshold
+from optimizer.rerank import Answer, Ranked, merge_repeats, pareto_front, qualifies, rank_curve, recommend
 from optimizer.space import SEARCHABLE, distance_to_default
 from optimizer.study import FINISHED, is_baseline
 from optimizer.units import format_ms
@@ -70,6 +71,26 @@ class Decision:
     importance_note: str = ""
     notes: list[str] = field(default_factory=list)
     other_limits_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"tpot_p99_ms": 50.0}
+    noise_cv: float = math.nan  # the study's noise level: CV of throughput over repeated replays at one rate
+    arrivals: str = "poisson"  # the workload's arrivals (the burst aside): poisson, constant, closed_loop
+
+    def required_gain(self, a: TrialView, b: TrialView) -> float:
+        """The relative gain `a` needs over `b` to count as better: the larger of the replays' noise (Z standard
+        errors at the study's CV, optimizer/noise.py) and `b`'s rate-search resolution (its best rate passed, the
+        next rate tried above it failed: its true best lies anywhere in between)."""
+        return max(noise_threshold(self.noise_cv, _replays(a), _replays(b)), _resolution(b))
+
+    def beyond_noise(self, a: TrialView, b: TrialView) -> bool:
+        """True when `a`'s throughput beats `b`'s by more than measurement noise and search resolution allow."""
+        ta, tb = a.ranked.output_throughput_tok_s, b.ranked.output_throughput_tok_s
+        return ta > 0 if tb <= 0 else ta / tb - 1 > self.required_gain(a, b)
+
+    @property
+    def ties(self) -> list[TrialView]:
+        """Front trials the recommendation does not beat beyond noise: as good as it, as far as we can measure."""
+        if self.best is None:
+            return []
+        return [v for v in self.front if v is not self.best and not self.beyond_noise(self.best, v)]
 
     @property
     def reranked(self) -> bool:
@@ -115,7 +136,8 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     base = next((v for v in views if v.baseline), None)
     importances, note = param_importances(views)
     decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note,
-                        other_limits_ms=other)
+                        other_limits_ms=other, noise_cv=study_noise_cv(views),
+                        arrivals=_arrivals_label(config.workload))
     missing = sorted({k for k in other for v in views for p in v.curve if k not in p})
     if missing:
         decision.notes.append(f"some stored replays did not record {', '.join(missing)} (studies made before it was "
@@ -125,6 +147,23 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
                                                              for k, v in other.items()))
     decision.notes.extend(caveats(decision))
     return decision
+
+
+def _arrivals_label(w: Any) -> str:
+    if w.arrivals == "poisson" and w.burstiness != 1.0:
+        return "gamma"
+    return "trace" if w.trace and w.trace_timing == "original" else w.arrivals
+
+
+def study_noise_cv(views: list[TrialView]) -> float:
+    """Median CV of throughput over every rate replayed more than once (the baseline's repeats at least)."""
+    cvs = [p["output_throughput_cv"] for v in views for p in merge_repeats(v.curve)
+           if p.get("replays", 1) > 1 and not math.isnan(p.get("output_throughput_cv", math.nan))]
+    return median(cvs) if cvs else math.nan
+
+
+def _replays(v: TrialView) -> int:
+    return int((v.ranked.point or {}).get("replays", 1))
 
 
 def param_importances(views: list[TrialView]) -> tuple[dict[str, float], str]:
@@ -219,7 +258,7 @@ def trial_row(d: Decision, v: TrialView, params: list[str]) -> dict[str, Any]:
         "trial": v.number,
         "role": _role(d, v),
         "output_throughput_tok_s": p.get("output_throughput_tok_s"),
-        "arrivals": None if not p else "burst" if p.get("offered_rate_rps") is None else "poisson",
+        "arrivals": None if not p else "burst" if p.get("offered_rate_rps") is None else d.arrivals,
         "rate_rps": p.get("offered_rate_rps"),
         "ttft_p50_ms": p.get("ttft_p50_ms"),
         "ttft_p99_ms": p.get("ttft_p99_ms"),
@@ -307,7 +346,15 @@ def summary_lines(d: Decision) -> list[str]:
         bounds = d.best.ranked.answer == Answer.LOWER_BOUND, d.baseline.ranked.answer == Answer.LOWER_BOUND
         qualifier = ("; the baseline's number is a lower bound too, so the gain is uncertain" if bounds[1] else
                      "; at least that much, as the recommendation's number is a lower bound" if bounds[0] else "")
+        if not d.beyond_noise(d.best, d.baseline) and d.best is not d.baseline:
+            qualifier += (f"; within measurement noise ({_noise_text(d, d.best, d.baseline)}): not proven better "
+                          f"than vLLM's defaults; benchmarks/ab_gain.py --study {d.study_name} measures both again")
         out.append(f"gain over vLLM's defaults: {d.gain_pct:+.1f}% output throughput{qualifier}")
+    ties = [v for v in d.ties if v is not d.baseline]  # the gain line speaks of the baseline
+    if ties:
+        out.append(f"as good as the recommendation within measurement noise: "
+                   + ", ".join(f"#{v.number} ({v.ranked.output_throughput_tok_s:.1f} tok/s)" for v in ties)
+                   + f" ({_noise_text(d, d.best, ties[0])}); optimize verify picks the most robust of them")
     if d.best is not None and d.baseline is not None and d.best is not d.baseline:
         changed = distance_to_default(d.best.engine_config, d.baseline.engine_config)
         if changed:
@@ -321,6 +368,22 @@ def summary_lines(d: Decision) -> list[str]:
     return out
 
 
+def _noise_text(d: Decision, a: TrialView, b: TrialView) -> str:
+    why = []
+    if not math.isnan(d.noise_cv):
+        why.append(f"replays at one rate vary by CV {d.noise_cv:.1%}")
+    if _resolution(b) > 0:
+        why.append(f"#{b.number}'s best rate is known within {_resolution(b):.1%} (the next rate tried missed)")
+    return f"a gain must exceed {d.required_gain(a, b):.1%}: " + "; ".join(why)
+
+
+def _resolution(v: TrialView) -> float:
+    r = v.ranked
+    if r.answer != Answer.MEASURED or not r.rate_rps or r.next_rate_rps is None:
+        return 0.0
+    return r.next_rate_rps / r.rate_rps - 1
+
+
 def title(d: Decision) -> str:
     how = "re-ranked from stored replays" if d.reranked else "as searched"
     return (f"study {d.study_name!r}: feasible Pareto front of output throughput vs TTFT P99, "
@@ -332,9 +395,34 @@ def curve_rows(d: Decision, v: TrialView) -> list[dict[str, Any]]:
     keys = ("offered_rate_rps", "sent_rate_rps", "achieved_rate_rps", "output_throughput_tok_s",
             "request_throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms",
             "completed", "failed", "sustained")
-    return [{"replay": i, "arrivals": "burst" if p.get("offered_rate_rps") is None else "poisson",
+    engine_keys = ("running_peak", "queued_p99_ms", "prefill_p99_ms", "kv_usage_peak", "preemptions")
+    with_engine = any(p.get("engine") for p in v.curve)  # the engine's own view, where the engine reports it
+    return [{"replay": i, "arrivals": "burst" if p.get("offered_rate_rps") is None else d.arrivals,
              **{k: p.get(k) for k in keys}, "meets_limit": qualifies(p, d.limit_ms, d.other_limits_ms),
-             "chosen": p is v.ranked.point} for i, p in enumerate(v.curve)]
+             "chosen": v.ranked.point is not None  # every replay at the chosen rate (repeats are merged)
+             and p.get("offered_rate_rps") == v.ranked.point.get("offered_rate_rps"),
+             **({f"engine_{k}": (p.get("engine") or {}).get(k) for k in engine_keys} if with_engine else {})}
+            for i, p in enumerate(v.curve)]
+
+
+def trial_notes(v: TrialView) -> list[str]:
+    """Under a trial's curve: what limited it at its chosen point (engine stats) and its GPU telemetry."""
+    from optimizer.limits import diagnose
+
+    out = []
+    point = v.ranked.point
+    found = diagnose(point.get("engine"), point.get("ttft_p99_ms")) if point else None
+    line = found.line if found else v.trial.user_attrs.get("limited_by")
+    if line:
+        out.append(line)
+    tele = v.trial.user_attrs.get("telemetry")
+    if tele and tele.get("available"):
+        out.append(f"GPU {tele.get('device')}: utilization mean {tele.get('utilization_mean_pct')}% max "
+                   f"{tele.get('utilization_max_pct')}%, memory used max {tele.get('memory_used_max_gib')} GiB "
+                   f"({tele.get('samples')} samples)")
+    elif tele:
+        out.append(f"GPU telemetry: none ({tele.get('reason')})")
+    return out
 
 
 def render(d: Decision, fmt: str) -> tuple[str, list[str]]:

@@ -64,8 +64,7 @@ def header_lines(trial: FrozenTrial, config: StudyConfig) -> list[str]:
     return [
         f"Recommended by optimize, study {config.study_name!r}, trial #{trial.number}.",
         f"SLO: TTFT P99 <= {format_ms(config.ttft_p99_ms)}.",
-        f"Workload: Poisson arrivals, {w.num_requests} requests per replay, inputs {w.input_len_min}-"
-        f"{w.input_len_max} tokens, outputs {w.output_len_min}-{w.output_len_max} tokens, seed {w.seed}.",
+        f"Workload: {w.describe()}.",
         f"Measured: {r.get('output_throughput_tok_s', 0):.1f} output tok/s at "
         f"{'a burst' if rate is None else f'{rate:.2f} req/s'}, TTFT P50 {format_ms(r.get('ttft_p50_ms', 0))}, "
         f"P99 {format_ms(r.get('ttft_p99_ms', 0))}.",
@@ -78,7 +77,7 @@ def metadata(trial: FrozenTrial, config: StudyConfig) -> dict[str, Any]:
         "study": config.study_name,
         "trial": trial.number,
         "slo": {"ttft_p99_ms": config.ttft_p99_ms},
-        "workload": {"arrivals": "poisson", **config.workload.model_dump()},
+        "workload": config.workload.model_dump(),
         "measured": dict(trial.user_attrs.get("result", {})),
         "device": config.device,
     }

@@ -2,11 +2,13 @@
 
 TTFT = first token - send; E2E latency = last token - send; TPOT = (E2E - TTFT) / (output tokens - 1);
 ITL pools every gap between consecutive token chunks of every request. Throughputs divide by the replay's
-duration (first send to last finish). Percentiles use numpy's linear interpolation, as vLLM does.
+duration (first send to last finish). Percentiles use numpy's linear interpolation, as vLLM does. Latency
+distributions may leave out the first and last requests in send order (ramp-up, drain: `measured_window`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -99,8 +101,24 @@ def _rate(count: int, span_s: float) -> float:
     return float("inf") if span_s <= 0 else count / span_s
 
 
-def summarize(records: list[RequestRecord], offered_rate_rps: float) -> ReplayMetrics:
-    """Summarize one replay's records. Failed requests count in `failed` and nowhere else."""
+def measured_window(records: list[RequestRecord], skip_first_fraction: float = 0.0,
+                    skip_last_fraction: float = 0.0) -> list[RequestRecord]:
+    """The records left after dropping the first and last fractions of the requests in send order (ramp-up and
+    drain); floor(fraction x n) requests at each end."""
+    n = len(records)
+    first = math.floor(skip_first_fraction * n + 1e-9)
+    last = math.floor(skip_last_fraction * n + 1e-9)
+    in_send_order = sorted(records, key=lambda r: (r.sent_s, r.index))
+    return in_send_order[first:n - last]
+
+
+def summarize(records: list[RequestRecord], offered_rate_rps: float, skip_first_fraction: float = 0.0,
+              skip_last_fraction: float = 0.0) -> ReplayMetrics:
+    """Summarize one replay's records. Failed requests count in `failed` and nowhere else.
+
+    Counts, rates and throughputs use every request; the latency distributions only the window that
+    `measured_window` leaves (all of them by default).
+    """
     ok = [r for r in records if r.ok and r.first_token_s is not None]
     failed = len(records) - len(ok)
     if records:
@@ -116,12 +134,16 @@ def summarize(records: list[RequestRecord], offered_rate_rps: float) -> ReplayMe
     achieved_rate = _rate(len(finishes) - 1, finishes[-1] - finishes[0]) if len(finishes) > 1 else 0.0
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.input_len for r in ok)
+    window = ok
+    if skip_first_fraction or skip_last_fraction:
+        kept = {id(r) for r in measured_window(records, skip_first_fraction, skip_last_fraction)}
+        window = [r for r in ok if id(r) in kept]
     tpots = [
         (r.e2e_s - r.ttft_s) / (r.output_tokens - 1)
-        for r in ok
+        for r in window
         if r.output_tokens > 1 and r.e2e_s is not None and r.ttft_s is not None
     ]
-    itls = [b - a for r in ok for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:])]
+    itls = [b - a for r in window for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:])]
     per_s = (lambda n: n / duration_s) if duration_s > 0 else (lambda n: 0.0)
     return ReplayMetrics(
         offered_rate_rps=offered_rate_rps,
@@ -133,8 +155,8 @@ def summarize(records: list[RequestRecord], offered_rate_rps: float) -> ReplayMe
         request_throughput_rps=per_s(len(ok)),
         output_throughput_tok_s=per_s(out_tokens),
         total_token_throughput_tok_s=per_s(out_tokens + in_tokens),
-        ttft=Distribution.of_seconds([r.ttft_s for r in ok if r.ttft_s is not None]),
+        ttft=Distribution.of_seconds([r.ttft_s for r in window if r.ttft_s is not None]),
         tpot=Distribution.of_seconds(tpots),
         itl=Distribution.of_seconds(itls),
-        e2e=Distribution.of_seconds([r.e2e_s for r in ok if r.e2e_s is not None]),
+        e2e=Distribution.of_seconds([r.e2e_s for r in window if r.e2e_s is not None]),
     )

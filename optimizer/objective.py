@@ -10,7 +10,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +19,29 @@ import optuna
 from optimizer import failures
 from optimizer.clock import Clock, MonotonicClock
 from optimizer.config import StudyConfig
-from optimizer.engines.base import Engine, EngineFactory
+from optimizer.engines.base import Engine, EngineFactory, ReportsEngineStats
 from optimizer.errors import EngineDiedError, EngineStartError
+from optimizer.limits import diagnose, summarize_engine
 from optimizer.metrics import summarize
 from optimizer.model import ModelInfo
-from optimizer.preflight import VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, memory_problems
+from optimizer.preflight import (VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere,
+                                  memory_problems, wait_for_memory)
 from optimizer.processes import output_to
-from optimizer.rate_search import find_max_rate
+from optimizer.rate_search import CurvePoint, RateSearchResult, find_max_rate
 from optimizer.records import RecordStore
 from optimizer.recovery import INTERRUPTED_ATTR, PROCESSES_ATTR, WORKER_ATTR, worker_identity
-from optimizer.replay import replay
+from optimizer.replay import replay, replay_closed_loop
+from optimizer.rerank import merge_repeats, qualifies, rank_curve
 from optimizer.space import Space
-from optimizer.workload import Workload
+from optimizer.telemetry import for_device
+from optimizer.workload import Workload, fixed_load_rate
 
 CONSTRAINT = "ttft_p99_over_limit_ms"
 # The constraint value of a config that cannot run at all: worse than any measured SLO miss.
 CANNOT_RUN_MS = 1e7
 # On the CPU build, when vLLM's default memory fraction (0.92) does not fit beside other processes.
 CPU_BASELINE_MEMORY_FALLBACK = 0.3
+BASELINE_REPEATS = 3  # the baseline's replays at its best rate: their spread is the study's noise level
 
 
 @dataclass
@@ -70,6 +75,10 @@ class Objective:
     memory_probe: Callable[[], DeviceMemory | None] = lambda: None
     records: RecordStore | None = None  # where every replay's per-request records go
     early_stop: bool = True  # stop a trial's rate search where it cannot beat the incumbent
+    nvml: Any = None  # the NVML module for GPU telemetry (None: pynvml); tests pass a fake
+    memory_wait_s: float = 60.0  # how long a trial waits for memory another process holds before the run stops
+    memory_poll_s: float = 2.0
+    most_free_bytes: int = 0  # the most device memory seen free in this run
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         trial.set_user_attr(WORKER_ATTR, worker_identity())
@@ -97,19 +106,25 @@ class Objective:
         engine = self.engine_factory()
         log_path = self.logs_dir / f"trial-{trial.number:05d}.log"
         trial.set_user_attr("log_file", str(log_path))
-        params = self._preflight(trial, engine, params, log_path)
+        params = await self._preflight(trial, engine, params, log_path)
         try:
             resolved = await self._start(trial, engine, params, log_path, timings)
             trial.set_user_attr("engine_config", resolved)
             t_replay = time.perf_counter()
+            engine_points: list[dict[str, Any] | None] = []  # per replay, in curve order
+            telemetry = for_device(self.config.device, self.nvml)
             try:
                 incumbent = _incumbent_rate(trial) if self.early_stop else None
-                search = await asyncio.wait_for(self._measure(engine, incumbent, trial.number),
-                                                timeout=self.config.trial_timeout_s)
+                with telemetry:
+                    search = await asyncio.wait_for(self._measure(engine, incumbent, trial.number, engine_points,
+                                                                  self._repeats(trial)),
+                                                    timeout=self.config.trial_timeout_s)
             except asyncio.TimeoutError:
                 self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
             except EngineDiedError as exc:
                 self._prune(trial, failures.ENGINE_DIED, str(exc))
+            finally:
+                trial.set_user_attr("telemetry", telemetry.summary())
             timings.replay_s = time.perf_counter() - t_replay
         finally:
             t_stop = time.perf_counter()
@@ -118,7 +133,11 @@ class Objective:
             timings.total_s = time.perf_counter() - t0
             trial.set_user_attr("timings", timings.to_dict())
         limit = self.config.ttft_p99_ms
-        trial.set_user_attr("curve", [p.to_dict() for p in search.points])
+        replays = search.points + search.repeats  # in the order they ran, as engine_points
+        trial.set_user_attr("curve", [{**p.to_dict(), **({"engine": e} if e else {})}
+                                      for p, e in zip(replays, engine_points + [None] * len(replays))])
+        if search.repeats:  # the trial's numbers at its best rate are the medians of its replays there
+            search = _with_repeats(search, limit)
         violation = search.violation_ms(limit)
         trial.set_constraint(CONSTRAINT, violation)
         point = search.best or min(search.points, key=lambda p: (p.ttft_p99_ms if math.isfinite(p.ttft_p99_ms)
@@ -130,10 +149,13 @@ class Objective:
                    "ttft_p50_ms": point.ttft_p50_ms, "ttft_p99_ms": point.ttft_p99_ms,
                    "tpot_p99_ms": point.tpot_p99_ms}
         trial.set_user_attr("result", summary)
+        found = _limited_by(search.points, engine_points, point)
+        if found:
+            trial.set_user_attr("limited_by", found)
         ttft = point.ttft_p99_ms if math.isfinite(point.ttft_p99_ms) else CANNOT_RUN_MS
         return point.output_throughput_tok_s, ttft
 
-    def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:
+    async def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:
         """vLLM's config validation and the memory estimate: a config that cannot start costs no start."""
         try:
             with output_to(log_path):
@@ -144,8 +166,20 @@ class Objective:
         if memory is None:
             return params
         est = estimate(params, self.model, self.config.device, memory, self.config.workload.mean_total_len)
-        trial.set_user_attr("memory_estimate_gib", est.to_dict())
+        self.most_free_bytes = max(self.most_free_bytes, memory.available_bytes)
         problems = memory_problems(est)
+        if problems and held_elsewhere(est, self.most_free_bytes, memory.total_bytes):
+            # Short only because another process (an earlier trial's engine, still exiting?) holds memory that
+            # was free before: not the config's fault. Wait for it; DeviceMemoryHeldError ends the run.
+            trial.set_user_attr("memory_waited_for", "memory held by another process")
+            needed = est.requested_bytes + est.headroom_bytes
+            memory = await wait_for_memory(
+                self.memory_probe,
+                lambda m: not memory_problems(replace(est, available_bytes=m.available_bytes)),
+                self.clock, self.memory_wait_s, self.memory_poll_s, needed, self.most_free_bytes) or memory
+            est = estimate(params, self.model, self.config.device, memory, self.config.workload.mean_total_len)
+            problems = memory_problems(est)
+        trial.set_user_attr("memory_estimate_gib", est.to_dict())
         if problems and self._may_fall_back(trial, params):
             fallback = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
             trial.set_user_attr("baseline_note", _fallback_note("; ".join(problems)))
@@ -186,22 +220,47 @@ class Objective:
             _save_processes(trial, engine)
         raise AssertionError("unreachable")
 
-    async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int):
+    async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int,
+                       engine_points: list[dict[str, Any] | None], repeats: int = 1):
         if self.workload.warmup:
             await replay(engine, self.workload.warmup, [0.0] * len(self.workload.warmup), self.clock)
         replays = 0
+        stats = engine if isinstance(engine, ReportsEngineStats) else None
 
         async def replay_at(rate_rps: float):
             nonlocal replays
             # Cold every time: a replay must never be served from the previous replay's prefix cache.
             await engine.reset_prefix_cache()
-            records = await replay(engine, self.workload.requests, self.workload.arrivals_s(rate_rps), self.clock)
+            if stats is not None:
+                await stats.take_engine_stats()  # drop what came before (warm-up, the previous replay's tail)
+            spec = self.config.workload
+            if spec.arrivals == "closed_loop":  # fixed clients, no rate: see measure_fixed_load
+                records = await replay_closed_loop(engine, self.workload.requests, spec.concurrency or 1, self.clock)
+            else:
+                records = await replay(engine, self.workload.requests, self.workload.arrivals_s(rate_rps), self.clock)
+            engine_points.append(summarize_engine(await stats.take_engine_stats()) if stats is not None else None)
             if self.records is not None:  # between replays, never inside one
                 self.records.save(self.config.study_name, trial_number, replays, rate_rps, records)
             replays += 1
-            return summarize(records, rate_rps)
+            return summarize(records, rate_rps, spec.skip_first_fraction, spec.skip_last_fraction)
 
-        return await find_max_rate(replay_at, self.config.ttft_p99_ms, self.config.search, incumbent_rate_rps)
+        fixed_rate = fixed_load_rate(self.config.workload, self.workload)
+        if fixed_rate is not None:
+            return await measure_fixed_load(replay_at, fixed_rate, self.config.ttft_p99_ms, self.config.search,
+                                            repeats)
+        result = await find_max_rate(replay_at, self.config.ttft_p99_ms, self.config.search, incumbent_rate_rps)
+        if result.best is not None:  # the same rate again, cold: how much of the number is noise
+            for _ in range(repeats - 1):
+                metrics = await replay_at(result.best.offered_rate_rps)
+                result.repeats.append(CurvePoint.of(metrics, self.config.ttft_p99_ms, self.config.search.sustain_ratio))
+        return result
+
+    def _repeats(self, trial: optuna.Trial) -> int:
+        """Replays at the best rate: the study's `repeats`, and at least BASELINE_REPEATS for the baseline, whose
+        spread is the study's noise level (optimizer/noise.py)."""
+        if trial.user_attrs.get("baseline"):
+            return max(self.config.repeats, BASELINE_REPEATS)
+        return self.config.repeats
 
     @staticmethod
     def _prune(trial: optuna.Trial, reason: str, detail: str) -> None:
@@ -209,6 +268,46 @@ class Objective:
         trial.set_user_attr("pruned_detail", detail[:1000])
         trial.set_constraint(CONSTRAINT, CANNOT_RUN_MS)
         raise optuna.TrialPruned(f"{reason}: {detail}")
+
+
+async def measure_fixed_load(replay_at: Callable[[float], Any], rate_rps: float, limit_ms: float,
+                             spec: Any, repeats: int = 1) -> RateSearchResult:
+    """Replays at a load the workload fixes (closed-loop clients: `rate_rps` inf; a trace at its own
+    timestamps: its rate), no rate search; `repeats` - 1 more when the first is feasible. A closed loop keeps pace
+    by construction, so it is sustained when every request completed, and its point carries the request rate the
+    clients reached on the first replay (its repeats carry the same, so that they merge as one load)."""
+    import dataclasses
+
+    async def probe(label_rps: float | None = None) -> CurvePoint:
+        metrics = await replay_at(rate_rps)
+        point = CurvePoint.of(metrics, limit_ms, spec.sustain_ratio)
+        if math.isinf(rate_rps):
+            point = dataclasses.replace(point, offered_rate_rps=label_rps or metrics.request_throughput_rps)
+        return point
+
+    first = await probe()
+    result = RateSearchResult(points=[first], best=first if first.feasible else None)
+    if result.best is not None:
+        result.repeats = [await probe(first.offered_rate_rps) for _ in range(repeats - 1)]
+    return result
+
+
+def _with_repeats(search: RateSearchResult, limit_ms: float) -> RateSearchResult:
+    """The search with its best point replaced by the median of every replay at that rate, and the trial's best
+    chosen again as `optimize report` ranks stored curves (rerank: repeats merged, highest qualifying rate): if the
+    medians miss the limit, a lower rate that met it is the answer, and none makes the trial infeasible."""
+    first = asdict(search.at_best[0])
+    merged = merge_repeats([asdict(p) for p in search.at_best])[0]
+    fields = {k: int(round(merged[k])) if isinstance(v, int) and not isinstance(v, bool) else merged[k]
+              for k, v in first.items()}
+    point = CurvePoint(**{**fields, "feasible": qualifies(merged, limit_ms)})
+    points = [point if p is search.best else p for p in search.points]
+    dicts = [asdict(p) for p in points]
+    chosen = rank_curve(dicts, limit_ms)
+    best = None
+    if chosen.answerable:
+        best = next(p for p, d in zip(points, dicts) if d is chosen.point)
+    return RateSearchResult(points=points, best=best, stopped_early=search.stopped_early, repeats=search.repeats)
 
 
 def _incumbent_rate(trial: optuna.Trial) -> float | None:
@@ -220,6 +319,15 @@ def _incumbent_rate(trial: optuna.Trial) -> float | None:
             rate = r.get("rate_rps")
             rates.append(math.inf if rate is None else float(rate))
     return max(rates, default=None)
+
+
+def _limited_by(points: list, engine_points: list[dict[str, Any] | None], point: Any) -> str | None:
+    """The one line that says what limited the trial at its chosen point (None without engine stats)."""
+    for p, e in zip(points, engine_points):
+        if p is point:
+            found = diagnose(e, p.ttft_p99_ms)
+            return found.line if found else None
+    return None
 
 
 def _fallback_note(why: str) -> str:

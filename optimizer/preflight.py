@@ -4,13 +4,22 @@ The estimate: the engine may take `gpu_memory_utilization` x device memory; weig
 of that first, and the rest is KV cache, which must hold at least one sequence of `max_model_len` tokens (vLLM
 refuses to start otherwise). On the CPU build the fraction is of the NUMA node's memory, and vLLM also refuses
 when that much is not free right now. Only clear cases are rejected: the sampler learns the rest from real starts.
+
+Free memory also drops for reasons that say nothing about the config: an earlier trial's engine still exiting
+(GPU memory returns some seconds after its process ends), an orphan, another job. A config that would fit in the
+most memory seen free in this run, but not in what is free now, is not infeasible: the trial waits and probes
+again (`wait_for_memory`), and if the memory stays held, the run stops with `DeviceMemoryHeldError` instead of
+teaching the sampler a false out-of-memory.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from optimizer.clock import Clock
+from optimizer.errors import OptimizerError
 from optimizer.model import ModelInfo
 
 GIB = 1024**3
@@ -29,22 +38,30 @@ class DeviceMemory:
     available_bytes: int
 
     @classmethod
-    def probe(cls, device: str) -> DeviceMemory | None:
-        """Memory of the device trials run on: the CPU's NUMA node 0 (as vLLM reads it) or GPU 0 (NVML)."""
+    def probe(cls, device: str, nvml: Any | None = None) -> DeviceMemory | None:
+        """Memory of the device trials run on: the CPU's NUMA node 0 (as vLLM reads it; psutil without vLLM)
+        or the GPU this process sees first (NVML free memory; `nvml` defaults to `pynvml`)."""
         try:
             if device == "cpu":
-                from vllm.utils.cpu_resource_utils import get_memory_node_info
+                try:
+                    from vllm.utils.cpu_resource_utils import get_memory_node_info
+                except ImportError:
+                    import psutil
 
+                    vm = psutil.virtual_memory()
+                    return cls(int(vm.total), int(vm.available))
                 info = get_memory_node_info(0)
                 return cls(int(info.total_memory), int(info.available_memory))
-            import pynvml
+            from optimizer.telemetry import device_handle
 
-            pynvml.nvmlInit()
+            if nvml is None:
+                import pynvml as nvml
+            nvml.nvmlInit()
             try:
-                mem = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+                mem = nvml.nvmlDeviceGetMemoryInfo(device_handle(nvml))
                 return cls(int(mem.total), int(mem.free))
             finally:
-                pynvml.nvmlShutdown()
+                nvml.nvmlShutdown()
         except Exception:  # no vLLM CPU utilities, no NVML: no estimate, the real start decides
             return None
 
@@ -97,3 +114,45 @@ def memory_problems(est: MemoryEstimate) -> list[str]:
                    f"{est.kv_budget_bytes / GIB:.2f} GiB are left: lower max_model_len or raise "
                    f"gpu_memory_utilization")
     return out
+
+
+class DeviceMemoryHeldError(OptimizerError):
+    """Memory that was free earlier in this run stays held by another process: the run stops, nothing is pruned."""
+
+
+# Free memory drifts by itself (the front end's heap, caches): only a larger drop counts as held by another process.
+HELD_MIN_BYTES, HELD_MIN_FRACTION = GIB, 0.02
+
+
+def held_elsewhere(est: MemoryEstimate, most_free_bytes: int, total_bytes: int) -> bool:
+    """Is the config short of memory only because another process holds some that was free earlier in this run?
+
+    True when it would pass `memory_problems` with the most memory seen free, and at least
+    max(1 GiB, 2% of the device) of that is gone now.
+    """
+    drop = most_free_bytes - est.available_bytes
+    if drop < max(HELD_MIN_BYTES, HELD_MIN_FRACTION * total_bytes):
+        return False
+    return not memory_problems(replace(est, available_bytes=most_free_bytes))
+
+
+async def wait_for_memory(probe: Callable[[], DeviceMemory | None], fits: Callable[[DeviceMemory], bool],
+                          clock: Clock, timeout_s: float, interval_s: float, needed_bytes: int,
+                          most_free_bytes: int) -> DeviceMemory | None:
+    """Probe every `interval_s` until `fits(memory)`; after `timeout_s`, raise DeviceMemoryHeldError.
+
+    Returns the memory that fits (None if the probe stops answering: then the real start decides).
+    """
+    deadline = clock.now() + timeout_s
+    last: DeviceMemory | None = None
+    while clock.now() < deadline:
+        await clock.sleep_until(min(clock.now() + interval_s, deadline))
+        last = probe()
+        if last is None or fits(last):
+            return last
+    free = f"{last.available_bytes / GIB:.2f} GiB are free" if last else "the device is unreadable"
+    raise DeviceMemoryHeldError(
+        f"the trial needs {needed_bytes / GIB:.2f} GiB of device memory; {most_free_bytes / GIB:.2f} GiB were free "
+        f"earlier in this run, but after waiting {timeout_s:.0f} s only {free}. Another process holds the rest "
+        f"(an earlier trial's engine that did not exit? see `nvidia-smi` or `ps -ef | grep VLLM`): end it, then run "
+        f"the same command again to resume")

@@ -27,8 +27,10 @@ def describe(trial: FrozenTrial) -> str:
         "cannot beat the best so far: stopped early" if r.get("stopped_early") else "misses the limit at every rate")
     t = trial.user_attrs.get("timings", {})
     ttft = r.get("ttft_p99_ms", math.nan)
-    return (f"{label} #{trial.number}: {r.get('output_throughput_tok_s', 0):.1f} tok/s at {where}, "
+    line = (f"{label} #{trial.number}: {r.get('output_throughput_tok_s', 0):.1f} tok/s at {where}, "
             f"TTFT P99 {format_ms(ttft)} ({verdict}) [{t.get('total_s', 0):.0f}s]")
+    limited = trial.user_attrs.get("limited_by")
+    return f"{line}\n  {limited}" if limited else line
 
 
 class Progress:

@@ -68,6 +68,12 @@ class RateSearchResult:
     points: list[CurvePoint] = field(default_factory=list)
     best: CurvePoint | None = None
     stopped_early: bool = False  # the descent reached the incumbent's floor without a feasible rate
+    repeats: list[CurvePoint] = field(default_factory=list)  # more replays at the best point's rate
+
+    @property
+    def at_best(self) -> list[CurvePoint]:
+        """Every replay at the best rate: the search's own and its repeats."""
+        return [self.best, *self.repeats] if self.best is not None else []
 
     @property
     def feasible(self) -> bool:
@@ -93,8 +99,8 @@ async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSp
                         incumbent_rate_rps: float | None = None) -> RateSearchResult:
     """Search rates with at most `spec.max_replays` replays; `replay_at(rate)` runs one cold replay.
 
-    With an incumbent (the best feasible rate of the study so far), the descent stops below
-    `INCUMBENT_FLOOR` x that rate: every trial replays the same requests, so a config that meets the limit only
+    With an incumbent (the best feasible rate of the study so far), the descent tries that floor,
+    `INCUMBENT_FLOOR` x the incumbent's rate, once and stops below it: every trial replays the same requests, so a config that meets the limit only
     there serves less than the incumbent and cannot become the recommendation. The trial then ends infeasible
     with `stopped_early` set, and saves the slowest replays of all.
     """
@@ -136,7 +142,10 @@ async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSp
             break  # latency no longer falls with load: the limit is below what this config does unloaded
         previous = point
         hi = rate
-        rate *= spec.step_down
+        if floor_rps > spec.min_rate_rps and rate > floor_rps and rate * spec.step_down < floor_rps:
+            rate = floor_rps  # the incumbent's floor itself, once, before giving up: P99 is noisy near the knee
+        else:
+            rate *= spec.step_down
     if lo is None:
         result.stopped_early = rate < floor_rps and floor_rps > spec.min_rate_rps
         return result

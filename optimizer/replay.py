@@ -34,8 +34,12 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
     """Send `requests[i]` at `arrivals_s[i]` after the start and wait for all of them.
 
     Times in the records are relative to the replay's start. An engine death aborts the replay
-    (EngineDiedError); any other request error is recorded on that request.
+    (EngineDiedError); any other request error is recorded on that request. An engine that runs in virtual time
+    (`simulate_replay`, the simulator) serves the whole replay at once instead, with the same records.
     """
+    simulated = getattr(engine, "simulate_replay", None)
+    if simulated is not None:
+        return simulated(requests, arrivals_s)
     start = clock.now()
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task[None]] = []
@@ -51,10 +55,15 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
             tasks.append(asyncio.create_task(_serve(engine, req, rec, _Shifted(clock, start))))
         await asyncio.gather(*tasks)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _settle(tasks)
     return records
+
+
+async def _settle(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel what is still running (an engine death, Ctrl-C) and wait until every task has ended."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _Shifted:
@@ -68,3 +77,30 @@ class _Shifted:
 
     async def sleep_until(self, t: float) -> None:
         await self._clock.sleep_until(t + self._origin)
+
+
+async def replay_closed_loop(engine: Engine, requests: list[Request] | tuple[Request, ...], concurrency: int,
+                             clock: Clock) -> list[RequestRecord]:
+    """`concurrency` clients take the requests in order; each sends its next one when its previous one finishes.
+
+    The load is fixed by the clients, not by a rate: `planned_s` is the send time. Times are relative to the
+    start, as in `replay`; an engine death aborts the replay, any other request error is recorded on its request.
+    """
+    start = clock.now()
+    shifted = _Shifted(clock, start)
+    pending = iter(requests)  # shared by the clients; taking the next request never awaits, so no lock is needed
+    records: list[RequestRecord] = []
+
+    async def client() -> None:
+        for req in pending:
+            sent = shifted.now()
+            rec = RequestRecord(index=req.index, input_len=req.input_len, planned_s=sent, sent_s=sent)
+            records.append(rec)
+            await _serve(engine, req, rec, shifted)
+
+    tasks = [asyncio.create_task(client()) for _ in range(min(concurrency, len(requests)))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        await _settle(tasks)
+    return records

@@ -1,15 +1,18 @@
-"""From a study to a decision: the recommendation, the baseline, and the table that compares them."""
+"""The study's recommendation and baseline as Optuna sees them (its stored values), and the end-of-run table.
+
+`recommended` reads the trials' values (what export, verify and the progress bar use); the end table is a view
+of `decision.decide`, the same decision `optimize report` prints.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.space import distance_to_default
+from optimizer.config import StudyConfig
 from optimizer.study import is_baseline
 from optimizer.units import format_ms
 
@@ -37,39 +40,22 @@ def baseline(study: optuna.Study) -> FrozenTrial | None:
     return None
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """Baseline against recommendation, in numbers a person reads."""
-
-    baseline: FrozenTrial | None
-    best: FrozenTrial | None
-    gain_pct: float | None
-    changed: dict[str, tuple[Any, Any]]
-
-
-def compare(study: optuna.Study) -> Comparison:
-    base, best = baseline(study), recommended(study)
-    gain = None
-    if base is not None and best is not None and feasible(base) and throughput(base) > 0:
-        gain = (throughput(best) / throughput(base) - 1) * 100
-    changed = {}
-    if best is not None:
-        base_cfg = base.user_attrs.get("engine_config", {}) if base is not None else {}
-        changed = distance_to_default(best.user_attrs.get("engine_config", {}), base_cfg)
-    return Comparison(base, best, gain, changed)
-
-
-def _row(label: str, trial: FrozenTrial | None) -> list[str]:
-    if trial is None:
+def _row(label: str, v: Any) -> list[str]:
+    """One line of the end table from a decision.TrialView (None: no such trial)."""
+    if v is None:
         return [label, "-", "-", "-", "-", "-"]
+    trial = v.trial
     if trial.state == TrialState.PRUNED:
         return [label, f"#{trial.number}", "cannot run", trial.user_attrs.get("pruned_reason", "?"), "-", "-"]
-    r = trial.user_attrs.get("result", {})
-    rate = r.get("rate_rps")
-    rate_s = "burst" if rate is None else f"{rate:.2f}"
-    note = "" if feasible(trial) else " (misses limit at every rate)"
-    return [label, f"#{trial.number}", f"{throughput(trial):.1f}{note}", rate_s,
-            format_ms(r.get("ttft_p50_ms", math.nan)), format_ms(r.get("ttft_p99_ms", math.nan))]
+    p = v.ranked.point
+    if p is None:
+        return [label, f"#{trial.number}", "misses limit at every rate", "-", "-", "-"]
+    rate = p.get("offered_rate_rps")
+    replays = p.get("replays", 1)
+    return [label, f"#{trial.number}", f"{v.ranked.output_throughput_tok_s:.1f}" + (f" (median of {replays})"
+                                                                                     if replays > 1 else ""),
+            "burst" if rate is None else f"{rate:.2f}", format_ms(p.get("ttft_p50_ms", math.nan)),
+            format_ms(p.get("ttft_p99_ms", math.nan))]
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -80,22 +66,21 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def summary_text(study: optuna.Study, ttft_p99_ms: float) -> str:
-    """The end-of-study table: baseline vs recommended, the parameters that changed, the gain."""
-    c = compare(study)
+def summary_text(study: optuna.Study, config: StudyConfig) -> str:
+    """The end-of-study table, baseline against recommendation, then what `optimize report` says of them: gain
+    (and whether it is more than noise), changed parameters, importances, caveats. One decision (decision.py)."""
+    from optimizer.decision import decide, summary_lines
+
+    d = decide(study, config)
     header = ["config", "trial", "output tok/s", "rate req/s", "TTFT P50", "TTFT P99"]
-    out = [f"TTFT P99 limit {format_ms(ttft_p99_ms)}; throughput at the highest Poisson rate sustained within it",
-           table([_row("vLLM defaults", c.baseline), _row("recommended", c.best)], header)]
-    if c.baseline is not None and c.baseline.user_attrs.get("baseline_note"):
-        out.append(f"note: {c.baseline.user_attrs['baseline_note']}")
-    if c.best is None:
+    out = [f"TTFT P99 limit {format_ms(config.ttft_p99_ms)}; throughput at the highest rate sustained within it",
+           table([_row("vLLM defaults", d.baseline), _row("recommended", d.best)], header)]
+    if d.baseline is not None and d.baseline.trial.user_attrs.get("baseline_note"):
+        out.append(f"note: {d.baseline.trial.user_attrs['baseline_note']}")
+    if d.best is None:
         out.append("No trial met the limit. Relax --ttft-p99, lower the workload's lengths, or widen the ranges.")
         return "\n".join(out)
-    if c.changed:
-        out.append("changed from vLLM's defaults: " + ", ".join(f"{k} {a} -> {b}" for k, a, b in
-                                                              ((k, *v) for k, v in c.changed.items())))
-    if c.gain_pct is not None:
-        out.append(f"gain over vLLM's defaults: {c.gain_pct:+.1f}% output throughput")
-    elif c.baseline is not None:
+    out += [line for line in summary_lines(d) if not line.startswith(("recommended:", "vLLM defaults (baseline):"))]
+    if d.gain_pct is None and d.baseline is not None and d.best is not d.baseline:
         out.append("vLLM's defaults miss the limit at every rate tried: the recommendation is the only feasible one")
     return "\n".join(out)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from optimizer.noise import coefficient_of_variation, median
+
 Point = Mapping[str, Any]
 
 
@@ -80,11 +82,40 @@ class Ranked:
         return None if self.point is None else self.point.get("offered_rate_rps")
 
 
+def merge_repeats(curve: Sequence[Point]) -> list[Point]:
+    """Replays at the same offered rate (a trial's repeats) become one point: the median of each number, sustained
+    when most were, with `replays` (how many) and `output_throughput_cv` (their coefficient of variation)."""
+    groups: dict[Any, list[Point]] = {}
+    for p in curve:
+        groups.setdefault(p.get("offered_rate_rps"), []).append(p)
+    out: list[Point] = []
+    for rate, points in groups.items():
+        if len(points) == 1:
+            out.append(points[0])
+            continue
+        merged: dict[str, Any] = dict(points[0])
+        for key, value in points[0].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "offered_rate_rps":
+                values = [float(p[key]) for p in points if isinstance(p.get(key), (int, float))
+                          and not math.isnan(p[key])]
+                merged[key] = median(values) if values else math.nan
+        for key in ("sustained", "feasible"):
+            if key in points[0]:
+                merged[key] = 2 * sum(bool(p.get(key)) for p in points) > len(points)
+        merged["replays"] = len(points)
+        merged["output_throughput_cv"] = coefficient_of_variation([float(p["output_throughput_tok_s"])
+                                                                   for p in points])
+        out.append(merged)
+    return out
+
+
 def rank_curve(curve: Sequence[Point] | None, limit_ms: float,
                other_limits_ms: Mapping[str, float] | None = None) -> Ranked:
-    """The trial's best point for `limit_ms` (and any other limits), and how far the stored points vouch for it."""
+    """The trial's best point for `limit_ms` (and any other limits), and how far the stored points vouch for it.
+    Repeated replays at one rate count as one point, their medians (`merge_repeats`)."""
     if not curve:
         return Ranked(Answer.NOT_RUN)
+    curve = merge_repeats(curve)
     good = [p for p in curve if qualifies(p, limit_ms, other_limits_ms)]
     if not good:
         finite = [p for p in curve if p.get("ttft_p99_ms") is not None and not math.isnan(p["ttft_p99_ms"])]

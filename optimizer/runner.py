@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,18 @@ def vllm_factory(base_args: dict[str, Any]) -> EngineFactory:
     return lambda: VllmEngine(base_args)
 
 
+def http_factory(base_args: dict[str, Any]) -> EngineFactory:
+    from optimizer.engines.http_engine import HttpEngine
+
+    return lambda: HttpEngine(base_args)
+
+
+def factory_for(config: StudyConfig, path: str) -> EngineFactory:
+    """The engine the study's `backend` names, with the study's fixed engine arguments."""
+    base = engine_base_args(config, path)
+    return http_factory(base) if config.backend == "http" else vllm_factory(base)
+
+
 def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = print,
             engine_factory: EngineFactory | None = None,
             memory_probe: Callable[[], DeviceMemory | None] | None = None) -> Prepared:
@@ -62,20 +75,22 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     workload = build_workload(config.workload, info.vocab_size)
     if config.model_is_default:
         say(f"model: embedded default {DEFAULT_MODEL_NAME} (Llama architecture, random weights) at {path}")
-        w = config.workload
-        say(f"workload: chat traffic scaled down for the CPU demo: inputs {w.input_len_min}-{w.input_len_max}, "
-            f"outputs {w.output_len_min}-{w.output_len_max} tokens, {w.num_requests} requests per replay")
-    study = open_study(config, storage_for(config.storage_url))
+    scale = " (scaled down for the CPU demo)" if config.model_is_default else ""
+    say(f"workload{scale}: {config.workload.describe()}")
+    storage = storage_for(config.storage_url)
+    study = open_study(config, storage)
     objective = Objective(
         config=config,
         space=space,
         workload=workload,
-        engine_factory=engine_factory or vllm_factory(engine_base_args(config, path)),
+        engine_factory=engine_factory or factory_for(config, path),
         logs_dir=studies_dir / f"{config.study_name}.logs",
         model=info,
         memory_probe=memory_probe or (lambda: DeviceMemory.probe(config.device)),
         records=RecordStore(config.storage_url),
     )
+    if config.prescreen and finished_count(study) < config.budget:
+        prescreen(config, study, storage, objective, studies_dir, say)
     say(f"study {config.study_name!r}: TTFT P99 <= {format_ms(config.ttft_p99_ms)}, budget {config.budget} trials, "
         f"engine logs in {objective.logs_dir}")
     return Prepared(config, study, objective)
@@ -89,3 +104,51 @@ def run(prepared: Prepared, quiet: bool = False) -> optuna.Study:
     finally:
         progress.close()
     return prepared.study
+
+
+def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective,
+              studies_dir: Path, say: Callable[..., None]) -> None:
+    """`--prescreen N`: N simulated trials (study NAME.sim), their best and least certain configs queued first."""
+    from optimizer.preflight import DeviceMemory
+    from optimizer.prescreen import DEFAULT_DEVICE_MEMORY_BYTES, run_prescreen
+    from optimizer.sim.steptime import StepTimeModel
+
+    assert objective.model is not None
+    time_model = StepTimeModel.load(config.calibration) if config.calibration else StepTimeModel()
+    memory = DeviceMemory.probe(config.device)
+    run_prescreen(study, storage, config, objective.space, objective.workload, objective.model, time_model,
+                  config.prescreen, logs_dir=studies_dir / f"{config.study_name}.sim.logs",
+                  device_memory_bytes=memory.total_bytes if memory else DEFAULT_DEVICE_MEMORY_BYTES, say=say)
+
+
+def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
+    """How well the recommendation's replay pinned down TTFT P99, and the replay length that would (stored too).
+
+    The count is advice for the next study, not changed in this one: every trial of a study replays the same
+    requests, so that their results compare.
+    """
+    from optimizer.report import recommended
+    from optimizer.stability import p99_stability
+
+    best = recommended(prepared.study)
+    store = prepared.objective.records
+    if best is None or store is None:
+        return None
+    rate = (best.user_attrs.get("result") or {}).get("rate_rps")
+    target = math.inf if rate is None else float(rate)
+    replays = [recs for r, recs in store.load(prepared.config.study_name, best.number) if math.isclose(r, target)]
+    ttft = [1000 * r.ttft_s for r in (replays[-1] if replays else []) if r.ok and r.ttft_s is not None]
+    if len(ttft) < 10:
+        return None
+    s = p99_stability(ttft, tolerance)
+    prepared.study.set_user_attr("p99_stability", {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+                                                   for k, v in s.__dict__.items()})
+    high = "open above" if not math.isfinite(s.high_ms) else f"{s.high_ms:.0f} ms"
+    line = (f"TTFT P99 of the recommendation over {s.n} requests: {s.p99_ms:.0f} ms, 95% interval "
+            f"[{s.low_ms:.0f} ms, {high}]")
+    if s.stable:
+        return line + f": stable (within {tolerance:.0%} of it)"
+    if s.requests_needed is None:
+        return line + ": not stable; its tail is too short to say how many requests would make it so"
+    return line + (f": not stable; about {s.requests_needed} requests per replay would pin it within "
+                   f"{tolerance:.0%} (--num-requests {s.requests_needed} in a new study)")

@@ -30,6 +30,24 @@ def test_bad_budget(tmp_path, capsys, budget):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("repeats", ["0", "-1", "twice"])
+def test_bad_repeats(tmp_path, capsys, repeats):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--repeats", repeats, "--studies-dir", str(tmp_path))
+    assert code == 2 and "--repeats" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv,hint", [
+    (["--repeats", "0"], "--repeats"), (["--validate", "7"], "--validate"),
+    (["--model", "/no/such/model"], "does not exist"),
+])
+def test_bad_calibrate_input(tmp_path, capsys, argv, hint):
+    out = tmp_path / "cal.json"
+    code, err = run_cli(capsys, "calibrate", "--out", str(out), *argv)
+    assert code == 2 and hint in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 def test_missing_slo_for_a_new_study(tmp_path, capsys):
     code, err = run_cli(capsys, "--budget", "3", "--studies-dir", str(tmp_path))
     assert code == 2 and "--ttft-p99 is required" in err

@@ -17,11 +17,23 @@ WORKLOAD = build_workload(WorkloadSpec(num_requests=10, warmup_requests=0, input
 OOM_PARAMS = {"gpu_memory_utilization": 0.99}
 
 
-@pytest.fixture(params=["fake", pytest.param("vllm", marks=pytest.mark.engine)])
+@pytest.fixture(params=["fake", "simulated", pytest.param("vllm", marks=pytest.mark.engine),
+                        pytest.param("http", marks=pytest.mark.engine)])
 def make_engine(request):
     if request.param == "fake":
         return lambda: FakeEngine(max_memory_fraction=0.95)
+    if request.param == "simulated":
+        from optimizer.engines.simulated import SimulatedEngine
+        from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
+        from optimizer.sim.steptime import StepTimeModel
+
+        quick = StepTimeModel(fixed_s=0.001, prefill_token_s=1e-6, decode_seq_s=1e-4, context_token_s=0.0)
+        return lambda: SimulatedEngine(model_info(DEFAULT_MODEL_CONFIG, "sim"), quick)
     tiny = request.getfixturevalue("tiny_model")
+    if request.param == "http":
+        from optimizer.engines.http_engine import HttpEngine
+
+        return lambda: HttpEngine({"model": str(tiny), "enforce_eager": True})
     from optimizer.engines.vllm_engine import VllmEngine
 
     return lambda: VllmEngine({"model": str(tiny), "enforce_eager": True})

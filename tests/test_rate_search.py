@@ -3,6 +3,8 @@
 import asyncio
 import math
 
+import pytest
+
 from optimizer.config import RateSearchSpec
 from optimizer.metrics import Distribution, ReplayMetrics
 from optimizer.rate_search import find_max_rate
@@ -108,9 +110,20 @@ def test_stops_below_the_incumbents_rate():
     calls = []
     res = asyncio.run(find_max_rate(knee_engine(3.0, calls), 150.0, RateSearchSpec(step_down=0.5, max_replays=10),
                                     incumbent_rate_rps=6.0))
-    # burst ceiling 20 -> 10 (no) -> 5 is below 0.9 x 6 = 5.4: not worth measuring
-    assert calls == [math.inf, 10.0]
+    # burst ceiling 20 -> 10 (no) -> 5 would be below 0.9 x 6 = 5.4: the floor itself, once (no) -> stop
+    assert calls == [math.inf, 10.0, pytest.approx(5.4)]
     assert res.best is None and res.stopped_early
+
+
+def test_a_config_that_holds_at_the_incumbents_floor_is_searched_up_from_there():
+    """P99 near the knee is noisy: a config that misses at the incumbent's rate gets one try at the floor."""
+    calls = []
+    res = asyncio.run(find_max_rate(knee_engine(5.6, calls), 150.0,
+                                    RateSearchSpec(step_down=0.5, max_replays=10, refine_steps=1),
+                                    incumbent_rate_rps=6.0))
+    # 20 -> 10 (no) -> floor 5.4 (ok) -> bisect (5.4 + 10) / 2 = 7.7 (no)
+    assert calls == [math.inf, 10.0, pytest.approx(5.4), pytest.approx(7.7)]
+    assert res.best.offered_rate_rps == pytest.approx(5.4) and not res.stopped_early
 
 
 def test_probes_at_the_incumbents_rate_first_when_the_usual_start_is_below_it():

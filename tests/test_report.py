@@ -254,3 +254,66 @@ def test_cli_report_with_a_tpot_limit(fake_study, capsys):
     assert "TPOT P99 <= " in err
     rc, _, err = cli(capsys, "report", "--study", "f", "--studies-dir", str(d), "--e2e-p99", "fast")
     assert rc == 2 and "--e2e-p99" in err
+
+
+def test_a_challenger_within_noise_is_not_reported_as_better(tmp_path):
+    """The baseline's three replays at 4.2/s give 400, 420, 440 tok/s: CV 4.76%. A gain must then exceed
+    2 x 4.76% x sqrt(1/1 + 1/3) = 11.0%: #1 (+4.8%) is within noise, #2 (+83%) is not."""
+    from optuna.trial import create_trial
+
+    from optimizer.objective import CONSTRAINT
+    from optimizer.study import CONFIG_ATTR, DIRECTIONS
+
+    def pt(rate, tput, ttft):
+        return {**synthetic.point(rate, ttft, burst_rps=10.0), "output_throughput_tok_s": float(tput)}
+
+    config = synthetic.make_config(tmp_path, "noise")
+    study = optuna.create_study(study_name="noise", storage=config.storage_url, directions=DIRECTIONS)
+    study.set_user_attr(CONFIG_ATTR, config.model_dump_json())
+    curves = {0: [pt(None, 1000, 900), pt(4.2, 400, 90), pt(4.2, 420, 95), pt(4.2, 440, 99)],
+              1: [pt(None, 1000, 900), pt(4.4, 440, 95)],
+              2: [pt(None, 1000, 900), pt(7.7, 770, 97)]}
+    for n, c in curves.items():
+        attrs = {"curve": c, "engine_config": synthetic.BASELINE_ENGINE, **({"baseline": True} if n == 0 else {})}
+        study.add_trial(create_trial(values=[c[-1]["output_throughput_tok_s"], 95.0], user_attrs=attrs,
+                                     constraints={CONSTRAINT: 0.0}))
+    d = decide(study, config)
+    assert d.noise_cv == pytest.approx(20 / 420)
+    one, two = d.views[1], d.views[2]
+    assert not d.beyond_noise(one, d.baseline) and d.beyond_noise(two, d.baseline)
+    assert d.best is two and d.ties == []  # #1 is far below #2
+    # without #2 the recommendation is #1: its gain is reported, but as within noise
+    study2 = optuna.create_study(study_name="noise2", storage=config.storage_url, directions=DIRECTIONS)
+    study2.set_user_attr(CONFIG_ATTR, config.model_copy(update={"study_name": "noise2"}).model_dump_json())
+    for t in study.get_trials()[:2]:
+        study2.add_trial(t)
+    d2 = decide(study2, config.model_copy(update={"study_name": "noise2"}))
+    assert d2.best.number == 1
+    from optimizer.decision import summary_lines
+
+    gain = next(line for line in summary_lines(d2) if line.startswith("gain over"))
+    assert "+4.8%" in gain and "within measurement noise" in gain and "11.0%" in gain
+
+
+def test_a_challenger_inside_the_incumbents_rate_bracket_is_not_better(tmp_path):
+    """#0 passed 4.0/s and missed 5.0/s: its true best lies in [4, 5), so #1 at 4.4/s (+10%) is not proven better;
+    #2 at 5.2/s (+30%) is."""
+    from optuna.trial import create_trial
+
+    from optimizer.objective import CONSTRAINT
+    from optimizer.study import CONFIG_ATTR, DIRECTIONS
+
+    config = synthetic.make_config(tmp_path, "bracket")
+    study = optuna.create_study(study_name="bracket", storage=config.storage_url, directions=DIRECTIONS)
+    study.set_user_attr(CONFIG_ATTR, config.model_dump_json())
+    p = synthetic.point
+    curves = {0: [p(None, 900, 10.0), p(5.0, 200), p(4.0, 90)], 1: [p(None, 900, 10.0), p(4.4, 95)],
+              2: [p(None, 900, 10.0), p(5.2, 95)]}
+    for n, c in curves.items():
+        attrs = {"curve": c, "engine_config": synthetic.BASELINE_ENGINE, **({"baseline": True} if n == 0 else {})}
+        study.add_trial(create_trial(values=[c[-1]["output_throughput_tok_s"], 95.0], user_attrs=attrs,
+                                     constraints={CONSTRAINT: 0.0}))
+    d = decide(study, config)
+    base, one, two = d.views
+    assert d.required_gain(one, base) == pytest.approx(0.25)
+    assert not d.beyond_noise(one, base) and d.beyond_noise(two, base)

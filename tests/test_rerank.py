@@ -108,3 +108,22 @@ def test_other_latency_limits_narrow_the_answer():
     assert rank_curve(curve, 100.0, {"tpot_p99_ms": 20.0}).rate_rps == 4.0  # TPOT rules out 8 req/s
     assert not rank_curve(curve, 100.0, {"tpot_p99_ms": 5.0}).answerable
     assert not rank_curve(curve, 100.0, {"e2e_p99_ms": 1e9}).answerable  # not stored: cannot answer
+
+
+def test_repeats_at_one_rate_rank_as_their_median():
+    from optimizer.rerank import merge_repeats
+
+    def pt(rate, tput, ttft, sustained=True):
+        return {"offered_rate_rps": rate, "output_throughput_tok_s": tput, "ttft_p99_ms": ttft,
+                "sustained": sustained}
+
+    curve = [pt(None, 900, 5000), pt(6.0, 500, 120), pt(6.0, 400, 180), pt(6.0, 450, 140, sustained=False)]
+    merged = merge_repeats(curve)
+    assert len(merged) == 2 and merged[0] == curve[0]
+    m = merged[1]
+    assert (m["output_throughput_tok_s"], m["ttft_p99_ms"], m["replays"]) == (450, 140, 3)
+    assert m["sustained"] is True  # 2 of 3
+    assert m["output_throughput_cv"] == pytest.approx(50 / 450)  # sd of 400, 450, 500 is 50
+    # under 150 ms the median (140 ms) qualifies though one replay (180 ms) missed; under 130 ms it does not
+    assert rank_curve(curve, 150).output_throughput_tok_s == 450
+    assert rank_curve(curve, 130).answer == Answer.NO_POINT

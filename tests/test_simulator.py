@@ -71,9 +71,15 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room():
     assert chunked.records[1].first_token_s == pytest.approx(1 + 2.56 + 1 + 1.44 + 0.056)
 
 
-def test_long_prefill_token_threshold_caps_a_request_per_step():
-    r = simulate([req(0, 200, 1)], [0.0], cfg(long_prefill_token_threshold=64), MODEL)
-    assert r.stats.steps == 4  # 64 + 64 + 64 + 8
+def test_long_prefill_token_threshold_caps_a_request_per_step_while_others_wait():
+    c = cfg(long_prefill_token_threshold=64)
+    r = simulate([req(0, 200, 1), req(1, 8, 1, first_token=5000)], [0.0, 0.0], c, MODEL)
+    # step 1: 64 of A (capped: B is there too) + 8 of B; step 2: A alone takes its other 136 (no one to starve)
+    assert r.stats.steps == 2
+    assert r.records[1].first_token_s == pytest.approx(1 + 0.72)
+    assert r.records[0].first_token_s == pytest.approx(1 + 0.72 + 1 + 1.36 + 0.064)
+    alone = simulate([req(0, 200, 1)], [0.0], c, MODEL)
+    assert alone.stats.steps == 1
 
 
 def test_full_kv_cache_preempts_and_every_request_still_gets_all_its_tokens():

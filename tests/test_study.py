@@ -1,4 +1,8 @@
-"""Study logic on the fake engine: budget, baseline once, resume, pruning, constraints, recommendation."""
+"""Study logic on the simulated engine: budget, baseline once, resume, pruning, constraints, recommendation.
+
+The simulator (optimizer/engines/simulated.py) serves each replay in virtual time, so these whole studies run in
+well under a second each and give the same result every time; the real engine has its own tests (marker `engine`).
+"""
 
 import optuna
 import pytest
@@ -6,11 +10,13 @@ from optuna.trial import TrialState
 
 from optimizer import failures
 from optimizer.config import FloatRange, SpaceSpec, StudyConfig, WorkloadSpec
-from optimizer.engines.fake import FakeEngine
+from optimizer.engines.simulated import SimulatedEngine
 from optimizer.errors import OptimizerError
 from optimizer.export import export
+from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
 from optimizer.objective import CONSTRAINT
-from optimizer.report import compare, recommended, summary_text
+from optimizer.decision import decide
+from optimizer.report import recommended, summary_text
 from optimizer.runner import prepare, run
 
 
@@ -22,12 +28,15 @@ def make_config(tmp_path, model, **kw):
     return StudyConfig(**{**base, **kw})
 
 
-def slow_fake():
-    return FakeEngine()
+class SimEngine(SimulatedEngine):
+    """The simulator for the architecture of `config_only_model` (its own memory: 24 GiB, 90% usable)."""
+
+    def __init__(self):
+        super().__init__(model_info({**DEFAULT_MODEL_CONFIG, "max_position_embeddings": 1024}, "sim"))
 
 
-def run_study(tmp_path, config, engine=slow_fake):
-    # the fake engine has its own memory limit: this machine's memory must not decide these tests
+def run_study(tmp_path, config, engine=SimEngine):
+    # the simulated engine has its own memory limit: this machine's memory must not decide these tests
     prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=engine, memory_probe=lambda: None)
     return run(prepared, quiet=True)
 
@@ -75,7 +84,7 @@ def test_out_of_memory_is_pruned_with_reason_and_violated_constraint(tmp_path, c
 def test_invalid_combination_is_pruned_before_any_engine_starts(tmp_path, config_only_model):
     starts = []
 
-    class Counting(FakeEngine):
+    class Counting(SimEngine):
         async def start(self, params, log_path=None):
             starts.append(params)
             return await super().start(params, log_path)
@@ -94,19 +103,20 @@ def test_an_impossible_limit_leaves_no_recommendation(tmp_path, config_only_mode
     study = run_study(tmp_path, config)
     assert all(t.constraints[CONSTRAINT] > 0 for t in study.trials)
     assert recommended(study) is None
-    assert "No trial met the limit" in summary_text(study, config.ttft_p99_ms)
+    assert "No trial met the limit" in summary_text(study, config)
     with pytest.raises(OptimizerError, match="Relax the limit"):
         export(None, config, tmp_path, str(config_only_model))
 
 
 def test_summary_names_gain_and_changes(tmp_path, config_only_model):
-    study = run_study(tmp_path, make_config(tmp_path, config_only_model, budget=4))
-    text = summary_text(study, 30.0)
-    c = compare(study)
+    config = make_config(tmp_path, config_only_model, budget=4)
+    study = run_study(tmp_path, config)
+    text = summary_text(study, config)
+    d = decide(study, config)
     assert "vLLM defaults" in text and "recommended" in text
-    if c.best.number != c.baseline.number:
-        assert c.changed and "changed from vLLM's defaults" in text
-        assert c.gain_pct is not None and f"{c.gain_pct:+.1f}%" in text
+    if d.best.number != d.baseline.number:
+        assert "changed from vLLM's defaults" in text
+        assert d.gain_pct is not None and f"{d.gain_pct:+.1f}%" in text
 
 
 def test_sampler_sees_pruned_trials_as_infeasible(tmp_path, config_only_model):
@@ -147,13 +157,13 @@ def test_a_second_live_worker_on_sqlite_is_refused(tmp_path, config_only_model):
 def test_a_hung_engine_becomes_a_pruned_timeout_and_the_study_goes_on(tmp_path, config_only_model):
     import asyncio
 
-    class Hangs(FakeEngine):
+    class Hangs(SimEngine):
         async def start(self, params, log_path=None):
-            if params:  # the baseline (no params) starts; searched trials hang
+            if "max_num_seqs" in params:  # the baseline (vLLM's defaults) starts; searched trials hang
                 await asyncio.sleep(3600)
             return await super().start(params, log_path)
 
-    config = make_config(tmp_path, config_only_model, budget=2, trial_timeout_s=15.0)
+    config = make_config(tmp_path, config_only_model, budget=2, trial_timeout_s=3.0)
     study = run_study(tmp_path, config, engine=Hangs)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.PRUNED]
     assert study.trials[1].user_attrs["pruned_reason"] == failures.TIMEOUT

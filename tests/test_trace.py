@@ -56,3 +56,53 @@ def test_cli_refuses_a_malformed_trace_and_writes_nothing(tmp_path, capsys):
     code = main(["--ttft-p99", "150ms", "--trace", str(bad), "--studies-dir", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "bad.csv line 3" in err and not out.exists()
+
+
+def test_original_timing_replays_the_traces_own_timestamps_at_its_own_rate():
+    rows = [(10, 5, 100.0), (20, 6, 101.0), (30, 7, 103.0), (40, 8, 104.0)]
+    from optimizer.workload import fixed_load_rate
+
+    s = WorkloadSpec(num_requests=10, trace=rows, trace_timing="original")
+    w = build_workload(s, 1000)
+    assert w.native_rate_rps == pytest.approx(0.75)  # 3 gaps over 4 s
+    assert fixed_load_rate(s, w) == w.native_rate_rps
+    assert w.arrivals_s(w.native_rate_rps) == pytest.approx([0.0, 1.0, 3.0, 4.0])  # real time, as recorded
+    # the same requests as the rescaled trace: only whether the rate is searched differs
+    assert w.requests == build_workload(WorkloadSpec(num_requests=10, trace=rows), 1000).requests
+
+
+def test_original_timing_needs_timestamps_and_open_arrivals():
+    from optimizer.config import build
+
+    with pytest.raises(UsageError, match="needs a trace with timestamps"):
+        build(WorkloadSpec, {"num_requests": 10, "trace": [(1, 1, None), (2, 2, None)], "trace_timing": "original"},
+              "workload")
+    with pytest.raises(UsageError, match="drop arrivals"):
+        build(WorkloadSpec, {"num_requests": 10, "trace": [(1, 1, 0.0), (2, 2, 1.0)], "trace_timing": "original",
+                             "arrivals": "constant"}, "workload")
+
+
+def test_a_trace_with_constant_arrivals_keeps_its_lengths_and_spaces_them_evenly():
+    rows = [(10, 5, 100.0), (20, 6, 101.0), (30, 7, 103.0), (40, 8, 104.0)]
+    w = build_workload(WorkloadSpec(num_requests=10, trace=rows, arrivals="constant"), 1000)
+    assert [(r.input_len, r.output_len) for r in w.requests] == [(10, 5), (20, 6), (30, 7), (40, 8)]
+    assert w.arrivals_s(2.0) == [0.0, 0.5, 1.0, 1.5] and w.native_rate_rps is None
+
+
+def test_a_study_at_the_traces_own_timestamps_measures_once_per_trial(tmp_path, config_only_model):
+    from optimizer.config import StudyConfig
+    from optimizer.engines.fake import FakeEngine
+    from optimizer.runner import prepare, run
+
+    rows = [(20 + i % 7, 2 + i % 3, 0.05 * i) for i in range(30)]  # 20 req/s for 1.45 s
+    config = StudyConfig(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", ttft_p99_ms=200.0, budget=2,
+                         model=str(config_only_model), dummy_weights=True, device="cpu",
+                         workload=WorkloadSpec(num_requests=30, warmup_requests=1, trace=rows,
+                                               trace_timing="original"))
+    study = run(prepare(config, tmp_path, say=lambda *a: None, engine_factory=FakeEngine, memory_probe=lambda: None),
+                quiet=True)
+    for t in study.trials:
+        curve = t.user_attrs["curve"]  # one replay, no rate search (the baseline repeats it for the noise level)
+        assert len(curve) == (3 if t.user_attrs.get("baseline") else 1)
+        assert [p["offered_rate_rps"] for p in curve] == pytest.approx([20.0] * len(curve))  # 29 gaps in 1.45 s
+        assert t.user_attrs["result"]["rate_rps"] == pytest.approx(20.0)

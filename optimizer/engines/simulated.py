@@ -133,7 +133,7 @@ class SimulatedEngine:
                     seq = self._sched.waiting.popleft()
                     seq.key.put_nowait(None)
                 continue
-            await asyncio.sleep(self.time_model.step_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens))
+            await asyncio.sleep(self.time_model.step_s(*plan.time_inputs))
             emitted, completed = self._sched.finish(plan)
             for seq in emitted:
                 seq.key.put_nowait(1)

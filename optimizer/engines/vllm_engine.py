@@ -2,6 +2,10 @@
 
 Driven with token ids only (`skip_tokenizer_init=True`), so no tokenizer is needed. Started fresh for every
 trial; `shutdown` ends every process the start created, by PID.
+
+It also reports the engine's own view (`ReportsEngineStats`): a stat logger passed to `AsyncLLM` receives, once
+per engine step, the scheduler's counts (running, waiting, KV cache usage) and, per finished request, its queued
+and prefill times. vLLM then keeps stats on, but its default logging stat logger stays off (`disable_log_stats`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer import failures
+from optimizer.engines.base import EngineStats, RequestTiming
 from optimizer.errors import EngineDiedError, EngineStartError
 from optimizer.processes import ProcessRef, children, end_processes, output_to
 from optimizer.workload import Request
@@ -41,8 +46,11 @@ def resolved_config(vllm_config: Any) -> dict[str, Any]:
 class VllmEngine:
     """AsyncLLM adapter. `base_args` (model, dtype, ...) are fixed; `start(params)` adds the trial's values."""
 
-    def __init__(self, base_args: dict[str, Any], shutdown_timeout_s: float = 20.0) -> None:
+    def __init__(self, base_args: dict[str, Any], shutdown_timeout_s: float = 20.0,
+                 collect_stats: bool = True) -> None:
         self._base_args = dict(base_args)
+        self._sink = _StatsSink() if collect_stats else None
+        self._served: set[str] = set()  # request ids finished since the last take_engine_stats()
         self._llm: Any = None
         self._procs: list[ProcessRef] = []
         self._shutdown_timeout_s = shutdown_timeout_s
@@ -90,7 +98,9 @@ class VllmEngine:
                 from vllm.v1.engine.async_llm import AsyncLLM
 
                 args = self.engine_args(params)
-                starting = asyncio.ensure_future(asyncio.to_thread(AsyncLLM.from_engine_args, args))
+                loggers = [_stat_logger_class(self._sink)] if self._sink is not None else None
+                starting = asyncio.ensure_future(asyncio.to_thread(AsyncLLM.from_engine_args, args,
+                                                                   stat_loggers=loggers))
                 try:
                     self._llm = await asyncio.shield(starting)
                 except asyncio.CancelledError:
@@ -113,7 +123,11 @@ class VllmEngine:
         self._procs = sorted(children() - before, key=lambda r: r.pid)
         # vLLM's front end warns per request about token-id prompts; its engine log goes to the trial's file.
         logging.getLogger("vllm").setLevel(logging.ERROR)
-        return resolved_config(self._llm.vllm_config)
+        resolved = resolved_config(self._llm.vllm_config)
+        if self._sink is not None:
+            self._sink.max_num_seqs = resolved["max_num_seqs"]
+            self._sink.take()  # nothing from the start-up belongs to a replay
+        return resolved
 
     async def _watch_children(self, before: set[ProcessRef]) -> None:
         """Keep `process_refs` current during the start, so that a kill mid-start leaves them on record."""
@@ -135,13 +149,29 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        request_id = f"r{request.index}-{next(_ids)}"
         try:
-            async for out in self._llm.generate(prompt, params, request_id=f"r{request.index}-{next(_ids)}"):
+            async for out in self._llm.generate(prompt, params, request_id=request_id):
                 n = len(out.outputs[0].token_ids)
                 if n:
                     yield n
+                if out.finished:
+                    self._served.add(request_id)
         except EngineDeadError as exc:
             raise EngineDiedError(f"the engine died during the replay: {exc}") from None
+
+    async def take_engine_stats(self) -> EngineStats:
+        """The scheduler's stats and per-request timings since the last call; collecting starts afresh."""
+        if self._sink is None:
+            return EngineStats()
+        # vLLM hands a step's outputs to the requests before it calls the stat loggers: the last request of a
+        # replay may be done a moment before its timings are recorded. Wait for them, briefly.
+        for _ in range(100):
+            if self._served <= self._sink.finished_ids:
+                break
+            await asyncio.sleep(0.01)
+        self._served.clear()
+        return self._sink.take()
 
     async def reset_prefix_cache(self) -> None:
         if self._llm is not None:
@@ -156,3 +186,67 @@ class VllmEngine:
                 except Exception:  # a hung or broken shutdown is finished below, by PID
                     pass
             end_processes(self._procs)
+
+
+def _request_index(request_id: str) -> int | None:
+    """`r{index}-{n}` -> index (the workload's request index)."""
+    head = request_id.split("-", 1)[0]
+    return int(head[1:]) if head[:1] == "r" and head[1:].isdigit() else None
+
+
+class _StatsSink:
+    """Accumulates what vLLM's stat-logger calls carry; runs on the event loop, in vLLM's output handler."""
+
+    def __init__(self) -> None:
+        self.max_num_seqs: int | None = None
+        self.stats = EngineStats()
+        self.finished_ids: set[str] = set()
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        s = self.stats
+        if scheduler_stats is not None:
+            s.steps += 1
+            running = int(scheduler_stats.num_running_reqs)
+            s.running_sum += running
+            s.running_peak = max(s.running_peak, running)
+            deferred = int(getattr(scheduler_stats, "num_skipped_waiting_reqs", 0))
+            s.waiting_peak = max(s.waiting_peak, int(scheduler_stats.num_waiting_reqs) + deferred)
+            s.kv_usage_peak = max(s.kv_usage_peak, float(scheduler_stats.kv_cache_usage))
+        if iteration_stats is not None:
+            s.preemptions += int(iteration_stats.num_preempted_reqs)
+            for done in iteration_stats.finished_requests:
+                if done.request_id is None:
+                    continue
+                self.finished_ids.add(done.request_id)
+                index = _request_index(done.request_id)
+                if index is not None:
+                    s.requests[index] = RequestTiming(queued_s=max(float(done.queued_time), 0.0),
+                                                      prefill_s=max(float(done.prefill_time), 0.0),
+                                                      preemptions=int(done.num_preemptions))
+
+    def take(self) -> EngineStats:
+        out, self.stats = self.stats, EngineStats()
+        out.max_num_seqs = self.max_num_seqs
+        self.finished_ids = set()
+        return out
+
+
+def _stat_logger_class(sink: _StatsSink) -> type:
+    """A vLLM StatLoggerBase that forwards to `sink`; vLLM builds one per engine core (there is one here)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Forward(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            try:
+                sink.record(scheduler_stats, iteration_stats)
+            except Exception:  # vLLM's output handler must never fail because of a statistic
+                logging.getLogger(__name__).exception("engine stats: a record failed")
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Forward

@@ -6,7 +6,8 @@ Modelled after vllm/v1/core/sched/scheduler.py (FCFS policy):
   fewer than `max_num_seqs` run and budget is left;
 - chunked prefill: a prompt larger than the budget left is split over steps; without it such a prompt waits
   (and blocks the queue behind it) until a step has room for all of it;
-- `long_prefill_token_threshold` caps the prompt tokens one request may take in a step (0: no cap);
+- `long_prefill_token_threshold` caps the prompt tokens one request may take in a step (0: no cap), when more
+  than one request is running or waiting;
 - KV cache in blocks of `block_size` tokens, `num_kv_blocks` of them; when a running request cannot get a
   block, the last admitted running request is preempted: its blocks are freed and it waits again at the front,
   to recompute everything it had (prompt and generated tokens);
@@ -40,21 +41,22 @@ class SchedulerConfig:
         return cls(**{k: resolved[k] for k in cls.__dataclass_fields__ if k in resolved})
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Seq:
     """One request inside the scheduler."""
 
     request: Request
     key: Any = None  # the caller's handle, returned with every token
+    num_tokens: int = 0  # prompt + generated tokens
     computed: int = 0  # tokens whose KV is in the cache
     generated: int = 0
     blocks: list[Any] = field(default_factory=list)
     hashes: list[int] | None = None  # hash chain of the prompt's full blocks (prefix caching)
     preemptions: int = 0
+    started: bool = False  # scheduled since it (last) entered the running set
 
-    @property
-    def num_tokens(self) -> int:
-        return self.request.input_len + self.generated
+    def __post_init__(self) -> None:
+        self.num_tokens = self.request.input_len + self.generated
 
     @property
     def done(self) -> bool:
@@ -70,6 +72,14 @@ class StepPlan:
     decode_seqs: int
     context_tokens: int
     preempted: int
+    prefill_attention: float = 0.0  # sum over prefill chunks of n * (cached + n / 2): token pairs attended
+    new_requests: int = 0  # requests whose prefill starts in this step
+
+    @property
+    def time_inputs(self) -> tuple[int, int, int, float, int]:
+        """The arguments of `StepTimeModel.step_s`, in order."""
+        return (self.prefill_tokens, self.decode_seqs, self.context_tokens, self.prefill_attention,
+                self.new_requests)
 
 
 @dataclass
@@ -94,6 +104,7 @@ class Scheduler:
         self._ref: dict[Any, int] = {}  # blocks held by a running sequence -> how many hold it
         self._cached: OrderedDict[Any, None] = OrderedDict()  # idle blocks kept for prefix hits, LRU first
         self._fresh = 0  # id source for blocks that no prefix can share
+        self._threshold = config.long_prefill_token_threshold
 
     # -- KV blocks ---------------------------------------------------------------------------------------
     @property
@@ -131,6 +142,8 @@ class Scheduler:
         return self._fresh
 
     def _allocate(self, seq: Seq, new_tokens: int) -> bool:
+        if seq.computed + new_tokens <= len(seq.blocks) * self.config.block_size:
+            return True  # the common decode step: its last block has room
         need = math.ceil((seq.computed + new_tokens) / self.config.block_size)
         while len(seq.blocks) < need:
             key = self._block_key(seq, len(seq.blocks))
@@ -173,13 +186,14 @@ class Scheduler:
         victim = self.running.pop()
         self._release(victim, keep_cached=True)
         victim.computed = 0
+        victim.started = False
         victim.preemptions += 1
         self.stats.preemptions += 1
         self.waiting.appendleft(victim)
         return victim
 
     def _cap(self, want: int, budget: int) -> int:
-        threshold = self.config.long_prefill_token_threshold
+        threshold = self._threshold
         if threshold > 0 and want > threshold:
             want = threshold
         return min(want, budget)
@@ -187,12 +201,16 @@ class Scheduler:
     def plan(self) -> StepPlan:
         """Choose what the next step computes and reserve its KV blocks."""
         budget = self.config.max_num_batched_tokens
+        # vLLM applies the long-prefill cap only when another request could use the budget
+        self._threshold = self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         scheduled: list[tuple[Seq, int]] = []
         preempted = 0
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = self._cap(seq.num_tokens - seq.computed, budget)
+        running = self.running
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            want = seq.num_tokens - seq.computed
+            n = 1 if want == 1 else self._cap(want, budget)
             if n <= 0:
                 i += 1
                 continue
@@ -227,18 +245,23 @@ class Scheduler:
                     self.stats.prompt_tokens += seq.request.input_len
                 scheduled.append((seq, n))
                 budget -= n
-        prefill = decode = context = 0
+        prefill = decode = context = new = 0
+        attention = 0.0
         for seq, n in scheduled:
             context += seq.computed
             if n == 1 and seq.generated and seq.computed == seq.num_tokens - 1:
                 decode += 1
             else:
                 prefill += n
+                attention += n * (seq.computed + n / 2)
+            if not seq.started:
+                new += 1
+                seq.started = True
         st = self.stats
         st.peak_running = max(st.peak_running, len(self.running))
         st.peak_waiting = max(st.peak_waiting, len(self.waiting))
         st.peak_kv_usage = max(st.peak_kv_usage, self.used_blocks / self.config.num_kv_blocks)
-        return StepPlan(scheduled, prefill, decode, context, preempted)
+        return StepPlan(scheduled, prefill, decode, context, preempted, attention, new)
 
     def finish(self, plan: StepPlan) -> tuple[list[Seq], list[Seq]]:
         """Apply a planned step: (sequences that produced a token, sequences that completed)."""
@@ -248,6 +271,7 @@ class Scheduler:
             seq.computed += n
             if seq.computed >= seq.num_tokens:  # its whole context is in: the step samples its next token
                 seq.generated += 1
+                seq.num_tokens += 1
                 emitted.append(seq)
                 if seq.done:
                     completed.append(seq)

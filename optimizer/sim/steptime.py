@@ -5,6 +5,8 @@ modelled as linear in what the step holds (as Vidur and vLLM's own cost models d
 
     step_s = fixed_s + prefill_token_s * prefill tokens + decode_seq_s * decode sequences
              + context_token_s * tokens already in the KV cache of the scheduled sequences
+             + prefill_attention_s * sum over prefill chunks of n * (cached + n / 2)   (attention is quadratic)
+             + request_s * requests whose prefill starts in this step (admission, input preparation)
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ class StepTimeModel:
     prefill_token_s: float = 2.0e-5
     decode_seq_s: float = 3.0e-4
     context_token_s: float = 1.0e-7
+    prefill_attention_s: float = 0.0
+    request_s: float = 0.0
     engine_start_s: float = 17.0  # what one trial pays before its first replay (for simulated minutes)
     engine_shutdown_s: float = 4.7
 
-    def step_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+    def step_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int, prefill_attention: float = 0.0,
+               new_requests: int = 0) -> float:
         return (self.fixed_s + self.prefill_token_s * prefill_tokens + self.decode_seq_s * decode_seqs
-                + self.context_token_s * context_tokens)
+                + self.context_token_s * context_tokens + self.prefill_attention_s * prefill_attention
+                + self.request_s * new_requests)
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)

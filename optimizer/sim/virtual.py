@@ -45,7 +45,7 @@ def simulate(requests: list[Request] | tuple[Request, ...], arrivals_s: list[flo
             if not plan.preempted:  # nothing fits even alone (larger than the whole KV cache): it never runs
                 _fail_unservable(sched)
             continue
-        now += model.step_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
+        now += model.step_s(*plan.time_inputs)
         emitted, _ = sched.finish(plan)
         for seq in emitted:
             rec: RequestRecord = seq.key

@@ -1,0 +1,347 @@
+"""The HTTP backend: vLLM's OpenAI-compatible server, measured from the client side as users' clients see it.
+
+`HttpEngine` starts a server per trial with the trial's parameters (server.py) and streams `/v1/completions`
+with token-id prompts; `RemoteEngine` measures an already-running server (a deployment) and never restarts or
+ends it. Both count new tokens per chunk from `token_ids` (`return_token_ids`), so the count does not depend on
+detokenization, and fall back to the final usage chunk for a server that does not return them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from optimizer import failures
+from optimizer.engines.server import ServerProcess, flag_name, free_port, server_argv, vllm_flag_kinds
+from optimizer.errors import EngineDiedError, EngineStartError, UsageError
+from optimizer.processes import ProcessRef
+from optimizer.workload import Request
+
+_HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+_ARGPARSE_ERROR = re.compile(r"error: (unrecognized arguments: [^\n]*|argument [^\n]*)")
+_KV_TOKENS = re.compile(r"[CG]PU KV cache size: ([\d,]+) tokens")
+_KEEPALIVE_S = 4.0
+
+
+class _HttpClient:
+    """Streaming completions client over one aiohttp session; the server side is the subclass's business."""
+
+    # The managed server always has /reset_prefix_cache (dev mode); a deployment may not.
+    reset_required = True
+
+    def __init__(self) -> None:
+        self.base_url = ""
+        self.model_name = ""
+        self.model_root = ""
+        self.max_model_len: int | None = None
+        self.reset_supported = True
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        # limit=0: no cap on open connections, or a burst above aiohttp's default 100 would queue in the client.
+        # Idle connections are dropped before uvicorn's 5 s keep-alive closes them under us.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+    async def _close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def healthy(self) -> bool:
+        """True when GET /health answers 200."""
+        if self._session is None:
+            return False
+        try:
+            async with self._session.get(f"{self.base_url}/health", timeout=_HEALTH_TIMEOUT) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def _read_models(self) -> None:
+        assert self._session is not None
+        async with self._session.get(f"{self.base_url}/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            resp.raise_for_status()
+            data = (await resp.json()).get("data") or []
+        if not data:
+            raise RuntimeError(f"{self.base_url}/v1/models lists no model")
+        self.model_name = data[0]["id"]
+        self.model_root = data[0].get("root") or self.model_name
+        self.max_model_len = data[0].get("max_model_len")
+
+    async def _server_gone(self) -> bool:
+        return not await self.healthy()
+
+    async def generate(self, request: Request) -> AsyncIterator[int]:
+        """Stream one completion; yield the number of new tokens of each chunk as it arrives."""
+        if self._session is None:
+            raise RuntimeError("the engine is not started")
+        payload = {
+            "model": self.model_name,
+            "prompt": list(request.prompt_token_ids),
+            "max_tokens": request.output_len,
+            "ignore_eos": True,
+            "stream": True,
+            "return_token_ids": True,
+            "stream_options": {"include_usage": True},
+        }
+        counted = 0
+        for attempt in (1, 2):
+            try:
+                async for n in self._stream(payload):
+                    counted += n
+                    yield n
+                return
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                # A kept-alive connection the server closed as we reused it: nothing was served, send it again.
+                if counted or attempt == 2 or await self._server_gone():
+                    raise
+
+    async def _stream(self, payload: dict[str, Any]) -> AsyncIterator[int]:
+        assert self._session is not None
+        counted = 0
+        try:
+            async with self._session.post(f"{self.base_url}/v1/completions", json=payload) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+                async for msg in _sse_messages(resp):
+                    if "error" in msg:
+                        raise RuntimeError(f"server error: {str(msg['error'])[:300]}")
+                    choices = msg.get("choices")
+                    if choices:
+                        ids = choices[0].get("token_ids")
+                        n = len(ids) if ids is not None else (1 if choices[0].get("text") else 0)
+                        if n:
+                            counted += n
+                            yield n
+                    elif usage := msg.get("usage"):
+                        # A server without token ids: its usage total corrects the per-chunk count.
+                        extra = int(usage.get("completion_tokens") or 0) - counted
+                        if extra > 0:
+                            counted += extra
+                            yield extra
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:  # refused, reset, cut short
+            if await self._server_gone():
+                raise EngineDiedError(f"the server at {self.base_url} stopped answering: {exc}") from None
+            raise
+
+    async def reset_prefix_cache(self) -> None:
+        """POST /reset_prefix_cache, retried while running requests still hold blocks."""
+        if self._session is None or not self.reset_supported:
+            return
+        for _ in range(40):
+            try:
+                async with self._session.post(f"{self.base_url}/reset_prefix_cache") as resp:
+                    if resp.status == 404 and not self.reset_required:
+                        self.reset_supported = False  # a deployment without VLLM_SERVER_DEV_MODE=1: replays run warm
+                        return
+                    if resp.status != 200:
+                        raise RuntimeError(f"POST /reset_prefix_cache: HTTP {resp.status}: "
+                                           f"{(await resp.text())[:200]}")
+                    body = await resp.json(content_type=None)
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                body = {"success": False}  # a kept-alive connection closed under us: try again
+            if not isinstance(body, dict) or body.get("success", True):
+                return
+            await asyncio.sleep(0.25)
+        raise RuntimeError("the server refused to reset its prefix cache for 10 s (blocks still held)")
+
+
+async def _sse_messages(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """Server-sent `data:` messages as dicts, however the bytes are split (a prompt echo can exceed a line limit)."""
+    buf = b""
+    async for part in resp.content.iter_any():
+        buf += part
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return
+            yield json.loads(data)
+
+
+class HttpEngine(_HttpClient):
+    """A fresh `vllm serve` per trial with the trial's parameters, bound to 127.0.0.1 on a free port.
+
+    `base_args` (model, dtype, ...) are fixed; `start(params)` adds the trial's values. The server's output goes
+    to the trial's log; a failed start is classified from it like the in-process engine's.
+    """
+
+    def __init__(self, base_args: dict[str, Any], host: str = "127.0.0.1", start_timeout_s: float = 900.0,
+                 shutdown_timeout_s: float = 20.0, python: str = sys.executable) -> None:
+        super().__init__()
+        self._base_args = {"disable_log_stats": True, **base_args}
+        self._host = host
+        self._start_timeout_s = start_timeout_s
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._python = python
+        self._server: ServerProcess | None = None
+        self._refs: list[ProcessRef] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [r.pid for r in self.process_refs]
+
+    @property
+    def process_refs(self) -> list[ProcessRef]:
+        return self._server.refresh() if self._server is not None else list(self._refs)
+
+    def validate(self, params: dict[str, Any]) -> None:
+        """vLLM's own config validation, as the in-process engine does it (no server started)."""
+        from optimizer.engines.vllm_engine import VllmEngine
+
+        VllmEngine(self._base_args).validate(params)
+
+    async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
+        kinds = await asyncio.to_thread(vllm_flag_kinds)
+        unknown = sorted(k for k in {**self._base_args, **params} if flag_name(k) not in kinds)
+        if unknown:
+            raise EngineStartError(f"vLLM's server has no flag for {', '.join(unknown)} (not an engine argument)",
+                                   failures.INVALID_CONFIG)
+        args = {**self._base_args, **params}
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # for /reset_prefix_cache
+        for attempt in range(3):
+            port = free_port(self._host)
+            server = ServerProcess(server_argv(args, self._host, port, kinds, self._python), log_path, env)
+            self._server = server
+            self._open(f"http://{self._host}:{port}")
+            try:
+                server.start()
+                ready = await self._wait_ready(server)
+            except BaseException:  # a timeout or Ctrl-C mid-start: end what started, then let it propagate
+                await self.shutdown()
+                raise
+            if ready:
+                break
+            await self.shutdown()
+            text = server.log_text()
+            if "address already in use" in text.lower() and attempt < 2:
+                continue  # another process took the port between our probe and the server's bind
+            reason, detail = classify_server_failure(server.exit_code(), text)
+            raise EngineStartError(detail, reason, log_excerpt=text[-4000:])
+        await self._read_models()
+        return await asyncio.to_thread(self._resolved, params)
+
+    async def _wait_ready(self, server: ServerProcess) -> bool:
+        deadline = time.monotonic() + self._start_timeout_s
+        while server.exit_code() is None:
+            server.refresh()
+            if await self.healthy():
+                server.refresh()
+                return True
+            if time.monotonic() > deadline:
+                raise EngineStartError(f"the server did not answer /health within {self._start_timeout_s:.0f} s",
+                                       failures.TIMEOUT)
+            await asyncio.sleep(0.5)
+        return False
+
+    def _resolved(self, params: dict[str, Any]) -> dict[str, Any]:
+        """What the server runs with: vLLM's config built as its API server builds it, KV blocks from its log."""
+        from vllm.usage.usage_lib import UsageContext
+
+        from optimizer.engines.vllm_engine import VllmEngine, resolved_config
+
+        try:
+            config = VllmEngine(self._base_args).engine_args(params).create_engine_config(
+                UsageContext.OPENAI_API_SERVER)
+            resolved = resolved_config(config)
+        except Exception:  # the server took it; only our copy of the resolution failed
+            resolved = dict(params)
+        if self.max_model_len:
+            resolved["max_model_len"] = self.max_model_len
+        m = _KV_TOKENS.search(self._server.log_text() if self._server else "")
+        if m and resolved.get("block_size"):
+            resolved["num_kv_blocks"] = int(m.group(1).replace(",", "")) // int(resolved["block_size"])
+        resolved["url"] = self.base_url
+        return resolved
+
+    async def _server_gone(self) -> bool:
+        return self._server is None or self._server.exit_code() is not None
+
+    async def shutdown(self) -> None:
+        await self._close()
+        server, self._server = self._server, None
+        if server is not None:
+            self._refs = server.refresh()
+            await asyncio.to_thread(server.stop, self._shutdown_timeout_s)
+
+
+def classify_server_failure(exit_code: int | None, log_text: str) -> tuple[str, str]:
+    """(reason, detail) for a server that exited before it was healthy, from its log."""
+    m = _ARGPARSE_ERROR.search(log_text)
+    if m:
+        return failures.INVALID_CONFIG, f"vLLM's server refuses the flags: {m.group(1)}"
+    return failures.classify(f"the server exited with code {exit_code}", log_text)
+
+
+class RemoteEngine(_HttpClient):
+    """Measure-only: an already-running server at `url`. `start` waits for /health; `shutdown` ends nothing."""
+
+    reset_required = False
+
+    def __init__(self, url: str, wait_s: float = 10.0) -> None:
+        super().__init__()
+        self.url = check_url(url)
+        self._wait_s = wait_s
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    @property
+    def process_refs(self) -> list[ProcessRef]:
+        return []
+
+    def validate(self, params: dict[str, Any]) -> None:
+        if params:
+            raise EngineStartError(f"the running server at {self.url} cannot take engine parameters "
+                                   f"({', '.join(sorted(params))}); restart it with them, or use --backend http",
+                                   failures.INVALID_CONFIG)
+
+    async def start(self, params: dict[str, Any] | None = None, log_path: Path | None = None) -> dict[str, Any]:
+        self.validate(params or {})
+        self._open(self.url)
+        deadline = time.monotonic() + self._wait_s
+        while not await self.healthy():
+            if time.monotonic() >= deadline:
+                await self._close()
+                raise UsageError(f"no vLLM server answers at {self.url}/health (waited {self._wait_s:.0f} s): start "
+                                 f"one (python -m vllm.entrypoints.openai.api_server --model ...) or pass the right "
+                                 f"--url")
+            await asyncio.sleep(0.5)
+        try:
+            await self._read_models()
+        except (aiohttp.ClientError, RuntimeError, KeyError, ValueError) as exc:
+            await self._close()
+            raise UsageError(f"{self.url} answers /health but not /v1/models ({exc}): is it vLLM's OpenAI-compatible "
+                             f"server?") from None
+        return {"url": self.url, "model": self.model_name, "max_model_len": self.max_model_len}
+
+    async def shutdown(self) -> None:
+        await self._close()
+
+
+def check_url(url: str) -> str:
+    """An http(s)://host:port URL without a trailing slash, or a UsageError that shows the expected form."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--url {url!r} is not a server URL: give http://HOST:PORT, e.g. http://127.0.0.1:8000")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise UsageError(f"--url {url!r} has a bad port: give http://HOST:PORT, e.g. http://127.0.0.1:8000") from None
+    return url.rstrip("/")

@@ -1,0 +1,87 @@
+"""Pre-screen: simulated trials in study NAME.sim, then their best and least certain configs queued first."""
+
+import optuna
+import pytest
+from optuna.distributions import IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from optimizer.config import StudyConfig, WorkloadSpec
+from optimizer.engines.simulated import SimulatedEngine
+from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
+from optimizer.prescreen import PRESCREEN_ATTR, choose, goodput, perturbed
+from optimizer.runner import prepare, run
+from optimizer.sim.steptime import StepTimeModel
+
+
+class SimEngine(SimulatedEngine):
+    def __init__(self):
+        super().__init__(model_info({**DEFAULT_MODEL_CONFIG, "max_position_embeddings": 1024}, "sim"))
+
+
+def make_config(tmp_path, model, **kw):
+    base = dict(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", ttft_p99_ms=30.0, budget=8,
+                model=str(model), dummy_weights=True, device="cpu", prescreen=10,
+                workload=WorkloadSpec(num_requests=40, warmup_requests=2, input_len_min=64, input_len_max=256,
+                                      output_len_min=2, output_len_max=6))
+    return StudyConfig(**{**base, **kw})
+
+
+def fake_trial(number, x, value, feasible=True, baseline=False):
+    return create_trial(params={"x": x}, distributions={"x": IntDistribution(0, 100)}, values=[value, 10.0],
+                        user_attrs={"result": {"feasible": feasible}, **({"baseline": True} if baseline else {})})
+
+
+def test_choose_takes_the_top_then_the_most_optimistic_of_the_rest():
+    trials = [fake_trial(0, 0, 500.0, baseline=True), fake_trial(1, 1, 100.0), fake_trial(2, 2, 90.0),
+              fake_trial(3, 3, 80.0), fake_trial(4, 4, 70.0), fake_trial(5, 5, 999.0, feasible=False),
+              fake_trial(6, 1, 100.0)]  # a duplicate of trial 1
+    # under two perturbed models: x=3 is 80 +- 0 (sure), x=4 is 70 +- 30 (unsure): optimistic 80 vs 100
+    picks = choose(trials, top_k=2, unsure_k=1, evaluate_under=lambda ps: [[80.0, 40.0], [80.0, 100.0]])
+    assert [(p.params, p.reason) for p in picks] == [({"x": 1}, "top"), ({"x": 2}, "top"), ({"x": 4}, "unsure")]
+    assert picks[2].optimistic_tok_s == pytest.approx(70.0 + 30.0) and picks[2].spread == pytest.approx(30 / 70)
+    assert goodput(trials[5]) == 0.0  # infeasible: never picked, whatever its throughput
+
+
+def test_perturbed_time_models_are_deterministic_and_around_the_nominal():
+    a, b = perturbed(StepTimeModel(), 4, seed=3), perturbed(StepTimeModel(), 4, seed=3)
+    assert a == b and len(set(a)) == 4
+    assert all(m.engine_start_s == StepTimeModel().engine_start_s for m in a)  # only the step terms move
+
+
+def test_prescreen_queues_what_it_says_after_the_baseline_and_once(tmp_path, config_only_model):
+    config = make_config(tmp_path, config_only_model)
+    prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
+    storage = prepared.study._storage
+    sim = optuna.load_study(study_name="s.sim", storage=storage)
+    assert len(sim.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))) == 10
+    record = prepared.study.user_attrs[PRESCREEN_ATTR]
+    picks = record["picks"]
+    assert record["sim_trials"] == 10 and 1 <= len(picks) <= 5
+    assert any(p["reason"] == "top" for p in picks)
+    waiting = prepared.study.get_trials(states=(TrialState.WAITING,))
+    assert waiting[0].user_attrs.get("baseline") is True  # vLLM's defaults stay first
+    assert [t.system_attrs["fixed_params"] for t in waiting[1:]] == [p["params"] for p in picks]
+    assert [t.user_attrs[PRESCREEN_ATTR] for t in waiting[1:]] == [p["reason"] for p in picks]
+    best_sim = max(goodput(t) for t in sim.trials)
+    assert picks[0]["sim_goodput_tok_s"] == pytest.approx(best_sim)
+
+    again = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
+    assert len(again.study.get_trials(states=(TrialState.WAITING,))) == len(waiting)  # not queued twice
+    study = run(again, quiet=True)
+    ran = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert len(ran) == config.budget
+    assert [t.params for t in ran[1:1 + len(picks)]] == [p["params"] for p in picks]
+
+
+def test_cli_flags_become_study_settings(tmp_path):
+    from optimizer.cli import build_parser, explicit_settings
+    from optimizer.errors import UsageError
+
+    cal = tmp_path / "cal.json"
+    StepTimeModel().save(cal)
+    out = explicit_settings(build_parser().parse_args(["--prescreen", "50", "--calibration", str(cal)]))
+    assert out["prescreen"] == 50 and out["calibration"] == str(cal.resolve())
+    with pytest.raises(UsageError, match="optimize calibrate"):
+        explicit_settings(build_parser().parse_args(["--calibration", str(tmp_path / "missing.json")]))
+    with pytest.raises(UsageError, match="--prescreen"):
+        explicit_settings(build_parser().parse_args(["--prescreen", "0"]))

@@ -1,0 +1,123 @@
+"""GPU telemetry through a scripted NVML (hand-checked means and maxima), and cleanly unavailable here."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from optimizer.telemetry import GIB, GpuTelemetry, device_handle, for_device
+
+
+class FakeNvml:
+    """Scripted NVML: each sample returns the next (utilization %, memory used bytes)."""
+
+    def __init__(self, script, name=b"NVIDIA H200", total=140 * GIB, fail_init=False, devices=2):
+        self.script = list(script)
+        self.name, self.total, self.fail_init, self.devices = name, total, fail_init, devices
+        self.calls = 0
+        self.inits = self.shutdowns = 0
+        self.handles = []
+
+    def nvmlInit(self):
+        if self.fail_init:
+            raise RuntimeError("NVML Shared Library Not Found")
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if i >= self.devices:
+            raise RuntimeError("Invalid Argument")
+        self.handles.append(i)
+        return ("index", i)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.handles.append(uuid)
+        return ("uuid", uuid)
+
+    def nvmlDeviceGetName(self, handle):
+        return self.name
+
+    def _current(self):
+        return self.script[min(self.calls, len(self.script) - 1)]
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        if not self.script:
+            raise RuntimeError("GPU is lost")
+        return SimpleNamespace(gpu=self._current()[0], memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        if not self.script:
+            return SimpleNamespace(total=self.total, used=0, free=self.total)
+        used = self._current()[1]
+        self.calls += 1
+        return SimpleNamespace(total=self.total, used=used, free=self.total - used)
+
+
+def test_summary_of_scripted_samples():
+    nvml = FakeNvml([(0, 10 * GIB), (50, 30 * GIB), (100, 20 * GIB)])
+    t = GpuTelemetry(nvml=nvml)
+    assert t.open()
+    nvml.calls = 0  # open() read the total once
+    for _ in range(3):
+        t.sample()
+    t.close()
+    s = t.summary()
+    assert s["available"] and s["device"] == "NVIDIA H200" and s["samples"] == 3
+    assert s["utilization_mean_pct"] == 50.0 and s["utilization_max_pct"] == 100.0  # (0 + 50 + 100) / 3
+    assert s["memory_used_max_gib"] == 30.0 and s["memory_total_gib"] == 140.0
+    assert nvml.shutdowns == 1
+
+
+def test_sampling_thread_samples_until_the_block_ends():
+    nvml = FakeNvml([(40, 8 * GIB)])
+    with GpuTelemetry(nvml=nvml, interval_s=0.01) as t:
+        time.sleep(0.1)
+    s = t.summary()
+    assert s["available"] and s["samples"] >= 2 and s["utilization_mean_pct"] == 40.0
+    assert nvml.inits == 1 and nvml.shutdowns == 1
+
+
+def test_failed_readings_are_counted_not_raised():
+    nvml = FakeNvml([])
+    with GpuTelemetry(nvml=nvml, interval_s=0.01) as t:
+        time.sleep(0.05)
+    s = t.summary()
+    assert s == {"available": False, "reason": "no sample succeeded"}
+
+
+def test_no_nvml_is_recorded_as_unavailable():
+    with GpuTelemetry(nvml=FakeNvml([], fail_init=True)) as t:
+        pass
+    assert t.summary() == {"available": False,
+                           "reason": "NVML unavailable: RuntimeError: NVML Shared Library Not Found"}
+
+
+def test_cpu_trials_record_no_gpu_telemetry():
+    with for_device("cpu", FakeNvml([(1, 1)])) as t:
+        pass
+    assert t.summary() == {"available": False, "reason": "trials run on cpu: no GPU telemetry"}
+
+
+def test_the_real_nvml_on_this_machine_reports_cleanly():
+    """Here there is no GPU: the real pynvml must give `available: false` with a reason, never an exception."""
+    pynvml = pytest.importorskip("pynvml")
+    with for_device("cuda", pynvml, interval_s=0.05) as t:
+        time.sleep(0.1)
+    s = t.summary()
+    if s["available"]:  # a GPU host: real samples
+        assert s["samples"] >= 1 and s["device"]
+    else:
+        assert s["reason"].startswith(("NVML unavailable", "no GPU visible"))
+
+
+@pytest.mark.parametrize("visible, expected", [(None, 0), ("", 0), ("1,0", 1), ("GPU-abc,GPU-def", "GPU-abc")])
+def test_the_device_is_the_first_visible_one(monkeypatch, visible, expected):
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    nvml = FakeNvml([(0, 0)])
+    device_handle(nvml)
+    assert nvml.handles == [expected]
