@@ -146,7 +146,9 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage) -> opt
                                         sampler=sampler(worker_seed(config)))
         except optuna.exceptions.DuplicatedStudyError:  # another worker created it a moment ago
             return open_study(config, storage)
-        study.set_metric_names(METRIC_NAMES)
+        with warnings.catch_warnings():  # stable in practice; Optuna only marks it experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(METRIC_NAMES)
         study.set_user_attr(CONFIG_ATTR, _stored_form(config))
         study.enqueue_trial({}, user_attrs={"baseline": True}, skip_if_exists=False)  # only the creator queues it
         return study
