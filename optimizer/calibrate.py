@@ -205,8 +205,7 @@ async def probe(engine: Engine, clock: Clock, max_len: int, repeats: int = 3,
     return out
 
 
-async def validate(make_engine, params: dict[str, Any], workload: Workload, model: StepTimeModel, sim_engine,
-                   clock: Clock, load_fractions: tuple[float, ...] = (0.5, 0.8), real_runs: int = 2,
+async def validate(make_engine, params: dict[str, Any], workload: Workload, sim_engine, clock: Clock, load_fractions: tuple[float, ...] = (0.5, 0.8), real_runs: int = 2,
                    log_path: Path | None = None) -> list[ValidationPoint]:
     """The same replays on the real engine (fresh, cold, each rate `real_runs` times in rounds, for its own spread)
     and on the simulator with the fitted model: the burst, then Poisson rates at `load_fractions` of the real
@@ -260,7 +259,7 @@ async def calibrate(make_engine, make_sim, workload: Workload, max_len: int, clo
     result = Calibration(fit(observations, start_s, shutdown_s), observations)
     say(f"fitted: {result.model.to_dict()}")
     for params in validation_params:
-        points = await validate(make_engine, params, workload, result.model, make_sim(result.model), clock,
+        points = await validate(make_engine, params, workload, make_sim(result.model), clock,
                                 log_path=log_path)
         result.validation += points
         for p in points:

@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import StudyConfig
 from optimizer.errors import UsageError
-from optimizer.noise import median, noise_threshold
+from optimizer.noise import beats, median, required_gain
 from optimizer.rerank import Answer, Ranked, merge_repeats, pareto_front, qualifies, rank_curve, recommend
 from optimizer.space import SEARCHABLE, distance_to_default
 from optimizer.study import FINISHED, is_baseline
@@ -78,12 +78,12 @@ class Decision:
         """The relative gain `a` needs over `b` to count as better: the larger of the replays' noise (Z standard
         errors at the study's CV, optimizer/noise.py) and `b`'s rate-search resolution (its best rate passed, the
         next rate tried above it failed: its true best lies anywhere in between)."""
-        return max(noise_threshold(self.noise_cv, _replays(a), _replays(b)), _resolution(b))
+        return required_gain(self.noise_cv, _replays(a), _replays(b), _resolution(b))
 
     def beyond_noise(self, a: TrialView, b: TrialView) -> bool:
         """True when `a`'s throughput beats `b`'s by more than measurement noise and search resolution allow."""
-        ta, tb = a.ranked.output_throughput_tok_s, b.ranked.output_throughput_tok_s
-        return ta > 0 if tb <= 0 else ta / tb - 1 > self.required_gain(a, b)
+        return beats(a.ranked.output_throughput_tok_s, b.ranked.output_throughput_tok_s, self.noise_cv,
+                     _replays(a), _replays(b), _resolution(b))
 
     @property
     def ties(self) -> list[TrialView]:

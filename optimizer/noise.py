@@ -37,11 +37,18 @@ def noise_threshold(cv: float, n_challenger: int = 1, n_incumbent: int = 1) -> f
     return Z * cv * math.sqrt(1 / n_challenger + 1 / n_incumbent)
 
 
-def beats(challenger: float, incumbent: float, cv: float, n_challenger: int = 1, n_incumbent: int = 1) -> bool:
-    """True when `challenger` exceeds `incumbent` by more than the noise allows."""
+def required_gain(cv: float, n_challenger: int = 1, n_incumbent: int = 1, resolution: float = 0.0) -> float:
+    """The relative gain a challenger needs: the larger of the noise threshold and the incumbent's `resolution`
+    (how precisely its own number is known, e.g. the gap between the rate it passed and the next it failed)."""
+    return max(noise_threshold(cv, n_challenger, n_incumbent), resolution)
+
+
+def beats(challenger: float, incumbent: float, cv: float, n_challenger: int = 1, n_incumbent: int = 1,
+          resolution: float = 0.0) -> bool:
+    """True when `challenger` exceeds `incumbent` by more than the noise (and resolution) allows."""
     if incumbent <= 0:
         return challenger > 0
-    return challenger / incumbent - 1 > noise_threshold(cv, n_challenger, n_incumbent)
+    return challenger / incumbent - 1 > required_gain(cv, n_challenger, n_incumbent, resolution)
 
 
 def median(values: Sequence[float]) -> float:
