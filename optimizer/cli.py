@@ -73,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", help="named workload: chat, rag (long prompts, shared prefixes), batch (long "
                    "outputs), bursty; flags and --workload fields override its fields; scaled down for the "
                    "embedded CPU demo model")
-    p.add_argument("--num-requests", type=str, help="measured requests per replay")
+    p.add_argument("--num-requests", type=str, help="measured requests per replay, or 'auto': a pilot trial of "
+                   "vLLM's defaults measures the TTFT tail and chooses the count that pins the P99 (at least 368). "
+                   "Default: auto with --model (unless a --workload file or --trace sets the count); the embedded "
+                   "CPU demo replays 120")
     p.add_argument("--input-len", help="prompt lengths MIN:MAX in tokens")
     p.add_argument("--output-len", help="completion lengths MIN:MAX in tokens")
     p.add_argument("--workload-seed", type=str, help="seed of the workload (lengths, tokens, arrivals)")
@@ -149,8 +152,14 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
         from optimizer.presets import get
 
         get(workload["preset"])  # an unknown name fails here, with the list of names
-    if ns.num_requests is not None:
+    if ns.num_requests is not None and ns.num_requests.strip().lower() == "auto":
+        out["num_requests_auto"] = True
+    elif ns.num_requests is not None:
         workload["num_requests"] = _positive_int(ns.num_requests, "--num-requests")
+        if workload["num_requests"] < 10:
+            raise UsageError(f"--num-requests {ns.num_requests} is too few to measure a P99: give at least 10, or "
+                             f"'auto' to let a pilot trial choose")
+        out["num_requests_auto"] = False
     if ns.input_len is not None:
         workload["input_len_min"], workload["input_len_max"] = _int_range(ns.input_len, "--input-len")
         workload.update(input_len_dist="uniform", input_len_mean=None, input_len_std=None)  # MIN:MAX is uniform
@@ -209,7 +218,9 @@ def resolve_config(ns: argparse.Namespace):
     url = _storage_url(ns)
     stored = _existing_config(url, ns.study)
     if stored is not None:
-        merged = {**stored.model_dump(), **{k: v for k, v in explicit.items() if k != "workload"},
+        # the replay length was chosen (or given) when the study was created: a resume keeps it
+        merged = {**stored.model_dump(), **{k: v for k, v in explicit.items() if k not in ("workload",
+                                                                                           "num_requests_auto")},
                   "storage_url": url}  # the stored form has no password
         if "workload" in explicit:
             merged["workload"] = {**stored.workload.model_dump(), **explicit["workload"]}
@@ -226,6 +237,9 @@ def resolve_config(ns: argparse.Namespace):
     device = explicit.get("device") or _detect_device()
     settings: dict[str, Any] = {"study_name": ns.study, "storage_url": url, "budget": DEFAULT_BUDGET,
                                 "device": device, **explicit}
+    if "num_requests_auto" not in explicit and "model" in explicit and "trace" not in explicit.get("workload", {}) \
+            and "num_requests" not in explicit.get("workload", {}):
+        settings["num_requests_auto"] = True  # a real model: measure how many requests a stable P99 needs
     if "model" not in explicit:
         settings["model"] = DEFAULT_MODEL_NAME
         settings["model_is_default"] = True
@@ -255,6 +269,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
     config, stored = resolve_config(ns)
     prepared = prepare(config, Path(ns.studies_dir), say)
+    config = prepared.config  # with the count a pilot chose (--num-requests auto)
     if stored is not None:
         say(f"resuming study {config.study_name!r}: {prepared.finished} of {config.budget} trials finished")
     study = run(prepared, quiet=ns.quiet)

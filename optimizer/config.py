@@ -355,6 +355,9 @@ class StudyConfig(_Strict):
         "inprocess", description="How trials run vLLM: 'inprocess' (AsyncLLM in this process) or 'http' (a "
                                  "`vllm serve` child per trial, measured over its OpenAI-compatible API).")
 
+    num_requests_auto: bool = Field(
+        False, description="The workload's num_requests is chosen by a pilot trial before the study is created "
+                           "(`--num-requests auto`, optimizer/pilot.py); stored with the study, then fixed.")
     prescreen: int = Field(0, ge=0, description="Simulated trials (study NAME.sim) run before the real ones; the "
                                                 "best and the least certain of them are queued first. 0: none.")
     calibration: str | None = Field(None, description="Step-time model from `optimize calibrate` for the "

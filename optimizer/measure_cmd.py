@@ -73,6 +73,9 @@ def _workload_fields(ns: argparse.Namespace) -> dict[str, Any]:
 
     defaults = vars(cli.build_parser().parse_args([]))
     mine = {k: v for k, v in vars(ns).items() if k in defaults}
+    if (ns.num_requests or "").strip().lower() == "auto":
+        raise UsageError("optimize measure replays the count it is given: pass a number, e.g. --num-requests 400 "
+                         "('auto' is for studies, where a pilot trial chooses it)")
     return cli.explicit_settings(argparse.Namespace(**{**defaults, **mine})).get("workload", {})
 
 

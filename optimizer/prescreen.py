@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -129,6 +130,14 @@ def choose(trials: Sequence[FrozenTrial], top_k: int, unsure_k: int,
     return picks
 
 
+def _wait_while_running(study: optuna.Study, timeout_s: float = 600.0, poll_s: float = 1.0,
+                        now: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Until no trial of `study` runs (another worker's simulated trials take seconds), at most `timeout_s`."""
+    deadline = now() + timeout_s
+    while now() < deadline and any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False)):
+        sleep(poll_s)
+
+
 def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, config: StudyConfig, space: Space,
                   workload: Workload, model: ModelInfo, time_model: StepTimeModel, n_trials: int,
                   logs_dir: Path | None = None, top_k: int = 3, unsure_k: int = 2, perturbations: int = 6,
@@ -148,6 +157,7 @@ def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, con
     sim_study = open_study(sim_config, storage)
     objective = sim_objective(sim_config, space, workload, model, time_model, logs, device_memory_bytes)
     run_to_budget(sim_study, objective, n_trials, gc_after_trial=False)
+    _wait_while_running(sim_study)  # another worker's share of the simulated trials: choose from all of them
 
     def evaluate_under(params_list: list[dict[str, Any]]) -> list[list[float]]:
         return [[goodput(t) for t in evaluate(sim_objective(sim_config, space, workload, model, tm, logs,
@@ -156,9 +166,11 @@ def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, con
 
     picks = choose(sim_study.get_trials(deepcopy=False), top_k, unsure_k, evaluate_under)
     for pick in picks:
+        # skip_if_exists: two workers that start a study together both pre-screen (the same simulated trials,
+        # so the same picks); the second finds the first's picks queued and adds none
         study.enqueue_trial(pick.params, user_attrs={PRESCREEN_ATTR: pick.reason,
                                                      "sim_goodput_tok_s": round(pick.sim_goodput_tok_s, 1)},
-                            skip_if_exists=False)
+                            skip_if_exists=True)
     study.set_user_attr(PRESCREEN_ATTR, {"sim_study": sim_config.study_name, "sim_trials": n_trials,
                                          "time_model": time_model.to_dict(),
                                          "picks": [asdict(p) for p in picks]})

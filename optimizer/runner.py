@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from optimizer.preflight import DeviceMemory
 from optimizer.records import RecordStore
 from optimizer.progress import Progress
 from optimizer.space import resolve
-from optimizer.study import finished_count, open_study, run_to_budget, storage_for
+from optimizer.study import finished_count, open_study, run_to_budget, storage_for, stored_config
 from optimizer.units import format_ms
 from optimizer.workload import build_workload
 
@@ -76,9 +76,14 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     if config.model_is_default:
         say(f"model: embedded default {DEFAULT_MODEL_NAME} (Llama architecture, random weights) at {path}")
     scale = " (scaled down for the CPU demo)" if config.model_is_default else ""
-    say(f"workload{scale}: {config.workload.describe()}")
     storage = storage_for(config.storage_url)
-    study = open_study(config, storage)
+    pilot_first = config.num_requests_auto and stored_config(storage, config.study_name) is None
+    described = config.workload.describe()
+    if pilot_first:
+        described = described.replace(f"{config.workload.num_requests} requests per replay",
+                                      "requests per replay chosen by a pilot")
+    say(f"workload{scale}: {described}")
+    records = RecordStore(config.storage_url)
     objective = Objective(
         config=config,
         space=space,
@@ -87,8 +92,20 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         logs_dir=studies_dir / f"{config.study_name}.logs",
         model=info,
         memory_probe=memory_probe or (lambda: DeviceMemory.probe(config.device)),
-        records=RecordStore(config.storage_url),
+        records=records,
     )
+    choice = None
+    if pilot_first:
+        from optimizer.pilot import run_pilot
+
+        # before the study exists: every one of its trials replays the count the pilot chooses
+        config, choice = run_pilot(config, storage, objective, records, say)
+        objective = replace(objective, config=config, workload=build_workload(config.workload, info.vocab_size))
+    study = open_study(config, storage)
+    if choice is not None:
+        from optimizer.pilot import CHOICE_ATTR
+
+        study.set_user_attr(CHOICE_ATTR, choice.to_dict())
     if config.prescreen and finished_count(study) < config.budget:
         prescreen(config, study, storage, objective, studies_dir, say)
     say(f"study {config.study_name!r}: TTFT P99 <= {format_ms(config.ttft_p99_ms)}, budget {config.budget} trials, "
@@ -125,7 +142,7 @@ def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
     """How well the recommendation's replay pinned down TTFT P99, and the replay length that would (stored too).
 
     The count is advice for the next study, not changed in this one: every trial of a study replays the same
-    requests, so that their results compare.
+    requests, so that their results compare (`--num-requests auto` chooses it before a study starts).
     """
     from optimizer.report import recommended
     from optimizer.stability import p99_stability
@@ -151,4 +168,4 @@ def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
     if s.requests_needed is None:
         return line + ": not stable; its tail is too short to say how many requests would make it so"
     return line + (f": not stable; about {s.requests_needed} requests per replay would pin it within "
-                   f"{tolerance:.0%} (--num-requests {s.requests_needed} in a new study)")
+                   f"{tolerance:.0%} (--num-requests {s.requests_needed}, or auto, in a new study)")

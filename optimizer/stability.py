@@ -11,6 +11,13 @@ at 95%. Below that, no replay length can vouch for the P99 from above, whatever 
 How many requests a stable estimate needs depends on the tail: `requests_needed` fits an exponential tail to
 the samples' top decile (peaks over a threshold with shape 0: queueing delays have exponential tails) and finds
 the smallest n whose interval, predicted on that tail, is within `tolerance` of the estimate.
+
+That interval counts every request as an independent draw. In a queue they are not: a burst of arrivals delays
+the requests behind it together, so neighbours' TTFTs are correlated and n requests carry the information of
+fewer. `effective_fraction` measures it from a replay's TTFTs in send order, as for an AR(1) series: n_eff / n =
+(1 - rho) / (1 + rho), rho the lag-1 autocorrelation; `requests_needed(..., fraction)` asks for n / fraction. On
+the simulator at the demo's knee (rho ~0.5), the P99's spread across 30 workload seeds is 14% of it at 368
+requests, where the independent-draw interval promises ~10%; 8% at 1000 and 5% at 3000.
 """
 
 from __future__ import annotations
@@ -67,6 +74,31 @@ def min_requests_for_upper_bound(q: float = P99, confidence: float = 0.95) -> in
     return math.ceil(math.log(alpha / 2) / math.log(q))
 
 
+def lag1_autocorrelation(x: Sequence[float]) -> float:
+    """Sample autocorrelation at lag 1 (0 for fewer than 3 samples or a constant series)."""
+    a = np.asarray(x, dtype=float)
+    if len(a) < 3:
+        return 0.0
+    d = a - a.mean()
+    denom = float(np.dot(d, d))
+    return float(np.dot(d[1:], d[:-1]) / denom) if denom > 0 else 0.0
+
+
+MAX_RHO = 0.9  # beyond this the AR(1) view says "ten times the requests": the caller's cap decides, not rho
+
+
+def effective_fraction(ttft_in_send_order: Sequence[float]) -> float:
+    """n_eff / n of a replay's TTFTs in send order: (1 - rho) / (1 + rho) for the lag-1 autocorrelation rho.
+
+    A rho within sampling noise of zero (below 2 / sqrt(n)) or negative counts as independent (1.0)."""
+    n = len(ttft_in_send_order)
+    rho = lag1_autocorrelation(ttft_in_send_order)
+    if n < 3 or rho <= 2 / math.sqrt(n):
+        return 1.0
+    rho = min(rho, MAX_RHO)
+    return (1 - rho) / (1 + rho)
+
+
 @dataclass(frozen=True)
 class P99Stability:
     """The P99 of a replay's TTFTs, its distribution-free confidence interval, and what would make it stable."""
@@ -75,15 +107,19 @@ class P99Stability:
     p99_ms: float  # numpy's linear interpolation, as the metrics use
     low_ms: float  # -inf when open below
     high_ms: float  # inf when open above: too few requests for an upper bound
-    relative_width: float  # (high - low) / p99; inf when open
-    stable: bool  # relative_width <= tolerance
+    relative_width: float  # (high - low) / p99, counting requests as independent; inf when open
+    stable: bool  # relative_width <= tolerance, and at least requests_needed requests
     requests_needed: int | None  # predicted fewest requests for a stable P99 (None: the samples cannot tell)
+    effective_fraction: float = 1.0  # n_eff / n from the TTFTs' correlation in send order
 
 
 def p99_stability(ttft_ms: Sequence[float], tolerance: float = 0.4, confidence: float = 0.95,
                   q: float = P99) -> P99Stability:
-    """Is the P99 of these TTFTs (ms) stable: is its `confidence` interval narrower than `tolerance` x P99?"""
-    x = np.sort(np.asarray([v for v in ttft_ms if math.isfinite(v)], dtype=float))
+    """Is the P99 of these TTFTs (ms, in send order) stable: is its `confidence` interval narrower than
+    `tolerance` x P99, with enough requests for their correlation?"""
+    finite = [v for v in ttft_ms if math.isfinite(v)]
+    fraction = effective_fraction(finite)
+    x = np.sort(np.asarray(finite, dtype=float))
     n = len(x)
     if n == 0:
         raise ValueError("no finite TTFT samples")
@@ -92,8 +128,9 @@ def p99_stability(ttft_ms: Sequence[float], tolerance: float = 0.4, confidence: 
     low = float(x[low_rank - 1]) if low_rank >= 1 else -math.inf
     high = float(x[high_rank - 1]) if high_rank is not None else math.inf
     width = (high - low) / estimate if estimate > 0 and math.isfinite(high - low) else math.inf
-    return P99Stability(n, estimate, low, high, width, width <= tolerance,
-                        requests_needed(x, tolerance, confidence, q))
+    needed = requests_needed(x, tolerance, confidence, q, fraction)
+    return P99Stability(n, estimate, low, high, width, width <= tolerance and (needed is None or n >= needed),
+                        needed, round(fraction, 3))
 
 
 def exponential_tail(ttft_ms: Sequence[float], tail_fraction: float = 0.1) -> tuple[float, float, float] | None:
@@ -125,8 +162,16 @@ def predicted_width(n: int, tail: tuple[float, float, float], q: float = P99, co
 
 
 def requests_needed(ttft_ms: Sequence[float], tolerance: float = 0.4, confidence: float = 0.95,
-                    q: float = P99) -> int | None:
-    """The fewest requests whose P99 interval is predicted within `tolerance` (None: no tail to fit)."""
+                    q: float = P99, fraction: float = 1.0) -> int | None:
+    """The fewest requests whose P99 interval is predicted within `tolerance` (None: no tail to fit), when only
+    `fraction` of them count as independent draws (`effective_fraction`)."""
+    iid = _requests_needed_iid(ttft_ms, tolerance, confidence, q)
+    if iid is None:
+        return None
+    return min(math.ceil(iid / max(fraction, 1e-3)), MAX_REQUESTS)
+
+
+def _requests_needed_iid(ttft_ms: Sequence[float], tolerance: float, confidence: float, q: float) -> int | None:
     tail = exponential_tail(ttft_ms)
     if tail is None or 1 - q >= tail[2]:
         return None

@@ -84,3 +84,34 @@ def test_the_study_ends_with_advice_on_the_replay_length(tmp_path, config_only_m
     assert advice is not None and "over 40 requests" in advice and "open above" in advice  # 40 < 368
     stored = prepared.study.user_attrs["p99_stability"]
     assert stored["n"] == 40 and stored["high_ms"] is None and stored["stable"] is False
+
+
+def test_lag1_autocorrelation_by_hand():
+    # d = (-1.5, -0.5, 0.5, 1.5): sum d_i d_(i-1) = 0.75 - 0.25 + 0.75 = 1.25; sum d_i^2 = 5
+    from optimizer.stability import lag1_autocorrelation
+
+    assert lag1_autocorrelation([1, 2, 3, 4]) == pytest.approx(0.25)
+    assert lag1_autocorrelation([5, 5, 5]) == 0.0 and lag1_autocorrelation([1, 2]) == 0.0
+
+
+def test_correlated_ttfts_count_as_fewer_requests():
+    from optimizer.stability import effective_fraction
+
+    rng = np.random.default_rng(0)
+    assert effective_fraction(100.0 + rng.exponential(20.0, size=2000)) == 1.0  # independent: rho within noise
+    x = np.zeros(20000)
+    for i in range(1, len(x)):  # AR(1) with rho 0.5: n_eff / n = 0.5 / 1.5
+        x[i] = 0.5 * x[i - 1] + rng.normal()
+    assert effective_fraction(x) == pytest.approx(1 / 3, abs=0.02)
+    ttft = 50.0 + rng.exponential(20.0, size=300)
+    assert requests_needed(ttft, fraction=0.25) == math.ceil(requests_needed(ttft) / 0.25)
+
+
+def test_a_queue_with_bursts_is_not_stable_at_the_count_independent_draws_would_need():
+    rng = np.random.default_rng(2)
+    smooth = list(100.0 + rng.exponential(5.0, size=1000))
+    bursty = sorted(smooth[:500]) + sorted(smooth[500:])  # the same values, slow ones bunched together
+    assert p99_stability(smooth).stable and p99_stability(smooth).effective_fraction == 1.0
+    s = p99_stability(bursty)
+    assert s.p99_ms == p99_stability(smooth).p99_ms and s.effective_fraction < 0.1
+    assert not s.stable and s.requests_needed > 1000

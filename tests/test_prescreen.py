@@ -73,6 +73,45 @@ def test_prescreen_queues_what_it_says_after_the_baseline_and_once(tmp_path, con
     assert [t.params for t in ran[1:1 + len(picks)]] == [p["params"] for p in picks]
 
 
+def test_a_second_worker_that_pre_screens_the_same_study_queues_no_pick_twice(tmp_path, config_only_model):
+    """Two workers that start one study together both find it not pre-screened yet: both run the pre-screen,
+    on the same simulated study, and the second's picks are already queued."""
+    from optimizer.prescreen import run_prescreen
+
+    config = make_config(tmp_path, config_only_model)
+    prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
+    waiting = prepared.study.get_trials(states=(TrialState.WAITING,))
+    prepared.study.set_user_attr(PRESCREEN_ATTR, None)  # as the second worker saw it, before the first's mark
+    o = prepared.objective
+    picks = run_prescreen(prepared.study, prepared.study._storage, config, o.space, o.workload, o.model,
+                          StepTimeModel(), config.prescreen, logs_dir=tmp_path / "second")
+    assert picks  # it chose again, the same configs ...
+    after = prepared.study.get_trials(states=(TrialState.WAITING,))
+    assert [t.system_attrs["fixed_params"] for t in after] == [t.system_attrs["fixed_params"] for t in waiting]
+
+
+def test_the_pre_screen_waits_for_another_workers_running_simulated_trials():
+    from optimizer.prescreen import _wait_while_running
+
+    study = optuna.create_study()
+    running = study.ask()
+    clock = [0.0]
+
+    def sleep(s):
+        clock[0] += s
+        if clock[0] == 3:
+            study.tell(running, 1.0)
+
+    _wait_while_running(study, timeout_s=60, poll_s=1.0, now=lambda: clock[0], sleep=sleep)
+    assert clock[0] == 3.0 and study.trials[0].state == TrialState.COMPLETE
+    stuck = optuna.create_study()
+    stuck.ask()
+    clock[0] = 0.0
+    _wait_while_running(stuck, timeout_s=10, poll_s=1.0, now=lambda: clock[0],
+                        sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    assert clock[0] == 10.0  # a worker that died mid-trial is not waited for forever
+
+
 def test_cli_flags_become_study_settings(tmp_path):
     from optimizer.cli import build_parser, explicit_settings
     from optimizer.errors import UsageError
