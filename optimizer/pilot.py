@@ -5,7 +5,9 @@ a stable P99 needs depends on the latency tail (model, hardware, workload), so t
 instead of asking: before the study is created, vLLM's defaults run one trial (study NAME.pilot, in the same
 storage) at `PILOT_REQUESTS` per replay. Its replays at its best rate (the limit's edge, where the P99 decides
 pass or fail; the baseline replays there three times) give `stability.requests_needed`: the fewest requests whose
-95% interval of the P99 is within `TOLERANCE` of it. The study is created with that count, the same for every
+95% interval of the P99 is within `TOLERANCE` of it, counted in independent draws. In a queue, neighbouring
+requests' TTFTs are correlated; each pilot replay, in send order, measures by how much
+(`stability.effective_fraction`). The study is created with that count, the same for every
 trial so that they compare, and it is stored with the study: resuming never runs the pilot again.
 
 Bounds: never below `min_requests_for_upper_bound` (368: fewer cannot bound the P99 from above at all), never
@@ -22,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
 
@@ -29,7 +32,7 @@ from optimizer.config import StudyConfig
 from optimizer.metrics import RequestRecord, measured_window, summarize
 from optimizer.objective import Objective
 from optimizer.records import RecordStore
-from optimizer.stability import effective_fraction, min_requests_for_upper_bound, p99_stability, requests_needed
+from optimizer.stability import effective_fraction, min_requests_for_upper_bound, requests_needed
 from optimizer.workload import build_workload
 
 PILOT_SUFFIX = ".pilot"
@@ -192,7 +195,7 @@ def _choice(trial: optuna.trial.FrozenTrial | None, pilot_config: StudyConfig, s
     fractions = [effective_fraction(one) for one in series if len(one) >= 20]
     fraction = statistics.mean(fractions) if fractions else 1.0  # each replay's own order for the correlation
     n, needed, why = choose_count(ttft, limit=trace_len, rate_rps=at, fraction=fraction)
-    p99 = p99_stability(ttft).p99_ms if ttft else None
+    p99 = float(np.percentile(ttft, 99)) if ttft else None  # linear interpolation, as the metrics use
     return RequestsChoice(n, why, pilot_n, len(ttft), at if at is not None and math.isfinite(at) else None,
                           round(p99, 1) if p99 is not None else None, needed, round(fraction, 3))
 
