@@ -211,7 +211,8 @@ def test_the_pilot_on_the_real_engine_chooses_the_count_the_study_is_created_wit
     choice = prepared.study.user_attrs[CHOICE_ATTR]
     n = choice["num_requests"]
     assert 368 <= n <= MAX_AUTO_REQUESTS and n == len(prepared.objective.workload.requests)
-    assert choice["pilot_samples"] == 600 and choice["pilot_p99_ms"] > 0  # 3 replays at the baseline's best rate
+    # every replay of the baseline at its chosen rate: its 3 there, or 1 when the repeats' median moved the choice
+    assert choice["pilot_samples"] in (200, 400, 600) and choice["pilot_p99_ms"] > 0
     assert any(line.startswith(f"requests per replay: {n}") for line in said), said
     pilot = optuna.load_study(study_name="s" + PILOT_SUFFIX, storage=url)
     assert [t.state for t in pilot.trials] == [optuna.trial.TrialState.COMPLETE]
