@@ -111,7 +111,7 @@ def _at_rate(replays: list[tuple[float, list[RequestRecord]]], rate_rps: float |
         if not finite:
             return [], None
         rate_rps = replays[min(finite)[1]][0]
-    chosen = [recs for rate, recs in replays if rate == rate_rps or math.isclose(rate, rate_rps)]
+    chosen = [recs for rate, recs in replays if math.isclose(rate, rate_rps)]  # isclose(inf, inf) holds
     return [[1000 * r.ttft_s for r in sorted(measured_window(recs, skip_first, skip_last), key=lambda r: r.sent_s)
              if r.ok and r.ttft_s is not None] for recs in chosen], rate_rps
 
@@ -164,17 +164,11 @@ def _wait_for_pilot(pilot_study: optuna.Study, timeout_s: float, say: Callable[.
                     poll_s: float = 5.0) -> list[optuna.trial.FrozenTrial]:
     """The finished pilot trial. When another worker started the same study a moment before, its pilot is the
     one running: wait for it (at most one trial's time limit), so that every worker takes the same count."""
-    deadline = now() + timeout_s
-    told = False
-    while True:
-        trials = pilot_study.get_trials(deepcopy=False)
-        done = _finished_baseline(pilot_study)
-        if done or not any(t.state == TrialState.RUNNING for t in trials) or now() >= deadline:
-            return done
-        if not told:
-            say("pilot: another worker is running it; waiting for its result")
-            told = True
-        sleep(poll_s)
+    from optimizer.study import wait_while_running
+
+    wait_while_running(pilot_study, timeout_s, poll_s, now, sleep,
+                       on_wait=lambda: say("pilot: another worker is running it; waiting for its result"))
+    return _finished_baseline(pilot_study)
 
 
 def _choice(trial: optuna.trial.FrozenTrial | None, pilot_config: StudyConfig, store: RecordStore, pilot_n: int,

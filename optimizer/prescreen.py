@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -130,14 +129,6 @@ def choose(trials: Sequence[FrozenTrial], top_k: int, unsure_k: int,
     return picks
 
 
-def _wait_while_running(study: optuna.Study, timeout_s: float = 600.0, poll_s: float = 1.0,
-                        now: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Until no trial of `study` runs (another worker's simulated trials take seconds), at most `timeout_s`."""
-    deadline = now() + timeout_s
-    while now() < deadline and any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False)):
-        sleep(poll_s)
-
-
 def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, config: StudyConfig, space: Space,
                   workload: Workload, model: ModelInfo, time_model: StepTimeModel, n_trials: int,
                   logs_dir: Path | None = None, top_k: int = 3, unsure_k: int = 2, perturbations: int = 6,
@@ -147,7 +138,7 @@ def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, con
 
     Returns the picks (empty when the study was pre-screened before: resuming never queues them again).
     """
-    from optimizer.study import open_study, run_to_budget
+    from optimizer.study import open_study, run_to_budget, wait_while_running
 
     if study.user_attrs.get(PRESCREEN_ATTR) is not None:
         return []
@@ -157,7 +148,7 @@ def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, con
     sim_study = open_study(sim_config, storage)
     objective = sim_objective(sim_config, space, workload, model, time_model, logs, device_memory_bytes)
     run_to_budget(sim_study, objective, n_trials, gc_after_trial=False)
-    _wait_while_running(sim_study)  # another worker's share of the simulated trials: choose from all of them
+    wait_while_running(sim_study, timeout_s=600.0)  # another worker's share of the simulated trials: choose from all
 
     def evaluate_under(params_list: list[dict[str, Any]]) -> list[list[float]]:
         return [[goodput(t) for t in evaluate(sim_objective(sim_config, space, workload, model, tm, logs,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -218,6 +219,20 @@ def _claimed_count(study: optuna.Study) -> int:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     return len(study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)))
+
+
+def wait_while_running(study: optuna.Study, timeout_s: float, poll_s: float = 1.0,
+                       now: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                       on_wait: Callable[[], None] | None = None) -> None:
+    """Until no trial of `study` runs (another worker's), at most `timeout_s`: a worker that died mid-trial is not
+    waited for forever. `on_wait` is called once, before the first wait."""
+    deadline = now() + timeout_s
+    waited = False
+    while now() < deadline and any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False)):
+        if not waited and on_wait is not None:
+            on_wait()
+        waited = True
+        sleep(poll_s)
 
 
 def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any], budget: int,

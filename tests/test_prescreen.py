@@ -91,7 +91,7 @@ def test_a_second_worker_that_pre_screens_the_same_study_queues_no_pick_twice(tm
 
 
 def test_the_pre_screen_waits_for_another_workers_running_simulated_trials():
-    from optimizer.prescreen import _wait_while_running
+    from optimizer.study import wait_while_running
 
     study = optuna.create_study()
     running = study.ask()
@@ -102,13 +102,13 @@ def test_the_pre_screen_waits_for_another_workers_running_simulated_trials():
         if clock[0] == 3:
             study.tell(running, 1.0)
 
-    _wait_while_running(study, timeout_s=60, poll_s=1.0, now=lambda: clock[0], sleep=sleep)
+    wait_while_running(study, timeout_s=60, poll_s=1.0, now=lambda: clock[0], sleep=sleep)
     assert clock[0] == 3.0 and study.trials[0].state == TrialState.COMPLETE
     stuck = optuna.create_study()
     stuck.ask()
     clock[0] = 0.0
-    _wait_while_running(stuck, timeout_s=10, poll_s=1.0, now=lambda: clock[0],
-                        sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    wait_while_running(stuck, timeout_s=10, poll_s=1.0, now=lambda: clock[0],
+                       sleep=lambda s: clock.__setitem__(0, clock[0] + s))
     assert clock[0] == 10.0  # a worker that died mid-trial is not waited for forever
 
 
