@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.fitting import cpu_engine_args
 from optimizer.clock import MonotonicClock
 from optimizer.config import CPU_DEMO_WORKLOAD, WorkloadSpec
 from optimizer.engines.http_engine import HttpEngine, RemoteEngine
@@ -138,7 +139,7 @@ async def http_side(model: str, params: dict[str, Any], workload: Workload, rate
                     work: Path, log: Path) -> dict[tuple[str, float], list[dict[str, float]]]:
     """Ours (measure-only) and vLLM's client on one server, alternating which goes first in each repeat."""
     runs: dict[tuple[str, float], list[dict[str, float]]] = {}
-    server = HttpEngine({"model": model, "enforce_eager": True})
+    server = HttpEngine({"model": model, **cpu_engine_args()})
     await server.start(params, log)
     remote = RemoteEngine(server.base_url)
     try:
@@ -170,7 +171,7 @@ async def http_side(model: str, params: dict[str, Any], workload: Workload, rate
 async def inprocess_side(model: str, params: dict[str, Any], workload: Workload, rates: list[float], repeats: int,
                          log: Path) -> dict[tuple[str, float], list[dict[str, float]]]:
     runs: dict[tuple[str, float], list[dict[str, float]]] = {}
-    engine = VllmEngine({"model": model, "enforce_eager": True})
+    engine = VllmEngine({"model": model, **cpu_engine_args()})
     await engine.start(params, log)
     try:
         clock = MonotonicClock()

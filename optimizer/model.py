@@ -1,7 +1,8 @@
 """Model resolution: a local directory, a hub id, or the embedded default generated locally once.
 
-The default is a small Llama-architecture model with random weights (no download), sized so that on a
-2-core CPU a 150 ms TTFT P99 limit separates good engine configurations from bad ones.
+The default is a small Llama-architecture model with random weights (no download), one of a small ladder of
+shapes: the probe chooses the largest one this machine serves well inside the limit, so that on any CPU a
+150 ms TTFT P99 limit separates good engine configurations from bad ones.
 """
 
 from __future__ import annotations
@@ -10,26 +11,62 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from optimizer.errors import UsageError
 
-DEFAULT_MODEL_NAME = "tiny-llama-17m"
-DEFAULT_MODEL_CONFIG = {
+@dataclass(frozen=True)
+class DemoShape:
+    """One embedded demo model: a small Llama with random weights, generated locally (no download)."""
+
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """Its transformers `config.json` (head size 64, which every CPU attention backend supports)."""
+        heads = self.hidden_size // 64
+        return {**_DEMO_COMMON, "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.num_layers, "num_attention_heads": heads, "num_key_value_heads": heads}
+
+    @property
+    def flops_per_token(self) -> int:
+        """Multiply-adds x 2 of one prompt token through the decoder layers: what prefill time scales with."""
+        h, i = self.hidden_size, self.intermediate_size
+        return 2 * self.num_layers * (4 * h * h + 3 * h * i)
+
+
+_DEMO_COMMON: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "vocab_size": 16000,
-    "hidden_size": 384,
-    "intermediate_size": 1024,
-    "num_hidden_layers": 6,
-    "num_attention_heads": 6,
-    "num_key_value_heads": 6,
     "max_position_embeddings": 2048,
     "tie_word_embeddings": True,
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+# Largest first. The probe (optimizer/probe.py) picks the largest one this machine serves fast enough for the
+# limit: a CPU without native bf16, or a small laptop core, gets a smaller model instead of an infeasible demo.
+DEMO_LADDER = (
+    DemoShape("tiny-llama-17m", hidden_size=384, intermediate_size=1024, num_layers=6),
+    DemoShape("tiny-llama-7m", hidden_size=256, intermediate_size=688, num_layers=4),
+    DemoShape("tiny-llama-4m", hidden_size=192, intermediate_size=512, num_layers=2),
+)
+DEFAULT_MODEL_NAME = DEMO_LADDER[0].name
+DEFAULT_MODEL_CONFIG = DEMO_LADDER[0].config
+
+
+def demo_shape(name: str) -> DemoShape:
+    """The embedded shape called `name`, or a UsageError that lists them."""
+    for shape in DEMO_LADDER:
+        if shape.name == name:
+            return shape
+    raise UsageError(f"no embedded demo model {name!r}: the embedded ones are "
+                     f"{', '.join(s.name for s in DEMO_LADDER)}")
 
 _LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
 
@@ -46,6 +83,15 @@ class ModelInfo:
     head_dim: int = 0
     dtype_bytes: int = 2
     weights_bytes: int = 0
+    dtype: str = "bfloat16"  # the checkpoint's (config.json torch_dtype)
+
+    def served_as(self, dtype: str | None) -> ModelInfo:
+        """The same model served in `dtype` (None or "auto": its own): weights and KV cache in that many bytes."""
+        if not dtype or dtype == "auto":
+            return self
+        size = dtype_size(dtype)
+        weights = self.weights_bytes * size // self.dtype_bytes if self.dtype_bytes else self.weights_bytes
+        return replace(self, dtype_bytes=size, weights_bytes=weights, dtype=dtype)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -57,9 +103,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("OPTIMIZER_CACHE", Path.home() / ".cache" / "optimizer"))
 
 
-def default_model() -> Path:
-    """The embedded default model's directory, generated on first use (seeded random weights)."""
-    target = cache_dir() / "models" / DEFAULT_MODEL_NAME
+def default_model(name: str = DEFAULT_MODEL_NAME) -> Path:
+    """An embedded demo model's directory, generated on first use (seeded random weights)."""
+    shape = demo_shape(name)
+    target = cache_dir() / "models" / shape.name
     if all((target / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
         return target
     import torch
@@ -70,11 +117,11 @@ def default_model() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".gen-", dir=target.parent))
     try:
-        config = LlamaConfig(**{k: v for k, v in DEFAULT_MODEL_CONFIG.items() if k != "architectures"})
+        config = LlamaConfig(**{k: v for k, v in shape.config.items() if k != "architectures"})
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).to(torch.bfloat16)
         model.save_pretrained(tmp)
-        _word_tokenizer(DEFAULT_MODEL_CONFIG["vocab_size"]).save_pretrained(tmp)
+        _word_tokenizer(shape.config["vocab_size"]).save_pretrained(tmp)
         if target.exists():  # another process finished first
             shutil.rmtree(tmp)
         else:
@@ -141,8 +188,8 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     layers = int(text_config.get("num_hidden_layers") or 0)
     kv_heads = int(text_config.get("num_key_value_heads") or heads)
     head_dim = int(text_config.get("head_dim") or (hidden // heads if heads else 0))
-    dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16")
-    dtype_bytes = 4 if "32" in dtype else 2
+    dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16").removeprefix("torch.")
+    dtype_bytes = dtype_size(dtype)
     weights = weights_bytes
     if not weights:  # estimate from the architecture: embeddings + attention + MLP
         inter = int(text_config.get("intermediate_size") or 4 * hidden)
@@ -150,4 +197,9 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
             + layers * (2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter)
         weights = params * dtype_bytes
     return ModelInfo(path=path, vocab_size=vocab, max_len=max_len, num_layers=layers, num_kv_heads=kv_heads,
-                     head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights))
+                     head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights), dtype=dtype)
+
+
+def dtype_size(dtype: str) -> int:
+    """Bytes per value of a torch dtype name (float32/float -> 4, the half types -> 2)."""
+    return 4 if dtype.removeprefix("torch.") in ("float32", "float", "fp32") else 2

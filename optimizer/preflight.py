@@ -83,7 +83,8 @@ class MemoryEstimate:
 
 def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: DeviceMemory,
              mean_request_tokens: float) -> MemoryEstimate:
-    """Pure: what the config asks for and what is left for the KV cache."""
+    """Pure: what the config asks for and what is left for the KV cache (in the dtype the config serves)."""
+    model = model.served_as(params.get("dtype"))
     fraction = float(params.get("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION))
     requested = int(fraction * memory.total_bytes)
     reserve = RUNTIME_RESERVE_BYTES.get(device, RUNTIME_RESERVE_BYTES["cuda"])

@@ -12,7 +12,9 @@ import optuna
 
 from optimizer.config import StudyConfig
 from optimizer.engines.base import EngineFactory
-from optimizer.model import DEFAULT_MODEL_NAME, default_model, inspect_model
+from optimizer.fitting import MACHINE_ATTR, SCALE_ATTR, machine_warning, served_dtype, size_demo
+from optimizer.machine import describe, fingerprint
+from optimizer.model import default_model, inspect_model
 from optimizer.objective import Objective
 from optimizer.preflight import DeviceMemory
 from optimizer.records import RecordStore
@@ -36,7 +38,7 @@ class Prepared:
 
 def model_path(config: StudyConfig) -> str:
     """Where the model is: the embedded default is generated on first use."""
-    return str(default_model()) if config.model_is_default else config.model
+    return str(default_model(config.model)) if config.model_is_default else config.model
 
 
 def engine_base_args(config: StudyConfig, path: str) -> dict[str, Any]:
@@ -71,13 +73,28 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     path = model_path(config)
     info = inspect_model(path, config.dummy_weights)
+    resolve(config.space, config.device, info.max_len, config.workload)  # bad input fails before anything is written
+    storage = storage_for(config.storage_url)
+    new_study = stored_config(storage, config.study_name) is None
+    logs_dir = studies_dir / f"{config.study_name}.logs"
+    fitted: dict[str, Any] = {}
+    if new_study:  # fitted to this machine once, stored with the study: a resume keeps it
+        say(f"machine: {describe(fingerprint(config.device))}")
+        config, line = served_dtype(config, info.dtype)
+        say(line)
+        if config.demo_probe:
+            config, scale = size_demo(config, info, engine_factory or factory_for(config, path), logs_dir, say)
+            if scale is not None:
+                fitted[SCALE_ATTR] = scale
+            path = model_path(config)
+            info = inspect_model(path, config.dummy_weights)
+    info = info.served_as(config.engine_args.get("dtype") or config.space.fixed.get("dtype"))
     space = resolve(config.space, config.device, info.max_len, config.workload)
     workload = build_workload(config.workload, info.vocab_size)
     if config.model_is_default:
-        say(f"model: embedded default {DEFAULT_MODEL_NAME} (Llama architecture, random weights) at {path}")
+        say(f"model: embedded default {config.model} (Llama architecture, random weights) at {path}")
     scale = " (scaled down for the CPU demo)" if config.model_is_default else ""
-    storage = storage_for(config.storage_url)
-    pilot_first = config.num_requests_auto and stored_config(storage, config.study_name) is None
+    pilot_first = config.num_requests_auto and new_study
     described = config.workload.describe()
     if pilot_first:
         described = described.replace(f"{config.workload.num_requests} requests per replay",
@@ -89,7 +106,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         space=space,
         workload=workload,
         engine_factory=engine_factory or factory_for(config, path),
-        logs_dir=studies_dir / f"{config.study_name}.logs",
+        logs_dir=logs_dir,
         model=info,
         memory_probe=memory_probe or (lambda: DeviceMemory.probe(config.device)),
         records=records,
@@ -102,25 +119,69 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         config, choice = run_pilot(config, storage, objective, records, say)
         objective = replace(objective, config=config, workload=build_workload(config.workload, info.vocab_size))
     study = open_study(config, storage)
+    if new_study:
+        study.set_user_attr(MACHINE_ATTR, fingerprint(config.device))
+        for key, value in fitted.items():
+            study.set_user_attr(key, value)
+    else:
+        warning = machine_warning(study.user_attrs.get(MACHINE_ATTR), config.device)
+        if warning:
+            say(warning)
     if choice is not None:
         from optimizer.pilot import CHOICE_ATTR
 
         study.set_user_attr(CHOICE_ATTR, choice.to_dict())
-    if config.prescreen and finished_count(study) < config.budget:
+    if config.prescreen and (config.budget is None or finished_count(study) < config.budget):
         prescreen(config, study, storage, objective, studies_dir, say)
-    say(f"study {config.study_name!r}: TTFT P99 <= {format_ms(config.ttft_p99_ms)}, budget {config.budget} trials, "
+    say(f"study {config.study_name!r}: TTFT P99 <= {format_ms(config.ttft_p99_ms)}, budget {budget_text(config)}, "
         f"engine logs in {objective.logs_dir}")
     return Prepared(config, study, objective)
 
 
-def run(prepared: Prepared, quiet: bool = False) -> optuna.Study:
-    """Run trials until the study holds its budget of finished trials."""
-    progress = Progress(prepared.study, prepared.config.budget, quiet=quiet)
+def budget_text(config: StudyConfig) -> str:
+    """'40 trials', 'until 17:05 (8h)', or '40 trials or until 17:05 (8h), whichever comes first'."""
+    parts = [f"{config.budget} trials"] if config.budget is not None else []
+    if config.deadline_unix_s is not None:
+        import time
+
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(config.deadline_unix_s))
+        given = f" ({format_ms(config.time_budget_s * 1000)})" if config.time_budget_s else ""
+        parts.append(f"until {when}{given}")
+    return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
+
+
+def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = print) -> optuna.Study:
+    """Run trials until the study holds its budget of finished trials, or the next would end past its deadline."""
+    config = prepared.config
+    estimate = trial_estimate(prepared)
+    progress = Progress(prepared.study, config.budget, quiet=quiet, deadline_unix_s=config.deadline_unix_s,
+                        trial_estimate_s=estimate)
     try:
-        run_to_budget(prepared.study, prepared.objective, prepared.config.budget, on_trial=progress)
+        stop = run_to_budget(prepared.study, prepared.objective, config.budget, on_trial=progress,
+                             deadline_unix_s=config.deadline_unix_s, trial_estimate_s=estimate)
     finally:
         progress.close()
+    if stop.reason:
+        say(stop.reason)
     return prepared.study
+
+
+def trial_estimate(prepared: Prepared) -> Callable[[], float | None]:
+    """How long the next trial will take: the median of this study's measured trials (the probe's estimate before
+    any), None when nothing is known yet."""
+    import statistics
+
+    def estimate() -> float | None:
+        done = [t for t in prepared.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.user_attrs.get("timings", {}).get("total_s")]
+        if done:
+            return float(statistics.median(t.user_attrs["timings"]["total_s"] for t in done))
+        scale = prepared.study.user_attrs.get(SCALE_ATTR)
+        if scale:
+            return float(scale["scale"]["estimated_s"]) / max(prepared.config.budget or 40, 1)
+        return None
+
+    return estimate
 
 
 def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective,

@@ -25,6 +25,7 @@ SEARCHABLE = (
     "enable_prefix_caching",
     "block_size",
     "long_prefill_token_threshold",
+    "dtype",  # not searched by default; on CPU `dtype: [bfloat16, float32]` in --space compares the two
 )
 
 # gpu_memory_utilization is capped below 0.95: the last few percent go out of memory under bursts.

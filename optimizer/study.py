@@ -13,6 +13,7 @@ import socket
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -235,10 +236,34 @@ def wait_while_running(study: optuna.Study, timeout_s: float, poll_s: float = 1.
         sleep(poll_s)
 
 
-def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any], budget: int,
+@dataclass(frozen=True)
+class BudgetStop:
+    """How a run ended: `ran` trials here; `reason` says why it stopped before the trial budget (else empty)."""
+
+    ran: int
+    reason: str = ""
+
+
+def time_left_for(deadline_unix_s: float | None, estimate_s: float | None, now_unix_s: float) -> str:
+    """Pure: why the next trial may not start (it would end past the deadline), or '' when it may."""
+    if deadline_unix_s is None:
+        return ""
+    left_s = deadline_unix_s - now_unix_s
+    if left_s <= 0:
+        return "time budget: the deadline has passed; give --budget DURATION (e.g. --budget 2h) to extend it"
+    if estimate_s is not None and estimate_s > left_s:
+        return (f"time budget: the next trial takes ~{estimate_s:.0f} s and {left_s:.0f} s are left before the "
+                f"deadline: stopping here; give --budget DURATION to extend it")
+    return ""
+
+
+def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any], budget: int | None,
                   on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
-                  gc_after_trial: bool = True) -> int:
-    """Run trials one by one until the study holds `budget` finished trials. Returns how many ran here.
+                  gc_after_trial: bool = True, deadline_unix_s: float | None = None,
+                  trial_estimate_s: Callable[[], float | None] = lambda: None,
+                  now_unix_s: Callable[[], float] = time.time) -> BudgetStop:
+    """Run trials one by one until the study holds `budget` finished trials, or until the next trial's estimated
+    duration would push past `deadline_unix_s`. `budget` None: the deadline alone decides.
 
     `gc_after_trial=False` is for simulated trials, where a full collection costs more than the trial itself.
 
@@ -247,7 +272,10 @@ def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any],
     """
     ran = 0
     callbacks = [lambda s, t: on_trial(s, t)] if on_trial else []
-    while _claimed_count(study) < budget:
+    while budget is None or _claimed_count(study) < budget:
+        reason = time_left_for(deadline_unix_s, trial_estimate_s(), now_unix_s())
+        if reason:
+            return BudgetStop(ran, reason)
         study.optimize(objective, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=gc_after_trial)
         ran += 1
-    return ran
+    return BudgetStop(ran)

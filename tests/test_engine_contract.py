@@ -5,6 +5,7 @@ import asyncio
 import psutil
 import pytest
 
+from optimizer.fitting import cpu_engine_args
 from optimizer import failures
 from optimizer.config import WorkloadSpec
 from optimizer.engines.base import Engine
@@ -33,10 +34,10 @@ def make_engine(request):
     if request.param == "http":
         from optimizer.engines.http_engine import HttpEngine
 
-        return lambda: HttpEngine({"model": str(tiny), "enforce_eager": True})
+        return lambda: HttpEngine({"model": str(tiny), **cpu_engine_args()})
     from optimizer.engines.vllm_engine import VllmEngine
 
-    return lambda: VllmEngine({"model": str(tiny), "enforce_eager": True})
+    return lambda: VllmEngine({"model": str(tiny), **cpu_engine_args()})
 
 
 async def collect(engine, request):

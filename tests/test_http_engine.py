@@ -14,6 +14,7 @@ import psutil
 import pytest
 from aiohttp import web
 
+from optimizer.fitting import cpu_engine_args
 from optimizer import failures
 from optimizer.config import WorkloadSpec
 from optimizer.engines.base import Engine
@@ -251,7 +252,7 @@ def served(tiny_model, tmp_path_factory):
     out = {}
 
     async def scenario():
-        engine = HttpEngine({"model": str(tiny_model), "enforce_eager": True})
+        engine = HttpEngine({"model": str(tiny_model), **cpu_engine_args()})
         out["resolved"] = await engine.start(PARAMS, log)
         out["pids"] = list(engine.pids)
         try:

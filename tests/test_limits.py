@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from optimizer.fitting import cpu_engine_args
 from optimizer.engines.base import EngineStats, ReportsEngineStats, RequestTiming
 from optimizer.engines.fake import FakeEngine
 from optimizer.limits import diagnose, summarize_engine
@@ -82,7 +83,7 @@ def test_real_engine_reports_queueing_at_max_num_seqs_1(tiny_model, tmp_path):
                                        output_len_min=4, output_len_max=8, seed=1), 16000)
 
     async def scenario():
-        engine = VllmEngine({"model": str(tiny_model), "enforce_eager": True})
+        engine = VllmEngine({"model": str(tiny_model), **cpu_engine_args()})
         assert isinstance(engine, ReportsEngineStats)
         await engine.start({"max_num_seqs": 1, "gpu_memory_utilization": 0.2}, tmp_path / "e.log")
         try:

@@ -40,6 +40,7 @@ def resolved_config(vllm_config: Any) -> dict[str, Any]:
         "block_size": cache.block_size,
         "long_prefill_token_threshold": sched.long_prefill_token_threshold,
         "num_kv_blocks": cache.num_gpu_blocks,
+        "dtype": str(model.dtype).removeprefix("torch."),
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from optimizer.errors import UsageError
 
@@ -53,3 +54,12 @@ class StepTimeModel:
         except (ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"calibration file {str(p)!r} is not one `optimize calibrate` wrote ({exc}): "
                              "run `optimize calibrate` again") from None
+
+
+def calibration_machine(path: str | Path) -> dict[str, Any] | None:
+    """The machine fingerprint a calibration file was made on (optimizer/machine.py); None in older files."""
+    try:
+        machine = json.loads(Path(path).read_text()).get("machine")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return machine if isinstance(machine, dict) else None
