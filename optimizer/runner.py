@@ -18,7 +18,7 @@ from optimizer.model import default_model, inspect_model
 from optimizer.objective import Objective
 from optimizer.preflight import DeviceMemory
 from optimizer.records import RecordStore
-from optimizer.progress import Progress
+from optimizer.progress import Progress, clock_text
 from optimizer.space import resolve
 from optimizer.study import finished_count, open_study, run_to_budget, storage_for, stored_config
 from optimizer.units import format_ms
@@ -145,7 +145,7 @@ def budget_text(config: StudyConfig) -> str:
         import time
 
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(config.deadline_unix_s))
-        given = f" ({format_ms(config.time_budget_s * 1000)})" if config.time_budget_s else ""
+        given = f" ({clock_text(config.time_budget_s)})" if config.time_budget_s else ""
         parts.append(f"until {when}{given}")
     return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
 

@@ -36,3 +36,17 @@ def config_only_model(tmp_path) -> Path:
 
 def subprocess_env(model_cache: Path) -> dict[str, str]:
     return {**os.environ, "OPTIMIZER_CACHE": str(model_cache), "PYTHONPATH": str(REPO)}
+
+
+_PHASE_S = {"engine": 0.0, "fast": 0.0}
+
+
+def pytest_runtest_logreport(report):
+    """Time spent in engine tests (marker `engine`) and in the rest, setup and teardown included."""
+    _PHASE_S["engine" if "engine" in report.keywords else "fast"] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line CI prints before pytest's own summary: where the suite's time went (CI keeps it under 45 min)."""
+    terminalreporter.write_line(f"test time: fast tests {_PHASE_S['fast']:.0f} s, engine tests (real vLLM) "
+                                f"{_PHASE_S['engine']:.0f} s")

@@ -13,6 +13,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
+from optimizer.model import DEFAULT_MODEL_NAME, DEMO_LADDER
 from optimizer.objective import CONSTRAINT
 from tests.conftest import REPO, subprocess_env
 
@@ -52,7 +53,13 @@ def test_study_persists_with_baseline_first(studies):
     assert done[0].user_attrs.get("baseline") and done[0].params == {}
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
     out = (studies / "first.out").read_text()
-    assert "embedded default tiny-llama-17m" in out and "recommended" in out and "vLLM defaults" in out
+    assert "recommended" in out and "vLLM defaults" in out
+    # the demo was sized to this machine by a probe of the real engine, stored with the study
+    scale = study.user_attrs["demo_scale"]
+    assert scale["scale"]["model"] in {s.name for s in DEMO_LADDER}
+    assert f"embedded default {scale['scale']['model']}" in out and f"demo scale: {scale['scale']['model']}" in out
+    assert scale["probe"]["prefill_ms"] > 0 and scale["probe"]["burst_rps"] > 0
+    assert study.user_attrs["machine"]["cores"] >= 1 and out.count("dtype: ") == 1
     for t in done:
         if t.state == TrialState.COMPLETE:
             assert t.user_attrs["curve"][0]["offered_rate_rps"] is None  # the burst first
@@ -74,7 +81,8 @@ def test_resume_adds_trials_and_repeats_nothing(studies, model_cache):
     before = {t.number: (t.datetime_complete, t.params) for t in finished(load(studies))}
     proc = optimize(model_cache, studies, "--budget", "4")  # no flags repeated: the stored config is used
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resuming study 'default': 3 of 4 trials finished" in proc.stderr
+    assert "resuming study 'default': 3 trials finished, budget 4 trials" in proc.stderr
+    assert "probe" not in proc.stderr  # a resume never probes again
     study = load(studies)
     done = finished(study)
     assert len(done) == 4
@@ -101,7 +109,7 @@ def test_export_yaml_starts_a_vllm_engine_with_the_recommended_values(studies, m
     kwargs = {k: getattr(args, k) for k in ("model", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                                             "gpu_memory_utilization", "enable_chunked_prefill",
                                             "enable_prefix_caching", "block_size", "long_prefill_token_threshold",
-                                            "enforce_eager")}
+                                            "enforce_eager", "dtype")}
     engine = VllmEngine({})
 
     async def start_and_stop():
@@ -119,7 +127,8 @@ def test_export_yaml_starts_a_vllm_engine_with_the_recommended_values(studies, m
 def test_config_that_runs_out_of_memory_is_pruned_with_its_reason(tmp_path, model_cache, tiny_model):
     space = tmp_path / "space.yaml"
     space.write_text("gpu_memory_utilization: 0.99\n")
-    proc = optimize(model_cache, tmp_path, *SMALL, "--budget", "2", "--study", "oom", "--space", str(space))
+    proc = optimize(model_cache, tmp_path, *SMALL, "--model", DEFAULT_MODEL_NAME, "--budget", "2", "--study", "oom",
+                    "--space", str(space))
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = load(tmp_path, "oom")
     assert [t.state for t in study.trials] == [TrialState.PRUNED, TrialState.PRUNED]  # the study went on

@@ -20,7 +20,7 @@ URL = os.environ.get("OPTIMIZER_TEST_POSTGRES_URL")
 def test_two_workers_finish_one_study_without_duplicates(tmp_path, model_cache, tiny_model):
     study_name = f"workers-{uuid.uuid4().hex[:8]}"
     cmd = [sys.executable, "-m", "optimizer", "--storage", URL, "--study", study_name, "--budget", "4",
-           "--ttft-p99", "150ms", "--num-requests", "20", "--input-len", "16:96", "--output-len", "4:12",
+           "--model", "tiny-llama-17m", "--ttft-p99", "150ms", "--num-requests", "20", "--input-len", "16:96", "--output-len", "4:12",
            "--space", str(tmp_path / "space.yaml"), "--studies-dir", str(tmp_path)]
     # small memory fractions: two engines share this machine's memory
     (tmp_path / "space.yaml").write_text("gpu_memory_utilization: {min: 0.15, max: 0.25}\n")
