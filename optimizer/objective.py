@@ -42,6 +42,9 @@ CANNOT_RUN_MS = 1e7
 # On the CPU build, when vLLM's default memory fraction (0.92) does not fit beside other processes.
 CPU_BASELINE_MEMORY_FALLBACK = 0.3
 BASELINE_REPEATS = 3  # the baseline's replays at its best rate: their spread is the study's noise level
+# When the repeats' medians at the best rate miss the limit: measure again this much lower, at most this often.
+REPEAT_STEP_DOWN = 0.85
+REPEAT_STEP_DOWNS = 3
 
 
 @dataclass
@@ -137,7 +140,7 @@ class Objective:
         trial.set_user_attr("curve", [{**p.to_dict(), **({"engine": e} if e else {})}
                                       for p, e in zip(replays, engine_points + [None] * len(replays))])
         if search.repeats:  # the trial's numbers at its best rate are the medians of its replays there
-            search = _with_repeats(search, limit)
+            search = with_repeats(search, limit)
         violation = search.violation_ms(limit)
         trial.set_constraint(CONSTRAINT, violation)
         point = search.best or min(search.points, key=lambda p: (p.ttft_p99_ms if math.isfinite(p.ttft_p99_ms)
@@ -149,7 +152,7 @@ class Objective:
                    "ttft_p50_ms": point.ttft_p50_ms, "ttft_p99_ms": point.ttft_p99_ms,
                    "tpot_p99_ms": point.tpot_p99_ms}
         trial.set_user_attr("result", summary)
-        found = _limited_by(search.points, engine_points, point)
+        found = _limited_by(replays, engine_points, point)
         if found:
             trial.set_user_attr("limited_by", found)
         ttft = point.ttft_p99_ms if math.isfinite(point.ttft_p99_ms) else CANNOT_RUN_MS
@@ -249,10 +252,8 @@ class Objective:
             return await measure_fixed_load(replay_at, fixed_rate, self.config.ttft_p99_ms, self.config.search,
                                             repeats)
         result = await find_max_rate(replay_at, self.config.ttft_p99_ms, self.config.search, incumbent_rate_rps)
-        if result.best is not None:  # the same rate again, cold: how much of the number is noise
-            for _ in range(repeats - 1):
-                metrics = await replay_at(result.best.offered_rate_rps)
-                result.repeats.append(CurvePoint.of(metrics, self.config.ttft_p99_ms, self.config.search.sustain_ratio))
+        if result.best is not None and repeats > 1:
+            await confirm_best(result, replay_at, repeats, self.config.ttft_p99_ms, self.config.search.sustain_ratio)
         return result
 
     def _repeats(self, trial: optuna.Trial) -> int:
@@ -268,6 +269,27 @@ class Objective:
         trial.set_user_attr("pruned_detail", detail[:1000])
         trial.set_constraint(CONSTRAINT, CANNOT_RUN_MS)
         raise optuna.TrialPruned(f"{reason}: {detail}")
+
+
+async def confirm_best(result: RateSearchResult, replay_at: Callable[[float], Any], repeats: int, limit_ms: float,
+                       sustain_ratio: float) -> None:
+    """The best rate again, cold, `repeats` - 1 times: how much of the number is noise. When the medians there
+    miss the limit, the search's one pass was a lucky replay: step down (REPEAT_STEP_DOWN) and measure again there,
+    so that a config that holds the limit at some rate (vLLM's defaults, measured 3 times) is not declared
+    infeasible by one unlucky repeat. Every replay goes to `result.repeats`, in the order it ran."""
+    assert result.best is not None
+    rate = result.best.offered_rate_rps
+    for step in range(REPEAT_STEP_DOWNS + 1):
+        if step:
+            rate *= REPEAT_STEP_DOWN
+            first = CurvePoint.of(await replay_at(rate), limit_ms, sustain_ratio)
+            result.repeats.append(first)
+            if not first.feasible:
+                continue
+        for _ in range(repeats - 1):
+            result.repeats.append(CurvePoint.of(await replay_at(rate), limit_ms, sustain_ratio))
+        if with_repeats(result, limit_ms).best is not None:
+            return
 
 
 async def measure_fixed_load(replay_at: Callable[[float], Any], rate_rps: float, limit_ms: float,
@@ -292,16 +314,26 @@ async def measure_fixed_load(replay_at: Callable[[float], Any], rate_rps: float,
     return result
 
 
-def _with_repeats(search: RateSearchResult, limit_ms: float) -> RateSearchResult:
-    """The search with its best point replaced by the median of every replay at that rate, and the trial's best
-    chosen again as `optimize report` ranks stored curves (rerank: repeats merged, highest qualifying rate): if the
-    medians miss the limit, a lower rate that met it is the answer, and none makes the trial infeasible."""
-    first = asdict(search.at_best[0])
-    merged = merge_repeats([asdict(p) for p in search.at_best])[0]
-    fields = {k: int(round(merged[k])) if isinstance(v, int) and not isinstance(v, bool) else merged[k]
-              for k, v in first.items()}
-    point = CurvePoint(**{**fields, "feasible": qualifies(merged, limit_ms)})
-    points = [point if p is search.best else p for p in search.points]
+def with_repeats(search: RateSearchResult, limit_ms: float) -> RateSearchResult:
+    """The search with every rate's replays merged into their medians, and the trial's best chosen again as
+    `optimize report` ranks stored curves (rerank: repeats merged, highest qualifying rate): if the medians at the
+    first best rate miss the limit, a lower rate whose medians met it is the answer, and none makes the trial
+    infeasible."""
+    by_rate: dict[float, list[CurvePoint]] = {}
+    for p in [*search.points, *search.repeats]:
+        by_rate.setdefault(p.offered_rate_rps, []).append(p)
+    merged: dict[float, CurvePoint] = {}
+    for rate, group in by_rate.items():
+        if len(group) == 1:
+            merged[rate] = group[0]
+            continue
+        m = merge_repeats([asdict(p) for p in group])[0]
+        fields = {k: int(round(m[k])) if isinstance(v, int) and not isinstance(v, bool) else m[k]
+                  for k, v in asdict(group[0]).items()}
+        merged[rate] = CurvePoint(**{**fields, "feasible": qualifies(m, limit_ms)})
+    searched = {p.offered_rate_rps for p in search.points}
+    points = [merged[p.offered_rate_rps] for p in search.points]
+    points += [merged[r] for r in by_rate if r not in searched]  # rates only the step-down measured
     dicts = [asdict(p) for p in points]
     chosen = rank_curve(dicts, limit_ms)
     best = None
@@ -321,11 +353,12 @@ def _incumbent_rate(trial: optuna.Trial) -> float | None:
     return max(rates, default=None)
 
 
-def _limited_by(points: list, engine_points: list[dict[str, Any] | None], point: Any) -> str | None:
-    """The one line that says what limited the trial at its chosen point (None without engine stats)."""
-    for p, e in zip(points, engine_points):
-        if p is point:
-            found = diagnose(e, p.ttft_p99_ms)
+def _limited_by(replays: list, engine_points: list[dict[str, Any] | None], point: Any) -> str | None:
+    """The one line that says what limited the trial at its chosen point: the engine's stats of the first replay
+    at that rate (`replays` in the order they ran, as `engine_points`; None without engine stats)."""
+    for p, e in zip(replays, engine_points):
+        if p.offered_rate_rps == point.offered_rate_rps:
+            found = diagnose(e, point.ttft_p99_ms)
             return found.line if found else None
     return None
 

@@ -71,11 +71,6 @@ class RateSearchResult:
     repeats: list[CurvePoint] = field(default_factory=list)  # more replays at the best point's rate
 
     @property
-    def at_best(self) -> list[CurvePoint]:
-        """Every replay at the best rate: the search's own and its repeats."""
-        return [self.best, *self.repeats] if self.best is not None else []
-
-    @property
     def feasible(self) -> bool:
         return self.best is not None
 

@@ -33,3 +33,54 @@ def test_trials_repeat_their_best_rate_and_the_baseline_at_least_three_times(tmp
         assert math.isclose(t.values[0], merged["output_throughput_tok_s"])  # the trial's value is the median
         checked += 1
     assert checked >= 2
+
+
+def _metrics(rate_rps, ttft_p99_ms):
+    from optimizer.metrics import Distribution, ReplayMetrics
+
+    d = Distribution(ttft_p99_ms / 2, ttft_p99_ms / 2, ttft_p99_ms, ttft_p99_ms)
+    return ReplayMetrics(offered_rate_rps=rate_rps, achieved_rate_rps=rate_rps, sent_rate_rps=rate_rps,
+                         completed=100, failed=0, duration_s=10.0, request_throughput_rps=rate_rps,
+                         output_throughput_tok_s=100 * rate_rps, total_token_throughput_tok_s=300 * rate_rps,
+                         ttft=d, tpot=d, itl=d, e2e=d)
+
+
+def test_repeats_that_miss_step_the_rate_down_until_the_medians_hold():
+    """The search passed 20/s once (a lucky replay); both repeats there miss 150 ms. 17/s (0.85x) holds in 2 of 3:
+    the trial is feasible at 17/s with its medians, not infeasible."""
+    import asyncio
+
+    from optimizer.objective import REPEAT_STEP_DOWN, confirm_best, with_repeats
+    from optimizer.rate_search import CurvePoint, RateSearchResult
+
+    first = CurvePoint.of(_metrics(20.0, 140.0), 150.0, 0.9)
+    result = RateSearchResult(points=[CurvePoint.of(_metrics(float("inf"), 900.0), 150.0, 0.9), first], best=first)
+    script = {20.0: [400.0, 300.0], 20.0 * REPEAT_STEP_DOWN: [120.0, 200.0, 130.0]}
+    asked = []
+
+    async def replay_at(rate):
+        asked.append(rate)
+        return _metrics(rate, script[rate].pop(0))
+
+    asyncio.run(confirm_best(result, replay_at, 3, 150.0, 0.9))
+    assert asked == [20.0, 20.0, 17.0, 17.0, 17.0]
+    merged = with_repeats(result, 150.0)
+    assert merged.best is not None and merged.best.offered_rate_rps == 17.0 and merged.best.ttft_p99_ms == 130.0
+
+
+def test_repeats_that_hold_measure_nothing_more():
+    import asyncio
+
+    from optimizer.objective import confirm_best
+    from optimizer.rate_search import CurvePoint, RateSearchResult
+
+    first = CurvePoint.of(_metrics(20.0, 140.0), 150.0, 0.9)
+    result = RateSearchResult(points=[first], best=first)
+    asked = []
+
+    async def replay_at(rate):
+        asked.append(rate)
+        return _metrics(rate, 145.0)
+
+    asyncio.run(confirm_best(result, replay_at, 3, 150.0, 0.9))
+    assert asked == [20.0, 20.0]
