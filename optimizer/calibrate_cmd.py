@@ -24,7 +24,8 @@ def cmd_calibrate(argv: list[str]) -> int:
                     "the simulator's error (output throughput, TTFT P99). Writes a JSON that `--calibration FILE` "
                     "of a study or benchmark reads. Takes about 5 minutes on the CPU engine with the default model.",
         epilog="Example: optimize calibrate --out studies/calibration.json")
-    p.add_argument("--model", help="local model directory (default: the embedded small Llama)")
+    p.add_argument("--model", help="local model directory, or one of the embedded demo models (tiny-llama-17m, "
+                   "tiny-llama-7m, tiny-llama-4m: calibrate the one your demo study chose); default: tiny-llama-17m")
     p.add_argument("--dummy-weights", action="store_true", help="random weights from config.json alone")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="engine build (default: %(default)s)")
     p.add_argument("--out", default="studies/calibration.json", help="where to write it (default: %(default)s)")
@@ -46,7 +47,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from optimizer.errors import UsageError
     from optimizer.fitting import cpu_engine_args
     from optimizer.machine import fingerprint
-    from optimizer.model import default_model, inspect_model
+    from optimizer.model import DEFAULT_MODEL_NAME, DEMO_LADDER, default_model, inspect_model
     from optimizer.preflight import DeviceMemory
     from optimizer.runner import vllm_factory
     from optimizer.workload import build_workload
@@ -64,7 +65,8 @@ def _calibrate(ns: argparse.Namespace) -> int:
     out = Path(ns.out)
     if out.is_dir():
         raise UsageError(f"--out {str(out)!r} is a directory: give a file name, e.g. {out / 'calibration.json'}")
-    path = ns.model or str(default_model())
+    embedded = {shape.name for shape in DEMO_LADDER}
+    path = str(default_model(ns.model or DEFAULT_MODEL_NAME)) if ns.model in (None, *embedded) else ns.model
     info = inspect_model(path, ns.dummy_weights)
     base = {"model": info.path, **(cpu_engine_args(info.dtype) if ns.device == "cpu" else {"enforce_eager": False})}
     if ns.dummy_weights:
