@@ -253,11 +253,9 @@ def resolve_config(ns: argparse.Namespace):
 
 def _sigterm_as_interrupt() -> None:
     """`docker stop` and `kill` stop a study like Ctrl-C: the engine is shut down and the trial queued again."""
-    import signal
+    from optimizer.signals import install_stop_handlers
 
-    # A process started in the background by a shell inherits SIGINT ignored: restore Ctrl-C's default first.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+    install_stop_handlers()
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -310,8 +308,10 @@ def _guarded(debug: bool, fn) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted: the running trial was stopped; run the same command again to resume", file=sys.stderr)
-        return 130
+        from optimizer.signals import interrupted_exit_code, interrupted_message
+
+        print(interrupted_message(), file=sys.stderr)
+        return interrupted_exit_code()  # 130 after Ctrl-C, 143 after SIGTERM
     except Exception as exc:  # a bug: short message unless --debug
         if debug:
             traceback.print_exc()
