@@ -193,9 +193,12 @@ def _detect_device() -> str:
 
 
 def _storage_url(ns: argparse.Namespace) -> str:
+    from optimizer.paths import check_sqlite_url, check_study_name
     from optimizer.study import default_storage_url
 
+    check_study_name(ns.study)
     if ns.storage:
+        check_sqlite_url(ns.storage, create=False)
         return ns.storage
     return default_storage_url(ns.study, Path(ns.studies_dir))
 

@@ -48,8 +48,9 @@ def redact(url: str) -> str:
 
 def storage_for(url: str) -> optuna.storages.BaseStorage:
     """Open the storage, or fail with a message that names the fix (the password never printed)."""
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    from optimizer.paths import check_sqlite_url
+
+    check_sqlite_url(url)  # a path that cannot hold a database is one clear line, not FileExistsError
     url = _with_installed_driver(url)
     try:
         return with_schema_retry(lambda: _rdb_storage(url))
