@@ -263,7 +263,6 @@ def _sigterm_as_interrupt() -> None:
 
 def cmd_run(ns: argparse.Namespace) -> int:
     from optimizer.runner import prepare, run
-    from optimizer.study import redact
 
     _sigterm_as_interrupt()
 
@@ -282,9 +281,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     advice = p99_advice(prepared)
     if advice:
         print(advice)
-    print(f"export it: optimize export --study {config.study_name}"
-          + (f" --storage '{redact(ns.storage)}'" if ns.storage else "")
-          + (f" --studies-dir {ns.studies_dir}" if ns.studies_dir != "studies" else ""))
+    from optimizer.hints import export_hint
+
+    print(export_hint(config.study_name, ns.storage, ns.studies_dir))  # pasteable: no password in it
     return 0
 
 
