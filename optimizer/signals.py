@@ -5,7 +5,8 @@ blocks and the trial is recorded as interrupted (FAIL, queued again on resume). 
 stopped the run, as shells do: 130 (128 + SIGINT) or 143 (128 + SIGTERM).
 
 Optuna logs a trial that ends in an exception with its traceback ("Trial 0 failed ... KeyboardInterrupt" and two
-chained tracebacks): for a stop that is noise, so `quiet_interrupted_trials` drops those two records.
+chained tracebacks): for a stop that is noise, so `quiet_interrupted_trials` drops those two records; the same for
+an OptimizerError (a database gone for good), which the CLI reports in one line of its own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import logging
 import os
 import signal
 from types import FrameType
+
+from optimizer.errors import OptimizerError
 
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
@@ -74,11 +77,11 @@ _interrupted_trials: set[str] = set()
 
 
 def _drop_interrupted_trial_records(record: logging.LogRecord) -> bool:
-    """Optuna's two warnings about a trial stopped by a KeyboardInterrupt: the first carries the exception (and
-    its traceback), the second ("failed with value None") follows it for the same trial."""
+    """Optuna's two warnings about a trial stopped by a KeyboardInterrupt or an OptimizerError: the first carries
+    the exception (and its traceback), the second ("failed with value None") follows it for the same trial."""
     exc = record.exc_info[1] if record.exc_info else None
     message = record.getMessage()
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, (KeyboardInterrupt, OptimizerError)):  # the run ends with our own one-line message
         _interrupted_trials.add(message.split(" failed", 1)[0])
         return False
     head = message.split(" failed with value", 1)[0]
