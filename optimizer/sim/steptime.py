@@ -46,7 +46,11 @@ class StepTimeModel:
     def load(cls, path: str | Path) -> StepTimeModel:
         """Read a calibration file written by `optimize calibrate`, or fail naming the fix."""
         p = Path(path)
-        if not p.is_file():
+        if p.exists():
+            from optimizer.paths import require_file
+
+            require_file(p, "calibration")
+        else:
             raise UsageError(f"calibration file {str(p)!r} does not exist: run `optimize calibrate --out {p}` first")
         try:
             data = json.loads(p.read_text())["step_time_model"]
