@@ -183,13 +183,12 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _detect_device() -> str:
-    try:
-        import torch
+def _detect_device(explicit: str | None = None) -> str:
+    """The device asked for, checked against the installed vLLM build, or the one NVML finds (optimizer/device.py:
+    never through torch, which would initialize CUDA before vLLM's engine core is forked)."""
+    from optimizer.device import resolve_device
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except Exception:
-        return "cpu"
+    return resolve_device(explicit)
 
 
 def _storage_url(ns: argparse.Namespace) -> str:
@@ -234,7 +233,7 @@ def resolve_config(ns: argparse.Namespace):
         return config, stored
     if "ttft_p99_ms" not in explicit:
         raise UsageError("--ttft-p99 is required for a new study, e.g. optimize --ttft-p99 150ms --budget 40")
-    device = explicit.get("device") or _detect_device()
+    device = _detect_device(explicit.get("device"))
     settings: dict[str, Any] = {"study_name": ns.study, "storage_url": url, "budget": DEFAULT_BUDGET,
                                 "device": device, **explicit}
     if "num_requests_auto" not in explicit and "model" in explicit and "trace" not in explicit.get("workload", {}) \
