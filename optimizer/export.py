@@ -31,6 +31,11 @@ def serve_args(trial: FrozenTrial, config: StudyConfig, model: str) -> dict[str,
     return args
 
 
+# Engine arguments that vLLM's CLI declares with `store_true` alone: there is no --no-KEY, and False is the default
+# (the rest are BooleanOptionalAction; tests/test_serve_yaml.py checks both against `vllm serve`'s own parser).
+STORE_TRUE_ONLY = frozenset({"aggregate_engine_logging", "data_parallel_multi_port_external_lb", "disable_log_stats"})
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -39,7 +44,7 @@ def serve_argv(args: dict[str, Any]) -> list[str]:
     """The arguments after `vllm serve`: the model, then one flag per engine argument."""
     argv = [str(args["model"])]
     for k, v in args.items():
-        if k == "model":
+        if k == "model" or (v is False and k in STORE_TRUE_ONLY):
             continue
         if isinstance(v, bool):
             argv.append(_flag(k) if v else "--no-" + k.replace("_", "-"))
@@ -52,8 +57,24 @@ def to_serve_command(args: dict[str, Any]) -> str:
     return " ".join(["vllm", "serve", *(shlex.quote(a) for a in serve_argv(args))])
 
 
+def yaml_entries(args: dict[str, Any]) -> dict[str, Any]:
+    """The `--config` YAML's keys and values. vLLM's loader (`FlexibleArgumentParser.load_config_file`) turns
+    `KEY: false` into `--no-KEY` only if the top-level `vllm` parser knows that flag, which it never does (the
+    engine flags live on the `serve` subparser), so `enable-prefix-caching: false` would silently come back as
+    vLLM's default. `no-KEY: true` becomes `--no-KEY`, which the serve parser reads as False."""
+    out: dict[str, Any] = {}
+    for k, v in args.items():
+        key = k.replace("_", "-")
+        if v is False:
+            if k not in STORE_TRUE_ONLY:  # a store_true flag's False is its default: nothing to write
+                out[f"no-{key}"] = True
+        else:
+            out[key] = v
+    return out
+
+
 def to_yaml(args: dict[str, Any], header: list[str]) -> str:
-    body = yaml.safe_dump({k.replace("_", "-"): v for k, v in args.items()}, sort_keys=False)
+    body = yaml.safe_dump(yaml_entries(args), sort_keys=False)
     return "".join(f"# {line}\n" for line in header) + body
 
 
