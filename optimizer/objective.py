@@ -19,6 +19,7 @@ import optuna
 from optimizer import failures
 from optimizer.clock import Clock, MonotonicClock
 from optimizer.config import StudyConfig
+from optimizer.dashboard import set_constraint
 from optimizer.engines.base import Engine, EngineFactory, ReportsEngineStats
 from optimizer.errors import EngineDiedError, EngineStartError
 from optimizer.limits import diagnose, summarize_engine
@@ -139,7 +140,7 @@ class Objective:
         if search.repeats:  # the trial's numbers at its best rate are the medians of its replays there
             search = _with_repeats(search, limit)
         violation = search.violation_ms(limit)
-        trial.set_constraint(CONSTRAINT, violation)
+        set_constraint(trial, CONSTRAINT, violation)
         point = search.best or min(search.points, key=lambda p: (p.ttft_p99_ms if math.isfinite(p.ttft_p99_ms)
                                                                   else math.inf))
         summary = {"feasible": search.feasible, "stopped_early": search.stopped_early,
@@ -266,7 +267,7 @@ class Objective:
     def _prune(trial: optuna.Trial, reason: str, detail: str) -> None:
         trial.set_user_attr("pruned_reason", reason)
         trial.set_user_attr("pruned_detail", detail[:1000])
-        trial.set_constraint(CONSTRAINT, CANNOT_RUN_MS)
+        set_constraint(trial, CONSTRAINT, CANNOT_RUN_MS)
         raise optuna.TrialPruned(f"{reason}: {detail}")
 
 
