@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "seconds, no engine starts) and queue their best and least certain configs before the real ones")
     p.add_argument("--calibration", help="step-time model written by `optimize calibrate`, for the simulator "
                    "(default: the nominal model)")
+    p.add_argument("--deploy-as", choices=["serve", "llm"],
+                   help="what you deploy, whose defaults the baseline is (vLLM's defaults differ by entry point: on "
+                   "an H100 `vllm serve` runs 1024 sequences and 8192 batched tokens): serve (`vllm serve`, the "
+                   "default) or llm (`vllm.LLM`)")
     p.add_argument("--backend", choices=["inprocess", "http"],
                    help="how trials run vLLM: inprocess (AsyncLLM in this process, the default) or http (a vLLM "
                    "OpenAI-compatible server per trial, measured over HTTP as clients see it; docs/http.md)")
@@ -143,6 +147,8 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
         out["device"] = ns.device
     if getattr(ns, "backend", None) is not None:
         out["backend"] = ns.backend
+    if getattr(ns, "deploy_as", None) is not None:
+        out["deploy_as"] = ns.deploy_as
     workload: dict[str, Any] = {}
     if ns.workload is not None:
         workload.update(load_yaml(ns.workload, "workload"))

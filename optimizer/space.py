@@ -29,8 +29,8 @@ SEARCHABLE = (
 
 # gpu_memory_utilization is capped below 0.95: the last few percent go out of memory under bursts.
 _DEFAULTS: dict[str, dict[str, Dist]] = {
-    "cuda": {
-        "max_num_seqs": IntRange(low=8, high=512, log=True),
+    "cuda": {  # holds what `vllm serve` runs by default on every GPU (optimizer/deploy.py): up to 1024 and 16384
+        "max_num_seqs": IntRange(low=8, high=1024, log=True),
         "max_num_batched_tokens": IntRange(low=512, high=16384, log=True),
         "gpu_memory_utilization": FloatRange(low=0.70, high=0.94, step=0.02),
         "enable_chunked_prefill": Choice(choices=[True, False]),

@@ -26,5 +26,9 @@ def serve_subparser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def parse_serve(argv: list[str]) -> argparse.Namespace:
-    """What `vllm serve ARGV...` parses to (argv without the leading `vllm serve`)."""
-    return serve_parser().parse_args(["serve", *argv])
+    """What `vllm serve ARGV...` parses to (argv without the leading `vllm serve`), with the positional model
+    taking precedence over --model as `ServeSubcommand.cmd` applies it."""
+    ns = serve_parser().parse_args(["serve", *argv])
+    if getattr(ns, "model_tag", None) is not None:
+        ns.model = ns.model_tag
+    return ns

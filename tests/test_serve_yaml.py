@@ -30,7 +30,7 @@ ARGS = {  # what a recommendation with false booleans looks like
 def _expect(ns: argparse.Namespace, args: dict) -> None:
     got = {k: getattr(ns, k) for k in args if k != "model"}
     assert got == {k: v for k, v in args.items() if k != "model"}
-    assert ns.model_tag == args["model"] or ns.model == args["model"]
+    assert ns.model == args["model"]
 
 
 def test_false_booleans_in_the_yaml_survive_vllm_serve_config(tmp_path):

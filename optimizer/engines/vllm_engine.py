@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer import failures
+from optimizer.deploy import DEFAULT_TARGET, usage_context
 from optimizer.engines.base import EngineStats, RequestTiming
 from optimizer.errors import EngineDiedError, EngineStartError
 from optimizer.processes import ProcessRef, children, end_processes, output_to
@@ -47,8 +48,9 @@ class VllmEngine:
     """AsyncLLM adapter. `base_args` (model, dtype, ...) are fixed; `start(params)` adds the trial's values."""
 
     def __init__(self, base_args: dict[str, Any], shutdown_timeout_s: float = 20.0,
-                 collect_stats: bool = True) -> None:
+                 collect_stats: bool = True, deploy_as: str = DEFAULT_TARGET) -> None:
         self._base_args = dict(base_args)
+        self.deploy_as = deploy_as  # configs are built under this deployment's usage context (optimizer/deploy.py)
         self._sink = _StatsSink() if collect_stats else None
         self._served: set[str] = set()  # request ids finished since the last take_engine_stats()
         self._llm: Any = None
@@ -74,13 +76,16 @@ class VllmEngine:
         except (TypeError, ValueError) as exc:
             raise EngineStartError(str(exc), failures.INVALID_CONFIG) from None
 
+    def engine_config(self, params: dict[str, Any]) -> Any:
+        """vLLM's config for `params`, resolved as the deployment (`vllm serve` by default) resolves it."""
+        return self.engine_args(params).create_engine_config(usage_context(self.deploy_as))
+
     def validate(self, params: dict[str, Any]) -> None:
         """vLLM's own config validation without starting anything (building the config objects: ~0.1 s)."""
-        from vllm.usage.usage_lib import UsageContext
-
-        args = self.engine_args(params)
         try:
-            args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+            self.engine_config(params)
+        except EngineStartError:
+            raise
         except Exception as exc:  # pydantic ValidationError, ValueError, ...: the config is not valid
             detail = str(exc).splitlines()
             text = " ".join(line.strip() for line in detail[:3])
@@ -100,6 +105,7 @@ class VllmEngine:
                 args = self.engine_args(params)
                 loggers = [_stat_logger_class(self._sink)] if self._sink is not None else None
                 starting = asyncio.ensure_future(asyncio.to_thread(AsyncLLM.from_engine_args, args,
+                                                                   usage_context=usage_context(self.deploy_as),
                                                                    stat_loggers=loggers))
                 try:
                     self._llm = await asyncio.shield(starting)
