@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from optimizer import failures
+from optimizer.breaker import ENVIRONMENT_CAUSE_ATTR, StartFailureBreaker, environment_cause
 from optimizer.clock import Clock, MonotonicClock
 from optimizer.config import StudyConfig
 from optimizer.dashboard import set_constraint
@@ -80,6 +81,7 @@ class Objective:
     memory_wait_s: float = 60.0  # how long a trial waits for memory another process holds before the run stops
     memory_poll_s: float = 2.0
     most_free_bytes: int = 0  # the most device memory seen free in this run
+    breaker: StartFailureBreaker = field(default_factory=StartFailureBreaker)  # stops a run the machine breaks
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         trial.set_user_attr(WORKER_ATTR, worker_identity())
@@ -200,7 +202,8 @@ class Objective:
         recorder = asyncio.create_task(_record_processes(trial, engine))
         try:
             try:
-                return await asyncio.wait_for(engine.start(params, log_path), timeout=self.config.trial_timeout_s)
+                resolved = await asyncio.wait_for(engine.start(params, log_path),
+                                                  timeout=self.config.trial_timeout_s)
             except EngineStartError as exc:
                 if not (exc.reason == failures.OUT_OF_MEMORY and self._may_fall_back(trial, params)):
                     raise
@@ -210,16 +213,35 @@ class Objective:
                 trial.set_user_attr("baseline_note", _fallback_note(str(exc)))
                 params = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
                 trial.set_user_attr("engine_params", params)
-                return await asyncio.wait_for(engine.start(params, log_path), timeout=self.config.trial_timeout_s)
+                resolved = await asyncio.wait_for(engine.start(params, log_path),
+                                                  timeout=self.config.trial_timeout_s)
+            self.breaker.observe(None)
+            return resolved
         except asyncio.TimeoutError:
+            self.breaker.observe(None)
             self._prune(trial, failures.TIMEOUT, f"the engine did not start within {self.config.trial_timeout_s:.0f} s")
         except EngineStartError as exc:
-            self._prune(trial, exc.reason, str(exc))
+            cause = self._environment_cause(trial, exc, log_path)  # raises when the breaker trips
+            self._prune(trial, failures.START_FAILED if cause else exc.reason, str(exc))
         finally:
             timings.start_s = time.perf_counter() - t
             recorder.cancel()
             _save_processes(trial, engine)
         raise AssertionError("unreachable")
+
+    def _environment_cause(self, trial: optuna.Trial, exc: EngineStartError, log_path: Path) -> Any:
+        """The machine's fault, not the config's? Counted by the breaker, which stops the run after a streak."""
+        if exc.reason == failures.OUT_OF_MEMORY:
+            self.breaker.observe(None)
+            return None
+        log_text = exc.log_excerpt or (log_path.read_text(errors="replace") if log_path.exists() else "")
+        cause = environment_cause(f"{log_text}\n{exc}")
+        if cause is not None:
+            trial.set_user_attr(ENVIRONMENT_CAUSE_ATTR, cause.name)
+        if self.breaker.observe(cause):
+            trial.set_user_attr(INTERRUPTED_ATTR, f"stopped: {cause.what}")  # FAIL: queued again on resume
+            raise self.breaker.error(trial.number, str(log_path), log_text)
+        return cause
 
     async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int,
                        engine_points: list[dict[str, Any] | None], repeats: int = 1):
