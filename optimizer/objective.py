@@ -20,12 +20,14 @@ from optimizer import failures
 from optimizer.breaker import ENVIRONMENT_CAUSE_ATTR, StartFailureBreaker, environment_cause
 from optimizer.clock import Clock, MonotonicClock
 from optimizer.config import StudyConfig
+from optimizer.device import visible_gpus
 from optimizer.dashboard import set_constraint
 from optimizer.engines.base import Engine, EngineFactory, ReportsEngineStats
 from optimizer.errors import EngineDiedError, EngineStartError
 from optimizer.limits import diagnose, summarize_engine
 from optimizer.metrics import summarize
 from optimizer.model import ModelInfo
+from optimizer.parallel import layout_problems
 from optimizer.preflight import (VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere,
                                   memory_problems, wait_for_memory)
 from optimizer.processes import output_to
@@ -82,6 +84,7 @@ class Objective:
     memory_poll_s: float = 2.0
     most_free_bytes: int = 0  # the most device memory seen free in this run
     breaker: StartFailureBreaker = field(default_factory=StartFailureBreaker)  # stops a run the machine breaks
+    gpu_count: int | None = None  # GPUs visible to this process (found on the first trial on cuda)
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         trial.set_user_attr(WORKER_ATTR, worker_identity())
@@ -160,6 +163,9 @@ class Objective:
 
     async def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:
         """vLLM's config validation and the memory estimate: a config that cannot start costs no start."""
+        layout = layout_problems(params, self._visible_gpus())
+        if layout:
+            self._prune(trial, failures.INVALID_CONFIG, "; ".join(layout))
         try:
             with output_to(log_path):
                 engine.validate(params)
@@ -228,6 +234,15 @@ class Objective:
             recorder.cancel()
             _save_processes(trial, engine)
         raise AssertionError("unreachable")
+
+    def _visible_gpus(self) -> int | None:
+        """GPUs this process may use (NVML, once per run); None where unknown (the CPU build, no NVML): unchecked,
+        the real start decides."""
+        if self.config.device != "cuda":
+            return None
+        if self.gpu_count is None:
+            self.gpu_count = len(visible_gpus(self.nvml))
+        return self.gpu_count or None
 
     def _environment_cause(self, trial: optuna.Trial, exc: EngineStartError, log_path: Path) -> Any:
         """The machine's fault, not the config's? Counted by the breaker, which stops the run after a streak."""

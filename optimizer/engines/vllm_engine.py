@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -22,6 +23,7 @@ from optimizer import failures
 from optimizer.deploy import DEFAULT_TARGET, usage_context
 from optimizer.engines.base import EngineStats, RequestTiming
 from optimizer.errors import EngineDiedError, EngineStartError
+from optimizer.open_space import split_env
 from optimizer.processes import ProcessRef, children, end_processes, output_to
 from optimizer.workload import Request
 
@@ -51,6 +53,7 @@ class VllmEngine:
                  collect_stats: bool = True, deploy_as: str = DEFAULT_TARGET) -> None:
         self._base_args = dict(base_args)
         self.deploy_as = deploy_as  # configs are built under this deployment's usage context (optimizer/deploy.py)
+        self._saved_env: dict[str, str | None] = {}
         self._sink = _StatsSink() if collect_stats else None
         self._served: set[str] = set()  # request ids finished since the last take_engine_stats()
         self._llm: Any = None
@@ -70,6 +73,7 @@ class VllmEngine:
         """Build AsyncEngineArgs; unknown or ill-typed names are an invalid config, not a crash."""
         from vllm import AsyncEngineArgs
 
+        params, _ = split_env(params)  # `env:NAME` parameters are the engine's environment (`start` sets them)
         kwargs = {"skip_tokenizer_init": True, "disable_log_stats": True, **self._base_args, **params}
         try:
             return AsyncEngineArgs(**kwargs)
@@ -98,6 +102,7 @@ class VllmEngine:
         self._log_path = log_path
         before = children()
         watcher = asyncio.create_task(self._watch_children(before))
+        self._set_env(split_env(params)[1])
         try:
             with output_to(log_path):
                 from vllm.v1.engine.async_llm import AsyncLLM
@@ -134,6 +139,21 @@ class VllmEngine:
             self._sink.max_num_seqs = resolved["max_num_seqs"]
             self._sink.take()  # nothing from the start-up belongs to a replay
         return resolved
+
+    def _set_env(self, env: dict[str, str]) -> None:
+        """The trial's vLLM environment variables, for the engine's lifetime (its core inherits them at fork);
+        `shutdown` restores what was there."""
+        for name, value in env.items():
+            self._saved_env.setdefault(name, os.environ.get(name))
+            os.environ[name] = value
+
+    def _restore_env(self) -> None:
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env = {}
 
     async def _watch_children(self, before: set[ProcessRef]) -> None:
         """Keep `process_refs` current during the start, so that a kill mid-start leaves them on record."""
@@ -192,6 +212,7 @@ class VllmEngine:
                 except Exception:  # a hung or broken shutdown is finished below, by PID
                     pass
             end_processes(self._procs)
+        self._restore_env()
 
 
 def _request_index(request_id: str) -> int | None:
