@@ -24,6 +24,7 @@ from optimizer.config import StudyConfig
 from optimizer.deploy import label as deploy_label
 from optimizer.errors import UsageError
 from optimizer.noise import beats, median, required_gain
+from optimizer.parallel import gpus_needed, per_gpu_curve
 from optimizer.rerank import Answer, Ranked, merge_repeats, pareto_front, qualifies, rank_curve, recommend
 from optimizer.space import SEARCHABLE, distance_to_default
 from optimizer.study import FINISHED, is_baseline
@@ -129,7 +130,11 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     limit = config.ttft_p99_ms if limit_ms is None else limit_ms
     other = dict(other_limits_ms or {})
     trials = sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number)
-    views = [TrialView(t, rank_curve(t.user_attrs.get("curve"), limit, other)) for t in trials]
+    layouts = {t.number: gpus_needed({**config.engine_args, **(t.user_attrs.get("engine_params") or {})})
+               for t in trials}
+    per_gpu = len(set(layouts.values())) > 1  # trials use different GPU counts: compare throughput per GPU
+    views = [TrialView(t, rank_curve(per_gpu_curve(t.user_attrs.get("curve") or [], layouts[t.number]) if per_gpu
+                                     else t.user_attrs.get("curve"), limit, other)) for t in trials]
     by_number = {v.number: v for v in views}
     ranked = {v.number: v.ranked for v in views}
     front = [by_number[n] for n in pareto_front(ranked)]
@@ -140,6 +145,9 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note,
                         other_limits_ms=other, noise_cv=study_noise_cv(views),
                         arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as))
+    if per_gpu:
+        decision.notes.append("trials use different numbers of GPUs (tensor x pipeline x data parallel): output "
+                              "throughput is compared per GPU")
     missing = sorted({k for k in other for v in views for p in v.curve if k not in p})
     if missing:
         decision.notes.append(f"some stored replays did not record {', '.join(missing)} (studies made before it was "

@@ -27,7 +27,7 @@ from optimizer.errors import EngineDiedError, EngineStartError
 from optimizer.limits import diagnose, summarize_engine
 from optimizer.metrics import summarize
 from optimizer.model import ModelInfo
-from optimizer.parallel import layout_problems
+from optimizer.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
 from optimizer.preflight import (VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere,
                                   memory_problems, wait_for_memory)
 from optimizer.processes import output_to
@@ -159,6 +159,11 @@ class Objective:
         if found:
             trial.set_user_attr("limited_by", found)
         ttft = point.ttft_p99_ms if math.isfinite(point.ttft_p99_ms) else CANNOT_RUN_MS
+        if any(name in self.space.dists for name in LAYOUT_ARGS):  # layouts differ: the sampler compares per GPU
+            gpus = gpus_needed({**self.config.engine_args, **params})
+            summary["gpus"] = gpus
+            trial.set_user_attr("result", summary)
+            return point.output_throughput_tok_s / gpus, ttft
         return point.output_throughput_tok_s, ttft
 
     async def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:

@@ -67,3 +67,9 @@ def layout_problems(params: dict[str, Any], visible_gpus: int | None) -> list[st
 def per_gpu_throughput(output_throughput_tok_s: float, params: dict[str, Any]) -> float:
     """Output tokens per second per GPU the config takes."""
     return output_throughput_tok_s / gpus_needed(params)
+
+
+def per_gpu_curve(curve: list[dict[str, Any]], gpus: int) -> list[dict[str, Any]]:
+    """A stored curve with its output throughput per GPU (and the GPU count), for comparing layouts."""
+    return [{**p, "output_throughput_tok_s": float(p["output_throughput_tok_s"]) / gpus, "gpus": gpus}
+            for p in curve]

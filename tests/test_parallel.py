@@ -73,3 +73,29 @@ def test_compose_reserves_the_gpus_the_layout_takes(tmp_path):
     device = service["deploy"]["resources"]["reservations"]["devices"][0]
     assert device["count"] == 8 and device["capabilities"] == ["gpu"]
     assert service["command"][service["command"].index("--tensor-parallel-size") + 1] == "4"
+
+
+def test_layouts_that_differ_are_ranked_per_gpu(tmp_path):
+    """Trial #2 serves 770 tok/s on two GPUs (385 per GPU), trial #1 576 tok/s on one: per GPU, #1 wins."""
+    import optuna
+
+    from optimizer.decision import decide
+    from optimizer.objective import CONSTRAINT
+    from optimizer.study import CONFIG_ATTR, DIRECTIONS
+
+    config = synthetic.make_config(tmp_path, "tp", device="cuda")
+    study = optuna.create_study(study_name="tp", storage=config.storage_url, directions=DIRECTIONS)
+    study.set_user_attr(CONFIG_ATTR, config.model_dump_json())
+    for n, params in ((0, {}), (1, {}), (2, {"tensor_parallel_size": 2})):
+        attrs = {"curve": synthetic.curve(n), "engine_params": params, "engine_config": {},
+                 **({"baseline": True} if n == 0 else {})}
+        study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs=attrs,
+                                                  constraints={CONSTRAINT: 0.0}))
+    d = decide(study, config)
+    assert d.best.number == 1 and d.best.ranked.output_throughput_tok_s == pytest.approx(576)
+    by_number = {v.number: v for v in d.views}
+    assert by_number[2].ranked.output_throughput_tok_s == pytest.approx(770 / 2)
+    assert any("compared per GPU" in note for note in d.notes)
+    (tmp_path / "one").mkdir()
+    same = decide(*synthetic.build(tmp_path / "one"))
+    assert same.best.number == 2 and not any("per GPU" in note for note in same.notes)  # one layout: as before
