@@ -3,8 +3,10 @@
 The keys and their units are vLLM's (vllm/benchmarks/serve.py): throughputs per second, latencies in ms,
 `request_rate` a number or "inf". A trial stores a summary per replay, not per-request records, so only the
 keys that summary determines are written: `duration`, token totals and request throughput follow from the stored
-rates and counts; `median_ttft_ms` is the stored P50. Means, standard deviations, ITL and E2E latency were not
-stored and are left out rather than guessed. Extra facts (study, trial, SLO, engine arguments) go in as the
+rates and counts (`total_input_tokens` counts the completed requests' prompts, as vLLM's does, also when some
+failed); `median_ttft_ms` is the stored P50; `p99_ttft_ms`, `p99_tpot_ms`, `p99_itl_ms` and `p99_e2el_ms` the
+stored P99s. Means, standard deviations and other percentiles were not stored and are left out rather than
+guessed. Extra facts (study, trial, SLO, engine arguments) go in as the
 top-level metadata keys that `vllm bench serve --metadata KEY=VALUE` adds.
 """
 
@@ -25,7 +27,8 @@ from optimizer.units import format_ms
 from optimizer.workload import build_workload
 
 # Stored curve keys that are already vLLM result keys under another name.
-_SAME_METRIC = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "tpot_p99_ms": "p99_tpot_ms"}
+_SAME_METRIC = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "tpot_p99_ms": "p99_tpot_ms",
+                "itl_p99_ms": "p99_itl_ms", "e2e_p99_ms": "p99_e2el_ms"}
 # vLLM result keys a future curve may store under the same name; copied when present.
 _OPTIONAL = ("mean_ttft_ms", "std_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "mean_itl_ms",
              "median_itl_ms", "std_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "std_e2el_ms",
@@ -87,9 +90,11 @@ def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any],
         "request_goodput": None,  # vLLM writes None without --goodput
         "output_throughput": out_tput,
     }
-    if failed == 0:  # every request of the workload completed: its prompt tokens are known exactly
+    total_in = point.get("total_input_tokens")  # stored since it counts the completed requests' prompts
+    if total_in is None and failed == 0:  # an older curve: every request completed, so the workload's prompts
         total_in = total_input_tokens(config)
-        result["total_input_tokens"] = total_in
+    if total_in is not None:
+        result["total_input_tokens"] = int(total_in)
         result["total_token_throughput"] = (total_in / duration_s if duration_s > 0 else 0.0) + out_tput
     for ours, theirs in _SAME_METRIC.items():
         if point.get(ours) is not None and math.isfinite(point[ours]):

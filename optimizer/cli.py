@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force-calibration", action="store_true",
                    help="use a --calibration file made on another machine (refused by default: its step times "
                    "are that machine's)")
+    p.add_argument("--deploy-as", choices=["serve", "llm"],
+                   help="what you deploy, whose defaults the baseline is (vLLM's defaults differ by entry point: on "
+                   "an H100 `vllm serve` runs 1024 sequences and 8192 batched tokens): serve (`vllm serve`, the "
+                   "default) or llm (`vllm.LLM`)")
     p.add_argument("--backend", choices=["inprocess", "http"],
                    help="how trials run vLLM: inprocess (AsyncLLM in this process, the default) or http (a vLLM "
                    "OpenAI-compatible server per trial, measured over HTTP as clients see it; docs/http.md)")
@@ -152,6 +156,8 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
         out["device"] = ns.device
     if getattr(ns, "backend", None) is not None:
         out["backend"] = ns.backend
+    if getattr(ns, "deploy_as", None) is not None:
+        out["deploy_as"] = ns.deploy_as
     workload: dict[str, Any] = {}
     if ns.workload is not None:
         workload.update(load_yaml(ns.workload, "workload"))
@@ -226,13 +232,12 @@ def check_calibration_machine(path: str, made_on: dict[str, Any] | None, here: d
                          f"calibrate` here, or pass --force-calibration to use it anyway")
 
 
-def _detect_device() -> str:
-    try:
-        import torch
+def _detect_device(explicit: str | None = None) -> str:
+    """The device asked for, checked against the installed vLLM build, or the one NVML finds (optimizer/device.py:
+    never through torch, which would initialize CUDA before vLLM's engine core is forked)."""
+    from optimizer.device import resolve_device
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except Exception:
-        return "cpu"
+    return resolve_device(explicit)
 
 
 def _storage_url(ns: argparse.Namespace) -> str:
@@ -280,7 +285,7 @@ def resolve_config(ns: argparse.Namespace):
         return config, stored
     if "ttft_p99_ms" not in explicit:
         raise UsageError("--ttft-p99 is required for a new study, e.g. optimize --ttft-p99 150ms --budget 40")
-    device = explicit.get("device") or _detect_device()
+    device = _detect_device(explicit.get("device"))
     settings: dict[str, Any] = {"study_name": ns.study, "storage_url": url, "budget": DEFAULT_BUDGET,
                                 "device": device, **explicit}
     embedded = explicit.get("model") in {shape.name for shape in DEMO_LADDER}

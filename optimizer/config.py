@@ -361,6 +361,10 @@ class StudyConfig(_Strict):
     backend: Literal["inprocess", "http"] = Field(
         "inprocess", description="How trials run vLLM: 'inprocess' (AsyncLLM in this process) or 'http' (a "
                                  "`vllm serve` child per trial, measured over its OpenAI-compatible API).")
+    deploy_as: Literal["serve", "llm"] = Field(
+        "serve", description="What is deployed, whose defaults the baseline is and under whose usage context every "
+                             "trial's config is built: 'serve' (`vllm serve`) or 'llm' (`vllm.LLM`); see "
+                             "optimizer/deploy.py.")
 
     num_requests_auto: bool = Field(
         False, description="The workload's num_requests is chosen by a pilot trial before the study is created "
@@ -379,7 +383,7 @@ class StudyConfig(_Strict):
     def identity(self) -> dict[str, Any]:
         """Fields that define what a study measures: a resume may not change them."""
         return self.model_dump(include={"ttft_p99_ms", "model", "dummy_weights", "workload", "search", "space",
-                                        "engine_args", "backend"})
+                                        "engine_args", "backend", "deploy_as"})
 
 
 def load_yaml(path: str | Path, what: str) -> dict[str, Any]:

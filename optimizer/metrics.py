@@ -82,6 +82,7 @@ class ReplayMetrics:
     tpot: Distribution
     itl: Distribution
     e2e: Distribution
+    total_input_tokens: int = 0  # prompt tokens of the completed requests, as vLLM's `total_input_tokens`
 
     def sustained(self, min_ratio: float) -> bool:
         """True when completions kept pace with sending: the engine was not just absorbing a burst."""
@@ -159,4 +160,5 @@ def summarize(records: list[RequestRecord], offered_rate_rps: float, skip_first_
         tpot=Distribution.of_seconds(tpots),
         itl=Distribution.of_seconds(itls),
         e2e=Distribution.of_seconds([r.e2e_s for r in window if r.e2e_s is not None]),
+        total_input_tokens=in_tokens,
     )

@@ -174,8 +174,29 @@ def inspect_model(model: str, dummy_weights: bool = False) -> ModelInfo:
             raise UsageError(f"cannot load model {model!r} from the hub ({type(exc).__name__}): check the id, the "
                              f"network and HF_TOKEN, or give a local directory") from None
         resolved = model
-    weights = sum(f.stat().st_size for f in Path(resolved).glob("*.safetensors")) if looks_local else 0
+    weights = safetensors_weights_bytes(Path(resolved)) if looks_local else 0
     return model_info(config, resolved, 0 if dummy_weights else weights)
+
+
+def safetensors_weights_bytes(path: Path) -> int:
+    """Bytes of the safetensors files vLLM loads from a local directory, each counted once.
+
+    As vLLM 0.32's DefaultModelLoader chooses them (`_prepare_weights`, load_format auto): a directory with
+    `consolidated*.safetensors` is loaded in the Mistral format (those files, filtered by
+    `consolidated.safetensors.index.json`), any other from `*.safetensors` filtered by
+    `model.safetensors.index.json`. A repository that ships both forms is counted once, not twice."""
+    consolidated = sorted(path.glob("consolidated*.safetensors"))
+    if consolidated:
+        files, index = consolidated, path / "consolidated.safetensors.index.json"
+    else:
+        files, index = sorted(path.glob("*.safetensors")), path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            named = set(json.loads(index.read_text())["weight_map"].values())
+        except (json.JSONDecodeError, KeyError, AttributeError, TypeError):
+            raise UsageError(f"{index} is not a safetensors index (no weight_map): fix or remove it") from None
+        files = [f for f in files if f.name in named]
+    return sum(f.stat().st_size for f in files)
 
 
 def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:

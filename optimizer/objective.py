@@ -17,13 +17,17 @@ from typing import Any
 import optuna
 
 from optimizer import failures
+from optimizer.breaker import ENVIRONMENT_CAUSE_ATTR, StartFailureBreaker, environment_cause
 from optimizer.clock import Clock, MonotonicClock
 from optimizer.config import StudyConfig
+from optimizer.device import visible_gpus
+from optimizer.dashboard import set_constraint
 from optimizer.engines.base import Engine, EngineFactory, ReportsEngineStats
 from optimizer.errors import EngineDiedError, EngineStartError
 from optimizer.limits import diagnose, summarize_engine
 from optimizer.metrics import summarize
 from optimizer.model import ModelInfo
+from optimizer.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
 from optimizer.preflight import (VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere,
                                   memory_problems, wait_for_memory)
 from optimizer.processes import output_to
@@ -82,6 +86,8 @@ class Objective:
     memory_wait_s: float = 60.0  # how long a trial waits for memory another process holds before the run stops
     memory_poll_s: float = 2.0
     most_free_bytes: int = 0  # the most device memory seen free in this run
+    breaker: StartFailureBreaker = field(default_factory=StartFailureBreaker)  # stops a run the machine breaks
+    gpu_count: int | None = None  # GPUs visible to this process (found on the first trial on cuda)
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         trial.set_user_attr(WORKER_ATTR, worker_identity())
@@ -142,7 +148,7 @@ class Objective:
         if search.repeats:  # the trial's numbers at its best rate are the medians of its replays there
             search = with_repeats(search, limit)
         violation = search.violation_ms(limit)
-        trial.set_constraint(CONSTRAINT, violation)
+        set_constraint(trial, CONSTRAINT, violation)
         point = search.best or min(search.points, key=lambda p: (p.ttft_p99_ms if math.isfinite(p.ttft_p99_ms)
                                                                   else math.inf))
         summary = {"feasible": search.feasible, "stopped_early": search.stopped_early,
@@ -156,10 +162,18 @@ class Objective:
         if found:
             trial.set_user_attr("limited_by", found)
         ttft = point.ttft_p99_ms if math.isfinite(point.ttft_p99_ms) else CANNOT_RUN_MS
+        if any(name in self.space.dists for name in LAYOUT_ARGS):  # layouts differ: the sampler compares per GPU
+            gpus = gpus_needed({**self.config.engine_args, **params})
+            summary["gpus"] = gpus
+            trial.set_user_attr("result", summary)
+            return point.output_throughput_tok_s / gpus, ttft
         return point.output_throughput_tok_s, ttft
 
     async def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:
         """vLLM's config validation and the memory estimate: a config that cannot start costs no start."""
+        layout = layout_problems(params, self._visible_gpus())
+        if layout:
+            self._prune(trial, failures.INVALID_CONFIG, "; ".join(layout))
         try:
             with output_to(log_path):
                 engine.validate(params)
@@ -202,7 +216,8 @@ class Objective:
         recorder = asyncio.create_task(_record_processes(trial, engine))
         try:
             try:
-                return await asyncio.wait_for(engine.start(params, log_path), timeout=self.config.trial_timeout_s)
+                resolved = await asyncio.wait_for(engine.start(params, log_path),
+                                                  timeout=self.config.trial_timeout_s)
             except EngineStartError as exc:
                 if not (exc.reason == failures.OUT_OF_MEMORY and self._may_fall_back(trial, params)):
                     raise
@@ -212,16 +227,44 @@ class Objective:
                 trial.set_user_attr("baseline_note", _fallback_note(str(exc)))
                 params = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
                 trial.set_user_attr("engine_params", params)
-                return await asyncio.wait_for(engine.start(params, log_path), timeout=self.config.trial_timeout_s)
+                resolved = await asyncio.wait_for(engine.start(params, log_path),
+                                                  timeout=self.config.trial_timeout_s)
+            self.breaker.observe(None)
+            return resolved
         except asyncio.TimeoutError:
+            self.breaker.observe(None)
             self._prune(trial, failures.TIMEOUT, f"the engine did not start within {self.config.trial_timeout_s:.0f} s")
         except EngineStartError as exc:
-            self._prune(trial, exc.reason, str(exc))
+            cause = self._environment_cause(trial, exc, log_path)  # raises when the breaker trips
+            self._prune(trial, failures.START_FAILED if cause else exc.reason, str(exc))
         finally:
             timings.start_s = time.perf_counter() - t
             recorder.cancel()
             _save_processes(trial, engine)
         raise AssertionError("unreachable")
+
+    def _visible_gpus(self) -> int | None:
+        """GPUs this process may use (NVML, once per run); None where unknown (the CPU build, no NVML): unchecked,
+        the real start decides."""
+        if self.config.device != "cuda":
+            return None
+        if self.gpu_count is None:
+            self.gpu_count = len(visible_gpus(self.nvml))
+        return self.gpu_count or None
+
+    def _environment_cause(self, trial: optuna.Trial, exc: EngineStartError, log_path: Path) -> Any:
+        """The machine's fault, not the config's? Counted by the breaker, which stops the run after a streak."""
+        if exc.reason == failures.OUT_OF_MEMORY:
+            self.breaker.observe(None)
+            return None
+        log_text = exc.log_excerpt or (log_path.read_text(errors="replace") if log_path.exists() else "")
+        cause = environment_cause(f"{log_text}\n{exc}")
+        if cause is not None:
+            trial.set_user_attr(ENVIRONMENT_CAUSE_ATTR, cause.name)
+        if self.breaker.observe(cause):
+            trial.set_user_attr(INTERRUPTED_ATTR, f"stopped: {cause.what}")  # FAIL: queued again on resume
+            raise self.breaker.error(trial.number, str(log_path), log_text)
+        return cause
 
     async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int,
                        engine_points: list[dict[str, Any] | None], repeats: int = 1):
@@ -267,7 +310,7 @@ class Objective:
     def _prune(trial: optuna.Trial, reason: str, detail: str) -> None:
         trial.set_user_attr("pruned_reason", reason)
         trial.set_user_attr("pruned_detail", detail[:1000])
-        trial.set_constraint(CONSTRAINT, CANNOT_RUN_MS)
+        set_constraint(trial, CONSTRAINT, CANNOT_RUN_MS)
         raise optuna.TrialPruned(f"{reason}: {detail}")
 
 

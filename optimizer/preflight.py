@@ -21,6 +21,7 @@ from typing import Any
 from optimizer.clock import Clock
 from optimizer.errors import OptimizerError
 from optimizer.model import ModelInfo
+from optimizer.parallel import per_gpu
 
 GIB = 1024**3
 # Memory the engine needs besides weights and KV cache (runtime, activations, buffers). On CPU, measured here:
@@ -40,7 +41,8 @@ class DeviceMemory:
     @classmethod
     def probe(cls, device: str, nvml: Any | None = None) -> DeviceMemory | None:
         """Memory of the device trials run on: the CPU's NUMA node 0 (as vLLM reads it; psutil without vLLM)
-        or the GPU this process sees first (NVML free memory; `nvml` defaults to `pynvml`)."""
+        or, on GPUs, the smallest total and free memory among the GPUs this process sees (NVML; `nvml` defaults to
+        `pynvml`): every rank of a tensor- or data-parallel layout must fit on its GPU."""
         try:
             if device == "cpu":
                 try:
@@ -52,16 +54,12 @@ class DeviceMemory:
                     return cls(int(vm.total), int(vm.available))
                 info = get_memory_node_info(0)
                 return cls(int(info.total_memory), int(info.available_memory))
-            from optimizer.telemetry import device_handle
+            from optimizer.device import visible_gpus
 
-            if nvml is None:
-                import pynvml as nvml
-            nvml.nvmlInit()
-            try:
-                mem = nvml.nvmlDeviceGetMemoryInfo(device_handle(nvml))
-                return cls(int(mem.total), int(mem.free))
-            finally:
-                nvml.nvmlShutdown()
+            gpus = visible_gpus(nvml)  # every GPU this process may use: a layout over several must fit on each
+            if not gpus:
+                return None
+            return cls(min(g.memory_total_bytes for g in gpus), min(g.memory_free_bytes for g in gpus))
         except Exception:  # no vLLM CPU utilities, no NVML: no estimate, the real start decides
             return None
 
@@ -83,8 +81,9 @@ class MemoryEstimate:
 
 def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: DeviceMemory,
              mean_request_tokens: float) -> MemoryEstimate:
-    """Pure: what the config asks for and what is left for the KV cache (in the dtype the config serves)."""
-    model = model.served_as(params.get("dtype"))
+    """Pure: what the config asks for and what is left for the KV cache, in the dtype it serves and per GPU of its
+    layout (with tensor/pipeline parallelism each GPU holds a share: optimizer/parallel.py)."""
+    model = per_gpu(model.served_as(params.get("dtype")), params)
     fraction = float(params.get("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION))
     requested = int(fraction * memory.total_bytes)
     reserve = RUNTIME_RESERVE_BYTES.get(device, RUNTIME_RESERVE_BYTES["cuda"])

@@ -33,6 +33,7 @@ class CurvePoint:
     failed: int
     sustained: bool
     feasible: bool
+    total_input_tokens: int | None = None  # prompt tokens of the completed requests (None in curves stored before)
 
     @classmethod
     def of(cls, m: ReplayMetrics, limit_ms: float, sustain_ratio: float) -> CurvePoint:
@@ -52,6 +53,7 @@ class CurvePoint:
             failed=m.failed,
             sustained=sustained,
             feasible=sustained and m.ttft.p99_ms <= limit_ms,
+            total_input_tokens=m.total_input_tokens,
         )
 
     def to_dict(self) -> dict:

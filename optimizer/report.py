@@ -74,13 +74,13 @@ def summary_text(study: optuna.Study, config: StudyConfig) -> str:
     d = decide(study, config)
     header = ["config", "trial", "output tok/s", "rate req/s", "TTFT P50", "TTFT P99"]
     out = [f"TTFT P99 limit {format_ms(config.ttft_p99_ms)}; throughput at the highest rate sustained within it",
-           table([_row("vLLM defaults", d.baseline), _row("recommended", d.best)], header)]
+           table([_row(f"vLLM defaults ({d.defaults_of})", d.baseline), _row("recommended", d.best)], header)]
     if d.baseline is not None and d.baseline.trial.user_attrs.get("baseline_note"):
         out.append(f"note: {d.baseline.trial.user_attrs['baseline_note']}")
     if d.best is None:
         out.append("No trial met the limit. Relax --ttft-p99, lower the workload's lengths, or widen the ranges.")
         return "\n".join(out)
-    out += [line for line in summary_lines(d) if not line.startswith(("recommended:", "vLLM defaults (baseline):"))]
+    out += [line for line in summary_lines(d) if not line.startswith(("recommended:", f"vLLM defaults ({d.defaults_of}, baseline):"))]
     if d.gain_pct is None and d.baseline is not None and d.best is not d.baseline:
         out.append("vLLM's defaults miss the limit at every rate tried: the recommendation is the only feasible one")
     return "\n".join(out)

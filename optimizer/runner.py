@@ -48,10 +48,10 @@ def engine_base_args(config: StudyConfig, path: str) -> dict[str, Any]:
     return args
 
 
-def vllm_factory(base_args: dict[str, Any]) -> EngineFactory:
+def vllm_factory(base_args: dict[str, Any], deploy_as: str = "serve") -> EngineFactory:
     from optimizer.engines.vllm_engine import VllmEngine
 
-    return lambda: VllmEngine(base_args)
+    return lambda: VllmEngine(base_args, deploy_as=deploy_as)
 
 
 def http_factory(base_args: dict[str, Any]) -> EngineFactory:
@@ -63,7 +63,7 @@ def http_factory(base_args: dict[str, Any]) -> EngineFactory:
 def factory_for(config: StudyConfig, path: str) -> EngineFactory:
     """The engine the study's `backend` names, with the study's fixed engine arguments."""
     base = engine_base_args(config, path)
-    return http_factory(base) if config.backend == "http" else vllm_factory(base)
+    return http_factory(base) if config.backend == "http" else vllm_factory(base, config.deploy_as)
 
 
 def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = print,

@@ -13,6 +13,7 @@ import optuna
 
 from optimizer.config import Choice, FloatRange, IntRange, SpaceSpec, WorkloadSpec, build
 from optimizer.errors import UsageError
+from optimizer.open_space import ENV_PREFIX, check_open_space, cuda_knobs
 
 Dist = IntRange | FloatRange | Choice
 
@@ -30,8 +31,8 @@ SEARCHABLE = (
 
 # gpu_memory_utilization is capped below 0.95: the last few percent go out of memory under bursts.
 _DEFAULTS: dict[str, dict[str, Dist]] = {
-    "cuda": {
-        "max_num_seqs": IntRange(low=8, high=512, log=True),
+    "cuda": {  # holds what `vllm serve` runs by default on every GPU (optimizer/deploy.py): up to 1024 and 16384
+        "max_num_seqs": IntRange(low=8, high=1024, log=True),
         "max_num_batched_tokens": IntRange(low=512, high=16384, log=True),
         "gpu_memory_utilization": FloatRange(low=0.70, high=0.94, step=0.02),
         "enable_chunked_prefill": Choice(choices=[True, False]),
@@ -142,15 +143,18 @@ def parse_space_yaml(data: dict[str, Any]) -> SpaceSpec:
 def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: WorkloadSpec) -> Space:
     """Defaults for `device`, overridden by the user's ranges and fixed values."""
     known_engine_args = _engine_arg_names()
-    for name in [*spec.ranges, *spec.fixed]:
-        if name not in SEARCHABLE and not (name in spec.fixed and name in known_engine_args):
+    for name in spec.fixed:
+        if name not in SEARCHABLE and name not in known_engine_args and not name.startswith(ENV_PREFIX):
             raise UsageError(f"search space: unknown parameter {name!r}; searchable are {', '.join(SEARCHABLE)}"
-                             f" (other vLLM engine arguments may only be fixed to one value)")
+                             f" and any vLLM engine argument (or env:NAME for vLLM's environment variables)")
+    check_open_space(spec.ranges, SEARCHABLE)  # any EngineArgs field, by its type (optimizer/open_space.py)
     need = workload.max_total_len
     if need > model_max_len:
         raise UsageError(f"the workload's longest request ({need} tokens, prompt + output) exceeds the model's "
                          f"context of {model_max_len} tokens: lower --input-len/--output-len or drop long trace rows")
     dists: dict[str, Dist] = dict(_DEFAULTS[device])
+    if device == "cuda":
+        dists.update(_cuda_knobs())
     if model_max_len > need:
         dists["max_model_len"] = IntRange(low=need, high=model_max_len, log=True)
     fixed: dict[str, Any] = {} if "max_model_len" in dists else {"max_model_len": model_max_len}
@@ -165,6 +169,13 @@ def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: Workload
     if isinstance(mem, FloatRange) and not (0 < mem.low and mem.high <= 1):
         raise UsageError("search space: gpu_memory_utilization must lie in (0, 1]")
     return Space(dists=dists, fixed=fixed, min_model_len=need)
+
+
+def _cuda_knobs() -> dict[str, Dist]:
+    """The GPU knobs of the default CUDA space, for the GPUs this process sees (fp8 KV where all support it)."""
+    from optimizer.device import visible_gpus
+
+    return cuda_knobs([g.compute_capability for g in visible_gpus()])
 
 
 def _engine_arg_names() -> set[str]:

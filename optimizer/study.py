@@ -20,6 +20,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optimizer.breaker import is_environment_failure
 from optimizer.config import StudyConfig
 from optimizer.errors import UsageError
 from optimizer.recovery import WORKER_ATTR, recover
@@ -195,7 +196,9 @@ def _dead_or_elsewhere(worker: dict[str, Any]) -> bool:
 
 
 def is_baseline(trial: FrozenTrial) -> bool:
-    return bool(trial.user_attrs.get("baseline"))
+    """vLLM's defaults, measured or pruned for their config; not a start the machine broke (optimizer/breaker.py),
+    which measured nothing: the baseline is queued again after it."""
+    return bool(trial.user_attrs.get("baseline")) and not is_environment_failure(trial)
 
 
 def ensure_baseline(study: optuna.Study) -> None:

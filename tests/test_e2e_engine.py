@@ -98,14 +98,11 @@ def test_export_yaml_starts_a_vllm_engine_with_the_recommended_values(studies, m
     text = path.read_text()
     assert "# SLO: TTFT P99 <= 150ms" in text
 
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
     from optimizer.engines.vllm_engine import VllmEngine
     from optimizer.report import recommended
+    from tests.serve_parser import parse_serve
 
-    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
-    args = parser.parse_args(["--config", str(path)])
+    args = parse_serve(["--config", str(path)])  # `vllm serve`'s own parser: false booleans must survive it
     kwargs = {k: getattr(args, k) for k in ("model", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                                             "gpu_memory_utilization", "enable_chunked_prefill",
                                             "enable_prefix_caching", "block_size", "long_prefill_token_threshold",

@@ -1,65 +1,25 @@
 """GPU telemetry through a scripted NVML (hand-checked means and maxima), and cleanly unavailable here."""
 
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from optimizer.telemetry import GIB, GpuTelemetry, device_handle, for_device
+from tests.fake_nvml import FakeNvml as SharedFakeNvml
 
 
-class FakeNvml:
-    """Scripted NVML: each sample returns the next (utilization %, memory used bytes)."""
-
-    def __init__(self, script, name=b"NVIDIA H200", total=140 * GIB, fail_init=False, devices=2):
-        self.script = list(script)
-        self.name, self.total, self.fail_init, self.devices = name, total, fail_init, devices
-        self.calls = 0
-        self.inits = self.shutdowns = 0
-        self.handles = []
-
-    def nvmlInit(self):
-        if self.fail_init:
-            raise RuntimeError("NVML Shared Library Not Found")
-        self.inits += 1
-
-    def nvmlShutdown(self):
-        self.shutdowns += 1
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        if i >= self.devices:
-            raise RuntimeError("Invalid Argument")
-        self.handles.append(i)
-        return ("index", i)
-
-    def nvmlDeviceGetHandleByUUID(self, uuid):
-        self.handles.append(uuid)
-        return ("uuid", uuid)
-
-    def nvmlDeviceGetName(self, handle):
-        return self.name
-
-    def _current(self):
-        return self.script[min(self.calls, len(self.script) - 1)]
-
-    def nvmlDeviceGetUtilizationRates(self, handle):
-        if not self.script:
-            raise RuntimeError("GPU is lost")
-        return SimpleNamespace(gpu=self._current()[0], memory=0)
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        if not self.script:
-            return SimpleNamespace(total=self.total, used=0, free=self.total)
-        used = self._current()[1]
-        self.calls += 1
-        return SimpleNamespace(total=self.total, used=used, free=self.total - used)
+def FakeNvml(script, name="NVIDIA H200", total=140 * GIB, fail_init=False, devices=2):
+    """NVML scripted with NVML's own return types (tests/fake_nvml.py); an empty script: the GPU is lost after
+    the one reading `open()` makes."""
+    return SharedFakeNvml(devices=[(name, total, (9, 0))] * devices, script=script or [(0, 0)],
+                          fail_init=fail_init, lost_after_readings=1 if not script else None)
 
 
 def test_summary_of_scripted_samples():
     nvml = FakeNvml([(0, 10 * GIB), (50, 30 * GIB), (100, 20 * GIB)])
     t = GpuTelemetry(nvml=nvml)
     assert t.open()
-    nvml.calls = 0  # open() read the total once
+    nvml.readings = 0  # open() read the total once
     for _ in range(3):
         t.sample()
     t.close()
@@ -91,7 +51,7 @@ def test_no_nvml_is_recorded_as_unavailable():
     with GpuTelemetry(nvml=FakeNvml([], fail_init=True)) as t:
         pass
     assert t.summary() == {"available": False,
-                           "reason": "NVML unavailable: RuntimeError: NVML Shared Library Not Found"}
+                           "reason": "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"}
 
 
 def test_cpu_trials_record_no_gpu_telemetry():
@@ -112,12 +72,15 @@ def test_the_real_nvml_on_this_machine_reports_cleanly():
         assert s["reason"].startswith(("NVML unavailable", "no GPU visible"))
 
 
-@pytest.mark.parametrize("visible, expected", [(None, 0), ("", 0), ("1,0", 1), ("GPU-abc,GPU-def", "GPU-abc")])
+@pytest.mark.parametrize("visible, expected", [(None, 0), ("", 0), ("1,0", 1),
+                                               (f"{SharedFakeNvml.uuid(1)},{SharedFakeNvml.uuid(0)}",
+                                                SharedFakeNvml.uuid(1))])
 def test_the_device_is_the_first_visible_one(monkeypatch, visible, expected):
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     nvml = FakeNvml([(0, 0)])
+    nvml.nvmlInit()
     device_handle(nvml)
     assert nvml.handles == [expected]

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from optimizer import failures
+from optimizer.open_space import split_env
 from optimizer.engines.server import ServerProcess, flag_name, free_port, server_argv, vllm_flag_kinds
 from optimizer.errors import EngineDiedError, EngineStartError, UsageError
 from optimizer.processes import ProcessRef
@@ -208,12 +209,13 @@ class HttpEngine(_HttpClient):
 
     async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
         kinds = await asyncio.to_thread(vllm_flag_kinds)
+        params, trial_env = split_env(params)  # `env:NAME` parameters go into the server's environment
         unknown = sorted(k for k in {**self._base_args, **params} if flag_name(k) not in kinds)
         if unknown:
             raise EngineStartError(f"vLLM's server has no flag for {', '.join(unknown)} (not an engine argument)",
                                    failures.INVALID_CONFIG)
         args = {**self._base_args, **params}
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # for /reset_prefix_cache
+        env = {**os.environ, **trial_env, "VLLM_SERVER_DEV_MODE": "1"}  # for /reset_prefix_cache
         for attempt in range(3):
             port = free_port(self._host)
             server = ServerProcess(server_argv(args, self._host, port, kinds, self._python), log_path, env)

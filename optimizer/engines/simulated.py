@@ -37,7 +37,8 @@ VLLM_DEFAULTS = {
              "enable_prefix_caching": True, "long_prefill_token_threshold": 0},
 }
 # Engine arguments that do not change what the simulator models: accepted, ignored.
-_IGNORED = {"model", "enforce_eager", "dtype", "load_format", "seed", "skip_tokenizer_init", "disable_log_stats"}
+_IGNORED = {"model", "enforce_eager", "dtype", "load_format", "seed", "skip_tokenizer_init", "disable_log_stats",
+            "kv_cache_dtype", "async_scheduling", "max_cudagraph_capture_size"}  # the CUDA knobs: no step-time term
 
 
 class SimulatedEngine:

@@ -13,14 +13,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator
 from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
 from optimizer import failures
+from optimizer.deploy import DEFAULT_TARGET, usage_context
 from optimizer.engines.base import EngineStats, RequestTiming
 from optimizer.errors import EngineDiedError, EngineStartError
+from optimizer.open_space import split_env
 from optimizer.processes import ProcessRef, children, end_processes, output_to
 from optimizer.workload import Request
 
@@ -48,8 +51,10 @@ class VllmEngine:
     """AsyncLLM adapter. `base_args` (model, dtype, ...) are fixed; `start(params)` adds the trial's values."""
 
     def __init__(self, base_args: dict[str, Any], shutdown_timeout_s: float = 20.0,
-                 collect_stats: bool = True) -> None:
+                 collect_stats: bool = True, deploy_as: str = DEFAULT_TARGET) -> None:
         self._base_args = dict(base_args)
+        self.deploy_as = deploy_as  # configs are built under this deployment's usage context (optimizer/deploy.py)
+        self._saved_env: dict[str, str | None] = {}
         self._sink = _StatsSink() if collect_stats else None
         self._served: set[str] = set()  # request ids finished since the last take_engine_stats()
         self._llm: Any = None
@@ -69,19 +74,23 @@ class VllmEngine:
         """Build AsyncEngineArgs; unknown or ill-typed names are an invalid config, not a crash."""
         from vllm import AsyncEngineArgs
 
+        params, _ = split_env(params)  # `env:NAME` parameters are the engine's environment (`start` sets them)
         kwargs = {"skip_tokenizer_init": True, "disable_log_stats": True, **self._base_args, **params}
         try:
             return AsyncEngineArgs(**kwargs)
         except (TypeError, ValueError) as exc:
             raise EngineStartError(str(exc), failures.INVALID_CONFIG) from None
 
+    def engine_config(self, params: dict[str, Any]) -> Any:
+        """vLLM's config for `params`, resolved as the deployment (`vllm serve` by default) resolves it."""
+        return self.engine_args(params).create_engine_config(usage_context(self.deploy_as))
+
     def validate(self, params: dict[str, Any]) -> None:
         """vLLM's own config validation without starting anything (building the config objects: ~0.1 s)."""
-        from vllm.usage.usage_lib import UsageContext
-
-        args = self.engine_args(params)
         try:
-            args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+            self.engine_config(params)
+        except EngineStartError:
+            raise
         except Exception as exc:  # pydantic ValidationError, ValueError, ...: the config is not valid
             detail = str(exc).splitlines()
             text = " ".join(line.strip() for line in detail[:3])
@@ -94,6 +103,7 @@ class VllmEngine:
         self._log_path = log_path
         before = children()
         watcher = asyncio.create_task(self._watch_children(before))
+        self._set_env(split_env(params)[1])
         try:
             with output_to(log_path):
                 from vllm.v1.engine.async_llm import AsyncLLM
@@ -101,6 +111,7 @@ class VllmEngine:
                 args = self.engine_args(params)
                 loggers = [_stat_logger_class(self._sink)] if self._sink is not None else None
                 starting = asyncio.ensure_future(asyncio.to_thread(AsyncLLM.from_engine_args, args,
+                                                                   usage_context=usage_context(self.deploy_as),
                                                                    stat_loggers=loggers))
                 try:
                     self._llm = await asyncio.shield(starting)
@@ -129,6 +140,21 @@ class VllmEngine:
             self._sink.max_num_seqs = resolved["max_num_seqs"]
             self._sink.take()  # nothing from the start-up belongs to a replay
         return resolved
+
+    def _set_env(self, env: dict[str, str]) -> None:
+        """The trial's vLLM environment variables, for the engine's lifetime (its core inherits them at fork);
+        `shutdown` restores what was there."""
+        for name, value in env.items():
+            self._saved_env.setdefault(name, os.environ.get(name))
+            os.environ[name] = value
+
+    def _restore_env(self) -> None:
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env = {}
 
     async def _watch_children(self, before: set[ProcessRef]) -> None:
         """Keep `process_refs` current during the start, so that a kill mid-start leaves them on record."""
@@ -187,6 +213,7 @@ class VllmEngine:
                 except Exception:  # a hung or broken shutdown is finished below, by PID
                     pass
             end_processes(self._procs)
+        self._restore_env()
 
 
 def _request_index(request_id: str) -> int | None:
