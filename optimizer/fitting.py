@@ -82,8 +82,15 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
                f"even its lone prefill (predicted {format_ms(scale.predicted_prefill_ms)}) is past 20% of the "
                f"{format_ms(config.ttft_p99_ms)} limit: few configs may meet it; a larger --ttft-p99 gives a "
                f"clearer study")
-    say(f"demo scale: {scale.model}: {verdict}; estimated duration ~{scale.estimated_s / 60:.0f} min for "
-        f"{budget} trials")
+    if config.budget is None and config.deadline_unix_s is not None:
+        import time
+
+        per_trial_s = scale.estimated_s / budget
+        fit = max(int((config.deadline_unix_s - time.time()) / per_trial_s), 0)
+        duration = f"estimated ~{per_trial_s:.0f} s per trial: about {fit} trials before the deadline"
+    else:
+        duration = f"estimated duration ~{scale.estimated_s / 60:.0f} min for {budget} trials"
+    say(f"demo scale: {scale.model}: {verdict}; {duration}")
     config = config.model_copy(update={"model": scale.model})
     return config, {"probe": result.to_dict(), "scale": scale.to_dict()}
 

@@ -14,7 +14,7 @@ from optimizer.config import StudyConfig
 from optimizer.engines.base import EngineFactory
 from optimizer.fitting import MACHINE_ATTR, SCALE_ATTR, machine_warning, served_dtype, size_demo
 from optimizer.machine import describe, fingerprint
-from optimizer.model import default_model, inspect_model
+from optimizer.model import ModelInfo, default_model, inspect_model
 from optimizer.objective import Objective
 from optimizer.preflight import DeviceMemory
 from optimizer.records import RecordStore
@@ -79,15 +79,9 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     logs_dir = studies_dir / f"{config.study_name}.logs"
     fitted: dict[str, Any] = {}
     if new_study:  # fitted to this machine once, stored with the study: a resume keeps it
-        say(f"machine: {describe(fingerprint(config.device))}")
-        config, line = served_dtype(config, info.dtype)
-        say(line)
-        if config.demo_probe:
-            config, scale = size_demo(config, info, engine_factory or factory_for(config, path), logs_dir, say)
-            if scale is not None:
-                fitted[SCALE_ATTR] = scale
-            path = model_path(config)
-            info = inspect_model(path, config.dummy_weights)
+        config, fitted = fit_to_machine(config, info, engine_factory, logs_dir, say)
+        path = model_path(config)
+        info = inspect_model(path, config.dummy_weights)
     info = info.served_as(config.engine_args.get("dtype") or config.space.fixed.get("dtype"))
     space = resolve(config.space, config.device, info.max_len, config.workload)
     workload = build_workload(config.workload, info.vocab_size)
@@ -120,7 +114,6 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         objective = replace(objective, config=config, workload=build_workload(config.workload, info.vocab_size))
     study = open_study(config, storage)
     if new_study:
-        study.set_user_attr(MACHINE_ATTR, fingerprint(config.device))
         for key, value in fitted.items():
             study.set_user_attr(key, value)
     else:
@@ -148,6 +141,23 @@ def budget_text(config: StudyConfig) -> str:
         given = f" ({clock_text(config.time_budget_s)})" if config.time_budget_s else ""
         parts.append(f"until {when}{given}")
     return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
+
+
+def fit_to_machine(config: StudyConfig, info: ModelInfo, engine_factory: EngineFactory | None, logs_dir: Path,
+                   say: Callable[..., None]) -> tuple[StudyConfig, dict[str, Any]]:
+    """A new study fitted to this machine (optimizer/fitting.py): the dtype it serves, the embedded demo's scale
+    (a probe), and what to store with it: the machine's fingerprint and the probe's result."""
+    machine = fingerprint(config.device)
+    say(f"machine: {describe(machine)}")
+    config, line = served_dtype(config, info.dtype)
+    say(line)
+    fitted: dict[str, Any] = {MACHINE_ATTR: machine}
+    if config.demo_probe:
+        factory = engine_factory or factory_for(config, model_path(config))
+        config, scale = size_demo(config, info, factory, logs_dir, say)
+        if scale is not None:
+            fitted[SCALE_ATTR] = scale
+    return config, fitted
 
 
 def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = print) -> optuna.Study:
