@@ -52,6 +52,9 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from optimizer.runner import vllm_factory
     from optimizer.workload import build_workload
 
+    from optimizer.device import check_build
+
+    check_build(ns.device)  # --device cuda on the CPU build (or the reverse): exit 2, naming the install
     repeats = _positive_int(ns.repeats, "--repeats")
     num_requests = _positive_int(ns.num_requests, "--num-requests")
     if num_requests < 10:

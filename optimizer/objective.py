@@ -19,6 +19,7 @@ import optuna
 from optimizer import failures
 from optimizer.breaker import ENVIRONMENT_CAUSE_ATTR, StartFailureBreaker, environment_cause
 from optimizer.clock import Clock, MonotonicClock
+from optimizer.compile_cache import cache_env, start_phases
 from optimizer.config import StudyConfig
 from optimizer.device import visible_gpus
 from optimizer.dashboard import set_constraint
@@ -214,9 +215,10 @@ class Objective:
                      timings: TrialTimings) -> dict[str, Any]:
         t = time.perf_counter()
         recorder = asyncio.create_task(_record_processes(trial, engine))
+        cache = cache_env(self.logs_dir, self.config.device)  # the study's compile cache (GPU trials)
         try:
             try:
-                resolved = await asyncio.wait_for(engine.start(params, log_path),
+                resolved = await asyncio.wait_for(engine.start({**params, **cache}, log_path),
                                                   timeout=self.config.trial_timeout_s)
             except EngineStartError as exc:
                 if not (exc.reason == failures.OUT_OF_MEMORY and self._may_fall_back(trial, params)):
@@ -227,7 +229,7 @@ class Objective:
                 trial.set_user_attr("baseline_note", _fallback_note(str(exc)))
                 params = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
                 trial.set_user_attr("engine_params", params)
-                resolved = await asyncio.wait_for(engine.start(params, log_path),
+                resolved = await asyncio.wait_for(engine.start({**params, **cache}, log_path),
                                                   timeout=self.config.trial_timeout_s)
             self.breaker.observe(None)
             return resolved
@@ -239,6 +241,8 @@ class Objective:
             self._prune(trial, failures.START_FAILED if cause else exc.reason, str(exc))
         finally:
             timings.start_s = time.perf_counter() - t
+            if log_path.exists():  # compile and CUDA-graph capture apart from the rest of the start
+                trial.set_user_attr("engine_start_phases", start_phases(log_path.read_text(errors="replace")))
             recorder.cancel()
             _save_processes(trial, engine)
         raise AssertionError("unreachable")

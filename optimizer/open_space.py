@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 import typing
 from typing import Any
 
@@ -41,7 +42,7 @@ def vllm_env_names() -> set[str]:
 
 
 def _without_none(annotation: Any) -> list[Any]:
-    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", ())):
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return [a for a in typing.get_args(annotation) if a is not type(None)]
     return [annotation]
 

@@ -80,7 +80,8 @@ def summary_text(study: optuna.Study, config: StudyConfig) -> str:
     if d.best is None:
         out.append("No trial met the limit. Relax --ttft-p99, lower the workload's lengths, or widen the ranges.")
         return "\n".join(out)
-    out += [line for line in summary_lines(d) if not line.startswith(("recommended:", f"vLLM defaults ({d.defaults_of}, baseline):"))]
+    shown = ("recommended:", f"vLLM defaults ({d.defaults_of}, baseline):")  # the table has them
+    out += [line for line in summary_lines(d) if not line.startswith(shown)]
     if d.gain_pct is None and d.baseline is not None and d.best is not d.baseline:
         out.append("vLLM's defaults miss the limit at every rate tried: the recommendation is the only feasible one")
     return "\n".join(out)

@@ -92,3 +92,24 @@ def test_the_output_names_whose_defaults_the_baseline_is(tmp_path):
     assert "vLLM defaults (vllm serve)" in text and "gain over vLLM's defaults (vllm serve): +83.3%" in text
     text = summary_text(study, config.model_copy(update={"deploy_as": "llm"}))
     assert "vLLM defaults (vllm.LLM)" in text
+
+
+def test_the_simulated_gpu_baseline_is_what_vllm_serve_runs():
+    from optimizer.engines.simulated import SimulatedEngine
+    from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
+
+    info = model_info(DEFAULT_MODEL_CONFIG, "sim")
+    h100 = SimulatedEngine(info, device="cuda", device_memory_bytes=80 * GIB, max_memory_fraction=0.95).resolve({})
+    l4 = SimulatedEngine(info, device="cuda", device_memory_bytes=24 * GIB, max_memory_fraction=0.95).resolve({})
+    assert (h100["max_num_seqs"], h100["max_num_batched_tokens"]) == (1024, 8192)
+    assert (l4["max_num_seqs"], l4["max_num_batched_tokens"]) == (256, 2048)
+
+
+def test_deploy_as_is_a_flag_stored_with_the_study_and_part_of_what_it_measures(tmp_path):
+    from optimizer.cli import build_parser, resolve_config
+
+    ns = build_parser().parse_args(["--ttft-p99", "150ms", "--studies-dir", str(tmp_path)])
+    assert resolve_config(ns)[0].deploy_as == "serve"  # vllm serve unless told otherwise
+    ns = build_parser().parse_args(["--ttft-p99", "150ms", "--deploy-as", "llm", "--studies-dir", str(tmp_path)])
+    config = resolve_config(ns)[0]
+    assert config.deploy_as == "llm" and config.identity()["deploy_as"] == "llm"

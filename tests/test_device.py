@@ -108,3 +108,9 @@ def test_cli_device_cuda_on_the_cpu_build_exits_2_and_creates_nothing(tmp_path, 
     assert rc == 2
     assert err.count("\n") == 1 and "--device cuda needs vLLM's CUDA build" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_calibrate_device_cuda_on_the_cpu_build_exits_2(tmp_path, capsys):
+    rc = main(["calibrate", "--device", "cuda", "--out", str(tmp_path / "cal.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--device cuda needs vLLM's CUDA build" in err and not (tmp_path / "cal.json").exists()

@@ -64,11 +64,14 @@ def test_store_true_only_is_exactly_the_engine_booleans_without_a_no_flag():
     assert without_no == set(STORE_TRUE_ONLY)
 
 
-def test_the_exported_study_yaml_reads_back_to_the_recommended_values(tmp_path):
+@pytest.mark.parametrize("number", [2, 3])  # the recommendation, and trial #3 (chunked prefill off)
+def test_the_exported_study_yaml_reads_back_to_the_trials_values(tmp_path, number):
     study, config = synthetic.build(tmp_path)
-    trial = recommended(study)
+    trial = recommended(study) if number == 2 else study.trials[number]
+    assert trial.number == number
     done = export_all(trial, config, tmp_path / "out", config.model)
     args = serve_args(trial, config, config.model)
+    assert args["enable_chunked_prefill"] is (number == 2)
     _expect(parse_serve(["--config", str(done.yaml_path)]), args)
     compose = yaml.safe_load(done.compose_path.read_text())["services"]["vllm"]
     _expect(parse_serve(compose["command"]), args)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer import failures
+from optimizer.deploy import batch_defaults
 from optimizer.errors import EngineStartError
 from optimizer.metrics import RequestRecord
 from optimizer.model import ModelInfo
@@ -61,8 +62,12 @@ class SimulatedEngine:
     def resolve(self, params: dict[str, Any]) -> dict[str, Any]:
         """The values the simulated engine runs with, defaults filled in, and its KV cache size."""
         self.validate(params)
-        out = {**VLLM_DEFAULTS.get(self.device, VLLM_DEFAULTS["cpu"]), **{k: v for k, v in params.items()
-                                                                          if k not in _IGNORED}}
+        given = {k: v for k, v in params.items() if k not in _IGNORED and not k.startswith("env:")}
+        defaults = dict(VLLM_DEFAULTS.get(self.device, VLLM_DEFAULTS["cpu"]))
+        if self.device == "cuda":  # what `vllm serve` gets on a GPU of this memory (optimizer/deploy.py)
+            defaults["max_num_seqs"], defaults["max_num_batched_tokens"] = batch_defaults(
+                "serve", "cuda", self.device_memory_bytes)
+        out = {**defaults, **given}
         out.setdefault("max_model_len", self.model.max_len)
         out.setdefault("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION)
         requested = out["gpu_memory_utilization"] * self.device_memory_bytes
@@ -82,7 +87,7 @@ class SimulatedEngine:
         return out
 
     def validate(self, params: dict[str, Any]) -> None:
-        unknown = sorted(set(params) - set(SEARCHABLE) - _IGNORED)
+        unknown = sorted(k for k in set(params) - set(SEARCHABLE) - _IGNORED if not k.startswith("env:"))
         if unknown:
             raise EngineStartError(f"simulated: unexpected keyword argument {unknown[0]!r}", failures.INVALID_CONFIG)
         problems = check_constraints(params, 1)
