@@ -109,25 +109,30 @@ def _version(*names: str) -> str | None:
 
 
 def gpus(nvml: Any | None = None) -> list[dict[str, Any]]:
-    """Name, memory (GiB) and driver of each GPU NVML sees; empty without NVML or GPUs. Never touches CUDA."""
+    """Name, memory (GiB), compute capability and driver of each GPU this process may use (optimizer/device.py:
+    through NVML, never CUDA); empty without NVML or GPUs."""
+    from optimizer.device import visible_gpus
+
+    found = visible_gpus(nvml)
+    if not found:
+        return []
+    return [{"name": g.name, "memory_gib": round(g.memory_total_bytes / 1024**3, 1),
+             "compute_capability": ".".join(map(str, g.compute_capability)), "driver": _driver(nvml)}
+            for g in found]
+
+
+def _driver(nvml: Any | None) -> str | None:
     try:
         if nvml is None:
             import pynvml as nvml
         nvml.nvmlInit()
     except Exception:
-        return []
+        return None
     try:
-        driver = nvml.nvmlSystemGetDriverVersion()
-        out = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            name = nvml.nvmlDeviceGetName(h)
-            out.append({"name": name.decode() if isinstance(name, bytes) else str(name),
-                        "memory_gib": round(nvml.nvmlDeviceGetMemoryInfo(h).total / 1024**3, 1),
-                        "driver": driver.decode() if isinstance(driver, bytes) else str(driver)})
-        return out
+        version = nvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
     except Exception:
-        return []
+        return None
     finally:
         try:
             nvml.nvmlShutdown()

@@ -2,7 +2,7 @@
 
 Copied from NVML's documented return types, not invented: `nvmlDeviceGetMemoryInfo` returns a `c_nvmlMemory_t`
 (total, free, used in bytes), `nvmlDeviceGetUtilizationRates` a `c_nvmlUtilization_t` (gpu, memory in percent),
-`nvmlDeviceGetName`/`nvmlDeviceGetUUID` a `str` (pynvml decodes the C string), `nvmlDeviceGetCount` an `int`,
+`nvmlDeviceGetName`/`nvmlDeviceGetUUID` a `str` (pynvml decodes the C string), `nvmlDeviceGetCount` an `int`, `nvmlSystemGetDriverVersion` a `str`,
 `nvmlDeviceGetCudaComputeCapability` a `(major, minor)` tuple of ints, handles are `c_nvmlDevice_t` pointers;
 failures raise `pynvml.NVMLError` subclasses with NVML's return codes (NVML_ERROR_LIBRARY_NOT_FOUND from
 `nvmlInit` without a driver, NVML_ERROR_INVALID_ARGUMENT for an index past the count, NVML_ERROR_NOT_FOUND for an
@@ -33,6 +33,7 @@ class FakeNvml:
         self.inits = self.shutdowns = 0
         self.readings = 0
         self.handles: list = []
+        self.driver = "550.54.15"
 
     # the NVML functions the tool calls
     def nvmlInit(self):
@@ -45,6 +46,10 @@ class FakeNvml:
         self._check()
         self.shutdowns += 1
         self.initialized -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check()
+        return self.driver
 
     def nvmlDeviceGetCount(self) -> int:
         self._check()

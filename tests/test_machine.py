@@ -112,40 +112,16 @@ def test_fingerprint_and_differences():
     assert "no native bf16" in describe(other) and "64 cores" in describe(other)
 
 
-class TwoH100Nvml:
-    """NVML's documented return types (nvidia-ml-py): names and the driver as str (bytes in older bindings),
-    memory as a struct of bytes; an H100 80GB HBM3 reports 85520809984 bytes in total."""
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlSystemGetDriverVersion(self):
-        return b"550.54.15"
-
-    def nvmlDeviceGetCount(self):
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetName(self, handle):
-        return "NVIDIA H100 80GB HBM3"
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(total=85520809984, free=85520809984 - 2**30, used=2**30)
-
-
 def test_gpus_read_through_nvml():
     from optimizer.machine import gpus
+    from tests.fake_nvml import GIB, FakeNvml
 
-    h100 = {"name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.6, "driver": "550.54.15"}
-    assert gpus(TwoH100Nvml()) == [h100, h100]
-    assert "NVIDIA H100 80GB HBM3 79.6 GiB (driver 550.54.15)" in describe({**fingerprint("cpu"), "gpus": [h100]})
+    nvml = FakeNvml(devices=(("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0)),) * 2)
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "memory_gib": 80.0, "compute_capability": "9.0", "driver": "550.54.15"}
+    assert gpus(nvml) == [h100, h100]
+    assert nvml.initialized == 0  # every NVML session closed again
+    assert gpus(FakeNvml(fail_init=True)) == []
+    assert "NVIDIA H100 80GB HBM3 80.0 GiB (driver 550.54.15)" in describe({**fingerprint("cpu"), "gpus": [h100]})
 
 
 def test_a_resume_on_another_machine_warns(tmp_path, monkeypatch):
