@@ -51,10 +51,10 @@ def test_the_largest_shape_that_fits_the_limit_is_chosen():
 
 def test_study_duration_estimate_by_hand():
     r = result(prefill_ms=20.0, burst_rps=20.0, start_s=17.0, shutdown_s=5.0)
-    # 120 requests: burst 6 s; a replay at 0.7x the ceiling 8.57 s; a trial 17 + 5 + 6 + 1.5 x 8.57 = 40.86 s
+    # 120 requests: burst 6 s; a replay at 0.6x the ceiling 10 s; a trial 17 + 5 + 6 + 2 x 10 = 48 s
     replay_s = 120 / (KNEE_FRACTION_OF_CEILING * 20.0)
     trial_s = 17.0 + 5.0 + 120 / 20.0 + REPLAYS_PER_TRIAL * replay_s
-    assert replay_s == pytest.approx(8.5714, abs=1e-3) and trial_s == pytest.approx(40.857, abs=1e-3)
+    assert replay_s == pytest.approx(10.0) and trial_s == pytest.approx(48.0)
     assert estimate_study_s(r, 40, 120) == pytest.approx(40 * trial_s + BASELINE_EXTRA_REPLAYS * replay_s)
     assert estimate_study_s(r, 40, 120, speedup=2.0) < estimate_study_s(r, 40, 120)
 
@@ -74,8 +74,8 @@ def test_probe_measures_prefill_decode_and_the_ceiling():
 def test_a_slow_study_takes_a_smaller_shape():
     from optimizer.probe import TARGET_S_PER_TRIAL, estimate_shape_s
 
-    # engine start 30 s, burst ceiling 12/s: the 17M model's 40 trials are estimated past 54 s a trial
-    slow = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=12.0, start_s=30.0)
+    # engine start 25 s, burst ceiling 12/s: the 17M model's 40 trials are estimated past 54 s a trial
+    slow = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=12.0, start_s=25.0)
     in_time = [s for s in DEMO_LADDER if estimate_shape_s(slow, s, 40, 120) <= TARGET_S_PER_TRIAL * 40]
     assert DEMO_LADDER[0] not in in_time and in_time
     assert choose_scale(slow, 150.0, 40, 120).model == in_time[0].name
