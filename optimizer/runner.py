@@ -118,6 +118,13 @@ def run(prepared: Prepared, quiet: bool = False) -> optuna.Study:
     progress = Progress(prepared.study, prepared.config.budget, quiet=quiet)
     try:
         run_to_budget(prepared.study, prepared.objective, prepared.config.budget, on_trial=progress)
+    except Exception as exc:
+        from optimizer.dbretry import storage_error_in
+
+        lost = storage_error_in(exc)  # the database went away: say so in one line, not as Optuna's UnboundLocalError
+        if lost is not None and lost is not exc:
+            raise lost from None
+        raise
     finally:
         progress.close()
     return prepared.study
