@@ -158,7 +158,13 @@ class VllmEngine:
                 if out.finished:
                     self._served.add(request_id)
         except EngineDeadError as exc:
-            raise EngineDiedError(f"the engine died during the replay: {exc}") from None
+            raise self._died(exc) from None
+
+    def _died(self, exc: BaseException) -> EngineDiedError:
+        """The engine's death, naming which of its processes are gone (vLLM only says "see stack trace above")."""
+        gone = [r.pid for r in self._procs if r.alive() is None]
+        which = f"; engine process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} gone" if gone else ""
+        return EngineDiedError(f"the engine died during the replay: {str(exc).strip() or type(exc).__name__}{which}")
 
     async def take_engine_stats(self) -> EngineStats:
         """The scheduler's stats and per-request timings since the last call; collecting starts afresh."""
@@ -174,8 +180,13 @@ class VllmEngine:
         return self._sink.take()
 
     async def reset_prefix_cache(self) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         if self._llm is not None:
-            await self._llm.reset_prefix_cache()
+            try:
+                await self._llm.reset_prefix_cache()
+            except EngineDeadError as exc:  # it died between two replays
+                raise self._died(exc) from None
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
