@@ -73,7 +73,7 @@ def dashboard_pass(url: str) -> dict:
     status, studies = get("/api/studies")
     if not status.startswith("200"):
         return {"code": 1, "err": status}
-    study_id = next(s["study_id"] for s in studies["studies"] if s["study_name"] == "s")
+    study_id = next(s["study_id"] for s in studies["study_summaries"] if s["study_name"] == "s")
     status, detail = get(f"/api/studies/{study_id}?after=0")
     trials = detail.get("trials", [])
     half = [t["number"] for t in trials if t["state"] == "Complete" and not t.get("values")]
