@@ -104,7 +104,8 @@ def _root_message(exc: BaseException) -> str:
 # Calls that may be repeated: reads, and writes that set a value (setting it twice is setting it once).
 RETRIED_CALLS = ("get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
             "get_study_system_attrs", "get_trial_user_attrs", "get_trial_system_attrs", "get_all_studies",
-            "get_trial_param", "get_trial_params", "get_trial_number_from_id", "get_trial_id_from_study_id_trial_number", "get_trial", "get_all_trials",
+            "get_trial_param", "get_trial_params", "get_trial_number_from_id",
+            "get_trial_id_from_study_id_trial_number", "get_trial", "get_all_trials",
             "get_best_trial", "set_study_user_attr", "set_study_system_attr", "set_trial_param",
             "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr", "_get_stale_trial_ids")
 
