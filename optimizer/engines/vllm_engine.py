@@ -55,6 +55,7 @@ class VllmEngine:
         self._procs: list[ProcessRef] = []
         self._shutdown_timeout_s = shutdown_timeout_s
         self._log_path: Path | None = None
+        self._front_end_log: _FrontEndLog | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -123,6 +124,7 @@ class VllmEngine:
         self._procs = sorted(children() - before, key=lambda r: r.pid)
         # vLLM's front end warns per request about token-id prompts; its engine log goes to the trial's file.
         logging.getLogger("vllm").setLevel(logging.ERROR)
+        self._front_end_log = _FrontEndLog(log_path)  # and so do its errors (an engine death's traceback)
         resolved = resolved_config(self._llm.vllm_config)
         if self._sink is not None:
             self._sink.max_num_seqs = resolved["max_num_seqs"]
@@ -197,6 +199,34 @@ class VllmEngine:
                 except Exception:  # a hung or broken shutdown is finished below, by PID
                     pass
             end_processes(self._procs)
+        if self._front_end_log is not None:
+            self._front_end_log.close()
+            self._front_end_log = None
+
+
+class _FrontEndLog:
+    """Between start and shutdown, the records of vLLM's loggers in this process (the front end: AsyncLLM, its
+    output handler) go to the trial's log instead of the terminal: when the engine core dies, the output handler
+    logs the error with a traceback, which belongs beside the engine's own output, not in the user's terminal."""
+
+    def __init__(self, log_path: Path | None) -> None:
+        self._logger = logging.getLogger("vllm")
+        self._saved = list(self._logger.handlers)
+        self._handler: logging.Handler | None = None
+        if log_path is None:
+            return
+        self._handler = logging.FileHandler(log_path, delay=True)
+        formatter = next((h.formatter for h in self._saved if h.formatter is not None), None)
+        if formatter is not None:
+            self._handler.setFormatter(formatter)
+        self._logger.handlers = [self._handler]
+
+    def close(self) -> None:
+        if self._handler is None:
+            return
+        self._logger.handlers = self._saved
+        self._handler.close()
+        self._handler = None
 
 
 def _request_index(request_id: str) -> int | None:
