@@ -143,3 +143,22 @@ def test_log_tail_keeps_whole_lines_from_the_end(tmp_path):
     tail = log_tail(log, max_chars=100)
     assert tail.endswith("line 999\n") and tail.startswith("line ") and len(tail) <= 100
     assert log_tail(tmp_path / "missing.log") == ""
+
+
+def test_vllm_front_end_errors_go_to_the_trial_log_while_the_engine_runs(tmp_path):
+    import logging
+
+    from optimizer.engines.vllm_engine import FrontEndLog
+
+    vllm_logger = logging.getLogger("vllm")
+    before = list(vllm_logger.handlers)
+    log = tmp_path / "trial.log"
+    redirect = FrontEndLog(log)
+    try:
+        raise RuntimeError("engine core gone")
+    except RuntimeError:
+        logging.getLogger("vllm.v1.engine.async_llm").exception("AsyncLLM output_handler failed.")
+    redirect.close()
+    text = log.read_text()
+    assert "AsyncLLM output_handler failed." in text and "Traceback" in text and "engine core gone" in text
+    assert vllm_logger.handlers == before  # the terminal gets vLLM's messages back after the trial

@@ -55,7 +55,7 @@ class VllmEngine:
         self._procs: list[ProcessRef] = []
         self._shutdown_timeout_s = shutdown_timeout_s
         self._log_path: Path | None = None
-        self._front_end_log: _FrontEndLog | None = None
+        self._front_end_log: FrontEndLog | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -124,7 +124,7 @@ class VllmEngine:
         self._procs = sorted(children() - before, key=lambda r: r.pid)
         # vLLM's front end warns per request about token-id prompts; its engine log goes to the trial's file.
         logging.getLogger("vllm").setLevel(logging.ERROR)
-        self._front_end_log = _FrontEndLog(log_path)  # and so do its errors (an engine death's traceback)
+        self._front_end_log = FrontEndLog(log_path)  # and so do its errors (an engine death's traceback)
         resolved = resolved_config(self._llm.vllm_config)
         if self._sink is not None:
             self._sink.max_num_seqs = resolved["max_num_seqs"]
@@ -204,7 +204,7 @@ class VllmEngine:
             self._front_end_log = None
 
 
-class _FrontEndLog:
+class FrontEndLog:
     """Between start and shutdown, the records of vLLM's loggers in this process (the front end: AsyncLLM, its
     output handler) go to the trial's log instead of the terminal: when the engine core dies, the output handler
     logs the error with a traceback, which belongs beside the engine's own output, not in the user's terminal."""
