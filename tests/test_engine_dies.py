@@ -14,6 +14,7 @@ import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from optimizer import failures
 from optimizer.errors import EngineDiedError
@@ -65,8 +66,8 @@ def test_sigkill_of_the_engine_core_mid_replay_prunes_the_trial_and_the_study_go
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             try:
                 trials = load(tmp_path).get_trials(deepcopy=False) if (tmp_path / "default.db").exists() else []
-            except (KeyError, optuna.exceptions.StorageInternalError):
-                trials = []
+            except (KeyError, optuna.exceptions.StorageInternalError, SQLAlchemyError):
+                trials = []  # not created yet, or this poll raced its creation
             for t in trials:
                 # replaying: the engine has started (its resolved config is stored) and the warm-up is done
                 if t.number == 0 and t.state == TrialState.RUNNING and t.user_attrs.get("engine_config"):
