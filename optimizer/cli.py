@@ -241,10 +241,11 @@ def _detect_device(explicit: str | None = None) -> str:
 
 
 def _storage_url(ns: argparse.Namespace) -> str:
-    from optimizer.paths import check_sqlite_url, check_study_name
+    from optimizer.paths import check_sqlite_url, check_studies_dir, check_study_name
     from optimizer.study import default_storage_url
 
     check_study_name(ns.study)
+    check_studies_dir(ns.studies_dir)
     if ns.storage:
         check_sqlite_url(ns.storage, create=False)
         return ns.storage

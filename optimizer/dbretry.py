@@ -59,11 +59,12 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def with_retries(fn: Callable[[], T], what: str, delays_s: tuple[float, ...] | None = None,
-                 sleep: Callable[[float], None] = time.sleep, max_total_s: float = MAX_TOTAL_S,
+                 sleep: Callable[[float], None] = time.sleep, max_total_s: float | None = None,
                  now: Callable[[], float] = time.monotonic) -> T:
     """`fn()`, tried again after each delay while it fails transiently, for at most `max_total_s` in all (a SQLite
     attempt itself may wait out its busy timeout); then StorageUnavailableError."""
     delays = RETRY_DELAYS_S if delays_s is None else delays_s
+    limit_s = MAX_TOTAL_S if max_total_s is None else max_total_s
     start = now()
     for attempt in range(len(delays) + 1):
         try:
@@ -71,7 +72,7 @@ def with_retries(fn: Callable[[], T], what: str, delays_s: tuple[float, ...] | N
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            if attempt == len(delays) or now() - start + delays[attempt] > max_total_s:
+            if attempt == len(delays) or now() - start + delays[attempt] > limit_s:
                 raise StorageUnavailableError(
                     f"the study database stayed unreachable for {now() - start:.0f} s while {what} "
                     f"({_root_message(exc)}): the finished trials are stored; when the database is back, run the "
@@ -80,6 +81,18 @@ def with_retries(fn: Callable[[], T], what: str, delays_s: tuple[float, ...] | N
                          delays[attempt])
             sleep(delays[attempt])
     raise AssertionError("unreachable")
+
+
+def storage_error_in(exc: BaseException) -> StorageUnavailableError | None:
+    """The StorageUnavailableError behind `exc`, if any. When the database is gone, Optuna's own clean-up after a
+    failed write fails too and surfaces as another error (an UnboundLocalError in `_run_trial`): the cause is in
+    the chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, StorageUnavailableError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _root_message(exc: BaseException) -> str:
@@ -91,7 +104,8 @@ def _root_message(exc: BaseException) -> str:
 # Calls that may be repeated: reads, and writes that set a value (setting it twice is setting it once).
 RETRIED_CALLS = ("get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
             "get_study_system_attrs", "get_trial_user_attrs", "get_trial_system_attrs", "get_all_studies",
-            "get_trial_param", "get_trial_params", "get_trial_number_from_id", "get_trial_id_from_study_id_trial_number", "get_trial", "get_all_trials",
+            "get_trial_param", "get_trial_params", "get_trial_number_from_id",
+            "get_trial_id_from_study_id_trial_number", "get_trial", "get_all_trials",
             "get_best_trial", "set_study_user_attr", "set_study_system_attr", "set_trial_param",
             "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr", "_get_stale_trial_ids")
 

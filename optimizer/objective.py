@@ -132,6 +132,7 @@ class Objective:
             except asyncio.TimeoutError:
                 self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
             except EngineDiedError as exc:
+                trial.set_user_attr("log_excerpt", log_tail(log_path))  # what the engine said before it died
                 self._prune(trial, failures.ENGINE_DIED, str(exc))
             finally:
                 trial.set_user_attr("telemetry", telemetry.summary())
@@ -387,6 +388,18 @@ def with_repeats(search: RateSearchResult, limit_ms: float) -> RateSearchResult:
     if chosen.answerable:
         best = next(p for p, d in zip(points, dicts) if d is chosen.point)
     return RateSearchResult(points=points, best=best, stopped_early=search.stopped_early, repeats=search.repeats)
+
+
+def log_tail(log_path: Path, max_chars: int = 4000) -> str:
+    """The end of a trial's engine log (whole lines), for a trial whose engine died."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(f.tell() - max_chars, 0))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return text.split("\n", 1)[1] if len(text) >= max_chars and "\n" in text else text
 
 
 def _incumbent_rate(trial: optuna.Trial) -> float | None:

@@ -85,3 +85,16 @@ def check_sqlite_url(url: str, create: bool = True) -> None:
     except OSError as exc:
         raise UsageError(f"storage {url!r}: cannot create the folder {str(path.parent)!r} "
                          f"({exc.strerror or type(exc).__name__}): {hint}") from None
+
+
+def check_studies_dir(path: str | Path) -> None:
+    """`--studies-dir` must be a folder, or a path where one can be made (nothing is made here)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"--studies-dir {str(p)!r} is a file, not a directory: give a folder for the studies")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"--studies-dir {str(p)!r} cannot be created: {str(parent)!r} is a file, not a "
+                                 f"directory")
+            break

@@ -169,6 +169,13 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = prin
     try:
         stop = run_to_budget(prepared.study, prepared.objective, config.budget, on_trial=progress,
                              deadline_unix_s=config.deadline_unix_s, trial_estimate_s=estimate)
+    except Exception as exc:
+        from optimizer.dbretry import storage_error_in
+
+        lost = storage_error_in(exc)  # the database went away: say so in one line, not as Optuna's UnboundLocalError
+        if lost is not None and lost is not exc:
+            raise lost from None
+        raise
     finally:
         progress.close()
     if stop.reason:

@@ -21,17 +21,14 @@ from optimizer.errors import OptimizerError
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
 
-_received: list[int] = []  # the signals that stopped this process, in order
+_received: list[int] = []  # [SIGTERM] once a SIGTERM has stopped this process
 
 
 def install_stop_handlers() -> None:
     """SIGINT raises KeyboardInterrupt (restored: a shell's background job inherits it ignored); SIGTERM does the
-    same through SIGINT, once: a second SIGTERM while the engine shuts down does not cut the shutdown short."""
+    same through SIGINT, once: a second SIGTERM while the engine shuts down does not cut the shutdown short.
+    Only SIGTERM is recorded: any KeyboardInterrupt without it was Ctrl-C."""
     _received.clear()
-
-    def on_int(signum: int, frame: FrameType | None) -> None:
-        _received.append(signal.SIGINT)
-        signal.default_int_handler(signum, frame)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         if signal.SIGTERM in _received:
@@ -41,7 +38,9 @@ def install_stop_handlers() -> None:
         # and raises KeyboardInterrupt exactly as for Ctrl-C.
         os.kill(os.getpid(), signal.SIGINT)
 
-    signal.signal(signal.SIGINT, on_int)
+    # Python's own handler, exactly: asyncio.run then cancels the running trial's task cleanly on Ctrl-C instead
+    # of raising KeyboardInterrupt wherever the event loop happens to be (it checks for this very handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, on_term)
     quiet_interrupted_trials()
 

@@ -81,12 +81,12 @@ def with_schema_retry(make: Callable[[], Any], attempts: int = 5) -> Any:
     """Workers starting together on an empty database race to create the tables; the loser retries."""
     import time
 
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     for attempt in range(attempts):
         try:
             return make()
-        except (IntegrityError, ProgrammingError):
+        except (IntegrityError, ProgrammingError, OperationalError):  # SQLite: "table ... already exists"
             if attempt == attempts - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))

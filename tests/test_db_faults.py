@@ -145,7 +145,8 @@ def test_every_call_optuna_makes_through_the_storage_is_retried_or_deliberately_
                   "record_heartbeat"}
     optuna_internal = {n for n in names if n.startswith("_") and n != "_get_stale_trial_ids"}
     housekeeping = {"remove_session", "upgrade", "get_current_version", "get_head_version", "get_all_versions",
-                    "get_heartbeat_interval", "get_heartbeat_stale_trial_callback", "get_failed_trial_callback", "check_trial_is_updatable",
+                    "get_heartbeat_interval", "get_heartbeat_stale_trial_callback", "get_failed_trial_callback",
+                    "check_trial_is_updatable",
                     "is_heartbeat_enabled", "get_n_trials", "get_best_trial"}
     uncovered = names - set(dbretry.RETRIED_CALLS) - deliberate - optuna_internal - housekeeping
     assert not uncovered, f"new storage calls to decide on: {sorted(uncovered)}"

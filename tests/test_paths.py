@@ -1,5 +1,7 @@
 """Hostile names and paths: each is one line that says what is wrong, exit code 2, and nothing written anywhere."""
 
+from pathlib import Path
+
 import optuna
 import pytest
 
@@ -100,3 +102,13 @@ def test_an_inverted_range_names_its_prefix_once(tmp_path, capsys, config_only_m
     code, err = run_cli(capsys, "--ttft-p99", "150ms", "--model", str(config_only_model), "--dummy-weights",
                         "--space", str(f), "--studies-dir", str(tmp_path / "s"))
     assert code == 2 and err.strip() == message, err
+
+
+@pytest.mark.parametrize("sub", [[], ["report"]])
+def test_a_studies_dir_that_is_a_file_says_so(tmp_path, capsys, sub):
+    (tmp_path / "f").write_text("x")
+    for where in (tmp_path / "f", tmp_path / "f" / "deeper"):
+        code, err = run_cli(capsys, *sub, "--studies-dir", str(where), *([] if sub else ["--ttft-p99", "1s"]))
+        assert code == 2 and "--studies-dir" in err and "is a file, not a directory" in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert files_under(tmp_path) == [Path("f")]

@@ -14,6 +14,7 @@ import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from tests.conftest import REPO, subprocess_env
 
@@ -23,8 +24,8 @@ def _running_trial(db, study_name, need_engine=False):
         return None
     try:
         trials = optuna.load_study(study_name=study_name, storage=f"sqlite:///{db}").get_trials(deepcopy=False)
-    except (KeyError, optuna.exceptions.StorageInternalError):
-        return None
+    except (KeyError, optuna.exceptions.StorageInternalError, SQLAlchemyError):
+        return None  # not created yet, or this poll raced the study's creation (opening a storage creates tables)
     for t in trials:
         if t.state == TrialState.RUNNING and (not need_engine or t.user_attrs.get("engine_processes")):
             return t
@@ -39,7 +40,8 @@ def _wait_running(proc, db, study_name, need_engine=False, timeout_s=240.0):
         if t is not None:
             return t
         time.sleep(0.3)
-    raise AssertionError("no trial started running")
+    proc.kill()
+    raise AssertionError(f"no trial started running: {proc.communicate()[1][-3000:]}")
 
 
 def _alive(pids):
@@ -66,7 +68,7 @@ def test_a_stop_during_the_baseline_prints_one_line(tmp_path, config_only_model,
                             cwd=REPO, env=subprocess_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        _wait_running(proc, tmp_path / "s.db", "s", timeout_s=60)
+        _wait_running(proc, tmp_path / "s.db", "s", timeout_s=180)
         assert proc.stdout.readline().strip() == "engine starting"
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
@@ -85,7 +87,7 @@ def test_a_second_sigterm_does_not_cut_the_shutdown_short(tmp_path, config_only_
                             cwd=REPO, env=subprocess_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        _wait_running(proc, tmp_path / "s.db", "s", timeout_s=60)
+        _wait_running(proc, tmp_path / "s.db", "s", timeout_s=180)
         proc.stdout.readline()
         proc.send_signal(signal.SIGTERM)
         proc.send_signal(signal.SIGTERM)

@@ -61,6 +61,7 @@ class VllmEngine:
         self._procs: list[ProcessRef] = []
         self._shutdown_timeout_s = shutdown_timeout_s
         self._log_path: Path | None = None
+        self._front_end_log: FrontEndLog | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -135,6 +136,7 @@ class VllmEngine:
         self._procs = sorted(children() - before, key=lambda r: r.pid)
         # vLLM's front end warns per request about token-id prompts; its engine log goes to the trial's file.
         logging.getLogger("vllm").setLevel(logging.ERROR)
+        self._front_end_log = FrontEndLog(log_path)  # and so do its errors (an engine death's traceback)
         resolved = resolved_config(self._llm.vllm_config)
         if self._sink is not None:
             self._sink.max_num_seqs = resolved["max_num_seqs"]
@@ -185,7 +187,13 @@ class VllmEngine:
                 if out.finished:
                     self._served.add(request_id)
         except EngineDeadError as exc:
-            raise EngineDiedError(f"the engine died during the replay: {exc}") from None
+            raise self._died(exc) from None
+
+    def _died(self, exc: BaseException) -> EngineDiedError:
+        """The engine's death, naming which of its processes are gone (vLLM only says "see stack trace above")."""
+        gone = [r.pid for r in self._procs if r.alive() is None]
+        which = f"; engine process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} gone" if gone else ""
+        return EngineDiedError(f"the engine died during the replay: {str(exc).strip() or type(exc).__name__}{which}")
 
     async def take_engine_stats(self) -> EngineStats:
         """The scheduler's stats and per-request timings since the last call; collecting starts afresh."""
@@ -201,8 +209,13 @@ class VllmEngine:
         return self._sink.take()
 
     async def reset_prefix_cache(self) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         if self._llm is not None:
-            await self._llm.reset_prefix_cache()
+            try:
+                await self._llm.reset_prefix_cache()
+            except EngineDeadError as exc:  # it died between two replays
+                raise self._died(exc) from None
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
@@ -214,6 +227,34 @@ class VllmEngine:
                     pass
             end_processes(self._procs)
         self._restore_env()
+        if self._front_end_log is not None:
+            self._front_end_log.close()
+            self._front_end_log = None
+
+
+class FrontEndLog:
+    """Between start and shutdown, the records of vLLM's loggers in this process (the front end: AsyncLLM, its
+    output handler) go to the trial's log instead of the terminal: when the engine core dies, the output handler
+    logs the error with a traceback, which belongs beside the engine's own output, not in the user's terminal."""
+
+    def __init__(self, log_path: Path | None) -> None:
+        self._logger = logging.getLogger("vllm")
+        self._saved = list(self._logger.handlers)
+        self._handler: logging.Handler | None = None
+        if log_path is None:
+            return
+        self._handler = logging.FileHandler(log_path, delay=True)
+        formatter = next((h.formatter for h in self._saved if h.formatter is not None), None)
+        if formatter is not None:
+            self._handler.setFormatter(formatter)
+        self._logger.handlers = [self._handler]
+
+    def close(self) -> None:
+        if self._handler is None:
+            return
+        self._logger.handlers = self._saved
+        self._handler.close()
+        self._handler = None
 
 
 def _request_index(request_id: str) -> int | None:
