@@ -34,6 +34,20 @@ def config_only_model(tmp_path) -> Path:
     return d
 
 
+def alive_pids(pids: list[int]) -> list[int]:
+    """Those of `pids` whose process still runs (a zombie has ended): what a test asserts is left over."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def subprocess_env(model_cache: Path) -> dict[str, str]:
     return {**os.environ, "OPTIMIZER_CACHE": str(model_cache), "PYTHONPATH": str(REPO)}
 

@@ -6,11 +6,10 @@ import sys
 import time
 
 import optuna
-import psutil
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import REPO, alive_pids, subprocess_env
 
 pytestmark = pytest.mark.engine
 
@@ -46,28 +45,17 @@ def wait_for_engine(studies, proc, trial_number, timeout_s=240):
     raise AssertionError("the trial never got its engine running")
 
 
-def alive(pids):
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def kill_and_check_recovery(tmp_path, model_cache, proc, trial_number):
     """SIGKILL `proc` while trial `trial_number` runs; resume; return the resumed process and the retry trial."""
     orphans = wait_for_engine(tmp_path, proc, trial_number)
     proc.kill()
     proc.wait()
-    assert alive(orphans), "a SIGKILLed optimize leaves its engine running: that is what recovery must clean"
+    assert alive_pids(orphans), "a SIGKILLed optimize leaves its engine running: that is what recovery must clean"
     resumed = start(model_cache, tmp_path)  # the stored config: no flags repeated
     deadline = time.monotonic() + 120
     while load(tmp_path).trials[trial_number].state == TrialState.RUNNING and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not alive(orphans), "the resumed run ends the killed run's engine processes by PID"
+    assert not alive_pids(orphans), "the resumed run ends the killed run's engine processes by PID"
     study = load(tmp_path)
     killed = study.trials[trial_number]
     assert killed.state == TrialState.FAIL and killed.user_attrs["interrupted"] == "its optimize process died"
@@ -92,7 +80,7 @@ def test_two_sigkills_and_a_ctrl_c_then_resume_lose_nothing(tmp_path, model_cach
     assert proc.returncode == 130, err[-3000:]
     assert time.monotonic() - t0 < 60
     assert "run the same command again to resume" in err
-    assert not alive(running)
+    assert not alive_pids(running)
     study = load(tmp_path)
     interrupted = study.trials[retry.number + 1]
     assert interrupted.state == TrialState.FAIL and interrupted.user_attrs["interrupted"] == "Ctrl-C or SIGTERM"
@@ -109,4 +97,4 @@ def test_two_sigkills_and_a_ctrl_c_then_resume_lose_nothing(tmp_path, model_cach
     assert len(study.get_trials(states=(TrialState.FAIL,))) == 3  # two kills and one Ctrl-C, nothing else
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
     all_pids = [int(p) for t in study.trials for p, _ in t.user_attrs.get("engine_processes", [])]
-    assert not alive(all_pids)
+    assert not alive_pids(all_pids)

@@ -20,7 +20,7 @@ from optimizer import failures
 from optimizer.errors import EngineDiedError
 from optimizer.objective import log_tail
 from optimizer.report import summary_text
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import REPO, alive_pids, subprocess_env
 from tests.test_study import SimEngine, make_config, run_study
 
 ARGS = ["--num-requests", "40", "--input-len", "16:96", "--output-len", "16:32", "--ttft-p99", "150ms",
@@ -29,17 +29,6 @@ ARGS = ["--num-requests", "40", "--input-len", "16:96", "--output-len", "16:32",
 
 def load(studies):
     return optuna.load_study(study_name="default", storage=f"sqlite:///{studies}/default.db")
-
-
-def alive(pids):
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def engine_core(pids):
@@ -90,14 +79,14 @@ def test_sigkill_of_the_engine_core_mid_replay_prunes_the_trial_and_the_study_go
     assert "the engine died during the replay" in died.user_attrs["pruned_detail"]
     assert str(killed) in died.user_attrs["pruned_detail"]  # names the process that is gone
     assert died.user_attrs["log_excerpt"].strip(), "the engine log's tail is stored with the trial"
-    assert not alive([int(p) for p, _ in died.user_attrs["engine_processes"]]), "a process of it is left"
+    assert not alive_pids([int(p) for p, _ in died.user_attrs["engine_processes"]]), "a process of it is left"
     # the next trial started its own engine and measured normally
     assert after.state == TrialState.COMPLETE and after.user_attrs.get("engine_config")
     assert after.user_attrs["curve"] and after.values[0] > 0
     assert not set(after.user_attrs["engine_processes"][0][:1]) & {killed}
     finished = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
     assert len(finished) == 2 and not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING, TrialState.FAIL))
-    assert not alive([int(p) for t in study.trials for p, _ in t.user_attrs.get("engine_processes", [])])
+    assert not alive_pids([int(p) for t in study.trials for p, _ in t.user_attrs.get("engine_processes", [])])
     assert "Traceback" not in out + err, (out + err)[-3000:]  # vLLM's own traceback went to the trial's log
     assert "engine_died" in err  # the trial's line says why it could not run
     print(f"trials finished before the kill: 0, after: {len(finished)}; engine core {killed} killed")

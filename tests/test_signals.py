@@ -11,12 +11,11 @@ import sys
 import time
 
 import optuna
-import psutil
 import pytest
 from optuna.trial import TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import REPO, alive_pids, subprocess_env
 
 
 def _running_trial(db, study_name, need_engine=False):
@@ -42,17 +41,6 @@ def _wait_running(proc, db, study_name, need_engine=False, timeout_s=240.0):
         time.sleep(0.3)
     proc.kill()
     raise AssertionError(f"no trial started running: {proc.communicate()[1][-3000:]}")
-
-
-def _alive(pids):
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def _assert_one_clean_line(err, how):
@@ -128,7 +116,7 @@ def test_sigterm_then_ctrl_c_during_the_real_baseline(tmp_path, model_cache, tin
         stopped = optuna.load_study(study_name="default", storage=f"sqlite:///{db}").trials[trial.number]
         assert stopped.state == TrialState.FAIL and stopped.user_attrs.get("baseline") is True
         pids = [int(p) for p, _ in stopped.user_attrs.get("engine_processes", [])]
-        assert not _alive(pids), "the stop shut the engine down"
+        assert not alive_pids(pids), "the stop shut the engine down"
     proc = start()
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-3000:]
@@ -137,4 +125,4 @@ def test_sigterm_then_ctrl_c_during_the_real_baseline(tmp_path, model_cache, tin
     assert len(finished) == 2 and sum(bool(t.user_attrs.get("baseline")) for t in finished) == 1
     assert len(study.get_trials(states=(TrialState.FAIL,))) == 2
     all_pids = [int(p) for t in study.trials for p, _ in t.user_attrs.get("engine_processes", [])]
-    assert not _alive(all_pids)
+    assert not alive_pids(all_pids)
