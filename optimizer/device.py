@@ -114,6 +114,25 @@ def visible_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) 
             pass
 
 
+def driver_version(nvml: Any | None = None) -> str | None:
+    """The NVIDIA driver's version through NVML; None without NVML or a driver."""
+    try:
+        nvml = _nvml_module(nvml)
+        nvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        version = nvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 def detect_device(nvml: Any | None = None, build: Build | None = None,
                   env: Mapping[str, str] | None = None) -> str:
     """`cuda` when the CUDA build is installed and NVML sees a GPU this process may use, else `cpu`."""

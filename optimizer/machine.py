@@ -111,33 +111,14 @@ def _version(*names: str) -> str | None:
 def gpus(nvml: Any | None = None) -> list[dict[str, Any]]:
     """Name, memory (GiB), compute capability and driver of each GPU this process may use (optimizer/device.py:
     through NVML, never CUDA); empty without NVML or GPUs."""
-    from optimizer.device import visible_gpus
+    from optimizer.device import driver_version, visible_gpus
 
     found = visible_gpus(nvml)
     if not found:
         return []
+    driver = driver_version(nvml)
     return [{"name": g.name, "memory_gib": round(g.memory_total_bytes / 1024**3, 1),
-             "compute_capability": ".".join(map(str, g.compute_capability)), "driver": _driver(nvml)}
-            for g in found]
-
-
-def _driver(nvml: Any | None) -> str | None:
-    try:
-        if nvml is None:
-            import pynvml as nvml
-        nvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        version = nvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:
-        return None
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
+             "compute_capability": ".".join(map(str, g.compute_capability)), "driver": driver} for g in found]
 
 
 def fingerprint(device: str) -> dict[str, Any]:
