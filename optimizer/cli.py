@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.errors import OptimizerError, UsageError
+from optimizer.signals import quiet_resource_tracker
 from optimizer.units import parse_duration_ms
 
 DEFAULT_STUDY = "default"
@@ -386,6 +387,7 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_resource_tracker()  # before any engine starts: its tracker process reads the filter at its start
     argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     if argv and argv[0] == "calibrate":
         from optimizer.calibrate_cmd import cmd_calibrate

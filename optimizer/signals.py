@@ -45,6 +45,24 @@ def install_stop_handlers() -> None:
     quiet_interrupted_trials()
 
 
+RESOURCE_TRACKER_QUIET = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def quiet_resource_tracker() -> None:
+    """Keep multiprocessing's resource tracker from printing after a stop's one line.
+
+    vLLM's engine processes register shared memory and semaphores with the tracker of the process that spawned them;
+    an engine ended by a stop (or killed during its start) leaves them registered, and when this process exits the
+    tracker unlinks them and warns "There appear to be N leaked shared_memory objects" on our stderr, after the
+    line that says how the run ended. The cleanup is what we want; the warning is not. The tracker is a separate
+    Python process started on first use: it inherits the environment, so the filter goes into PYTHONWARNINGS before
+    that (its own filters are set at its start). Nothing else is silenced: the filter names the tracker's module.
+    """
+    current = os.environ.get("PYTHONWARNINGS", "")
+    if RESOURCE_TRACKER_QUIET not in current.split(","):
+        os.environ["PYTHONWARNINGS"] = f"{current},{RESOURCE_TRACKER_QUIET}" if current else RESOURCE_TRACKER_QUIET
+
+
 def quiet_interrupted_trials() -> None:
     """Drop Optuna's warnings (with traceback) about a trial that a stop interrupted. A logger's own filters do not
     see its children's records, so the filter goes on the handlers of Optuna's library logger."""
