@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from optimizer.cli import _existing_config
-from optimizer.report import baseline, recommended
-from optimizer.runner import prepare
+from optimizer.cli.common import existing_config
+from optimizer.search.runner import prepare
+from optimizer.search.score import baseline, recommended
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     url = f"sqlite:///{Path(args.studies_dir, args.study + '.db').resolve()}"
-    config = _existing_config(url, args.study)
+    config = existing_config(url, args.study)
     study = optuna.load_study(study_name=args.study, storage=url)
     base, best = baseline(study), recommended(study)
     if base is None or best is None:

@@ -26,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.fitting import cpu_engine_args
-from optimizer.clock import MonotonicClock
-from optimizer.config import CPU_DEMO_WORKLOAD, WorkloadSpec
+from optimizer.config.model import default_model, inspect_model
+from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
+from optimizer.core.clock import MonotonicClock
 from optimizer.engines.http_engine import HttpEngine, RemoteEngine
 from optimizer.engines.vllm_engine import VllmEngine
-from optimizer.metrics import summarize
-from optimizer.model import default_model, inspect_model
-from optimizer.replay import replay
-from optimizer.workload import Workload, build_workload
+from optimizer.measurement.metrics import summarize
+from optimizer.measurement.replay import replay
+from optimizer.measurement.workload import Workload, build_workload
+from optimizer.search.fitting import cpu_engine_args
 
 METRICS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")
 TARGETS = {"output_tok_s": 0.05, "ttft_p50_ms": 0.10, "ttft_p99_ms": 0.10}

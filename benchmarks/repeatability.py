@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from optimizer.cli import build_parser, resolve_config
-from optimizer.noise import coefficient_of_variation, median
-from optimizer.rerank import merge_repeats
-from optimizer.runner import prepare
+from optimizer.cli.run import build_parser, resolve_config
+from optimizer.measurement.noise import coefficient_of_variation, median
+from optimizer.measurement.rerank import merge_repeats
+from optimizer.search.runner import prepare
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
         factory = None
         if args.sim:
             from optimizer.engines.simulated import SimulatedEngine
-            from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
+            from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
 
             info = model_info(DEFAULT_MODEL_CONFIG, "sim")
             factory = lambda: SimulatedEngine(info)  # noqa: E731

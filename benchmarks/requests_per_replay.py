@@ -31,17 +31,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna  # noqa: E402
 
-from optimizer.config import CPU_DEMO_WORKLOAD, RateSearchSpec, StudyConfig, WorkloadSpec  # noqa: E402
+from optimizer.config.model import DEFAULT_MODEL_NAME, inspect_model  # noqa: E402
+from optimizer.config.settings import RateSearchSpec, StudyConfig  # noqa: E402
+from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec  # noqa: E402
+from optimizer.core.units import parse_duration_ms  # noqa: E402
+from optimizer.engines.sim.steptime import StepTimeModel  # noqa: E402
 from optimizer.engines.simulated import SimulatedEngine  # noqa: E402
-from optimizer.metrics import summarize  # noqa: E402
-from optimizer.model import DEFAULT_MODEL_NAME, inspect_model  # noqa: E402
-from optimizer.prescreen import evaluate, goodput, sim_objective  # noqa: E402
-from optimizer.report import recommended  # noqa: E402
-from optimizer.runner import model_path, prepare, run  # noqa: E402
-from optimizer.sim.steptime import StepTimeModel  # noqa: E402
-from optimizer.space import resolve  # noqa: E402
-from optimizer.units import parse_duration_ms  # noqa: E402
-from optimizer.workload import build_workload  # noqa: E402
+from optimizer.measurement.metrics import summarize  # noqa: E402
+from optimizer.measurement.workload import build_workload  # noqa: E402
+from optimizer.params.space import resolve  # noqa: E402
+from optimizer.search.prescreen import evaluate, goodput, sim_objective  # noqa: E402
+from optimizer.search.runner import model_path, prepare, run  # noqa: E402
+from optimizer.search.score import recommended  # noqa: E402
 
 VARIANTS = ("120", "1000", "auto")
 FRESH_REQUESTS = 3000

@@ -43,18 +43,18 @@ import multiprocessing  # noqa: E402
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
-from optimizer.config import (CPU_DEMO_WORKLOAD, Choice, FloatRange, IntRange, RateSearchSpec,  # noqa: E402
-                              StudyConfig, WorkloadSpec)
+from optimizer.config.model import DEFAULT_MODEL_CONFIG, DEFAULT_MODEL_NAME, ModelInfo, model_info  # noqa: E402
+from optimizer.config.settings import Choice, FloatRange, IntRange, RateSearchSpec, StudyConfig
+from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
+from optimizer.core.errors import EngineStartError  # noqa: E402
+from optimizer.core.units import parse_duration_ms  # noqa: E402
+from optimizer.engines.sim.scheduler import SchedulerConfig  # noqa: E402
+from optimizer.engines.sim.steptime import StepTimeModel  # noqa: E402
 from optimizer.engines.simulated import SimulatedEngine  # noqa: E402
-from optimizer.errors import EngineStartError  # noqa: E402
-from optimizer.model import DEFAULT_MODEL_CONFIG, DEFAULT_MODEL_NAME, ModelInfo, model_info  # noqa: E402
-from optimizer.prescreen import evaluate, goodput, run_prescreen, sim_objective  # noqa: E402
-from optimizer.sim.scheduler import SchedulerConfig  # noqa: E402
-from optimizer.sim.steptime import StepTimeModel  # noqa: E402
-from optimizer.space import Space, resolve  # noqa: E402
-from optimizer.study import open_study, run_to_budget  # noqa: E402
-from optimizer.units import parse_duration_ms  # noqa: E402
-from optimizer.workload import Workload, build_workload  # noqa: E402
+from optimizer.measurement.workload import Workload, build_workload  # noqa: E402
+from optimizer.params.space import Space, resolve  # noqa: E402
+from optimizer.search.prescreen import evaluate, goodput, run_prescreen, sim_objective  # noqa: E402
+from optimizer.search.study import open_study, run_to_budget  # noqa: E402
 
 FRACTIONS = (0.95, 0.97, 0.99)
 FINE_SEARCH = RateSearchSpec(refine_steps=5, max_replays=12)
@@ -224,8 +224,8 @@ def evaluate_grid(bench: Bench, tm: StepTimeModel, jobs: int) -> tuple[list[dict
 def _code_version() -> list[int]:
     """What the grid's results depend on besides their inputs: the simulator's and the trial's code."""
     root = Path(__file__).resolve().parents[1] / "optimizer"
-    files = sorted([*root.glob("sim/*.py"), root / "engines" / "simulated.py", root / "rate_search.py",
-                    root / "objective.py", root / "metrics.py", root / "workload.py"])
+    files = sorted([*root.glob("sim/*.py"), root / "engines" / "engines/simulated.py", root / "measurement/rate_search.py",
+                    root / "search/objective.py", root / "measurement/metrics.py", root / "measurement/workload.py"])
     return [hash_text(f.read_text()) for f in files]
 
 
@@ -436,10 +436,10 @@ def real_mode(bench: Bench, tm: StepTimeModel, args: argparse.Namespace) -> None
     """A few studies on the real CPU engine (run the command under `flock /tmp/optimizer-engine.lock`). An exhaustive
     real grid would take days: the reference is the best of a coarse real grid (the simulator grid's top configs,
     measured alone) and of every real trial below."""
-    from optimizer.model import inspect_model
-    from optimizer.objective import Objective
-    from optimizer.preflight import DeviceMemory
-    from optimizer.runner import engine_base_args, model_path, vllm_factory
+    from optimizer.config.model import inspect_model
+    from optimizer.search.objective import Objective
+    from optimizer.params.preflight import DeviceMemory
+    from optimizer.search.runner import engine_base_args, model_path, vllm_factory
 
     per_trial_s = tm.engine_start_s + tm.engine_shutdown_s + 15.0  # replays: ~14 s median measured here
     n_trials = args.real_grid + 2 * args.real_seeds * args.real_budget

@@ -13,11 +13,11 @@ import asyncio
 
 import numpy as np
 
-from optimizer.clock import MonotonicClock
-from optimizer.config import WorkloadSpec
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core.clock import MonotonicClock
 from optimizer.engines.fake import FakeEngine
-from optimizer.replay import replay
-from optimizer.workload import build_workload
+from optimizer.measurement.replay import replay
+from optimizer.measurement.workload import build_workload
 
 
 async def measure(rate_rps: float, requests: int) -> np.ndarray:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from optimizer.config import CPU_DEMO_WORKLOAD, WorkloadSpec
+from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
+from optimizer.engines.sim.scheduler import SchedulerConfig
+from optimizer.engines.sim.steptime import StepTimeModel
+from optimizer.engines.sim.virtual import simulate
 from optimizer.engines.simulated import VLLM_DEFAULTS
-from optimizer.sim.scheduler import SchedulerConfig
-from optimizer.sim.steptime import StepTimeModel
-from optimizer.sim.virtual import simulate
-from optimizer.workload import build_workload
+from optimizer.measurement.workload import build_workload
 
 
 def main() -> None:

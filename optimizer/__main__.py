@@ -2,7 +2,7 @@
 
 import sys
 
-from optimizer.cli import main
+from optimizer.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,11 +15,12 @@ import threading
 import time
 from pathlib import Path
 
-from optimizer import dbretry
-from optimizer.config import StudyConfig, WorkloadSpec
-from optimizer.errors import OptimizerError
-from optimizer.runner import prepare, run
-from optimizer.signals import quiet_interrupted_trials
+from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core.errors import OptimizerError
+from optimizer.core.signals import quiet_interrupted_trials
+from optimizer.search import dbretry
+from optimizer.search.runner import prepare, run
 from tests.test_study import SimEngine
 
 dbretry.RETRY_DELAYS_S = (0.5, 1, 2, 4, 4, 4)

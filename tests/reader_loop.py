@@ -17,7 +17,7 @@ from pathlib import Path
 
 import optuna
 
-from optimizer.cli import main
+from optimizer.cli.main import main
 
 
 def half_written(trials) -> list[int]:

@@ -9,10 +9,11 @@ import asyncio
 import sys
 from pathlib import Path
 
-from optimizer.config import StudyConfig, WorkloadSpec
+from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core.signals import install_stop_handlers, interrupted_exit_code, interrupted_message
 from optimizer.engines.fake import FakeEngine
-from optimizer.runner import prepare, run
-from optimizer.signals import install_stop_handlers, interrupted_exit_code, interrupted_message
+from optimizer.search.runner import prepare, run
 
 
 class SlowStart(FakeEngine):

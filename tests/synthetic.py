@@ -18,9 +18,10 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from optimizer.config import StudyConfig, WorkloadSpec
-from optimizer.objective import CONSTRAINT
-from optimizer.study import CONFIG_ATTR, DIRECTIONS
+from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.search.objective import CONSTRAINT
+from optimizer.search.study import CONFIG_ATTR, DIRECTIONS
 
 LIMIT_MS = 100.0
 TOKENS_PER_REQUEST = 100

@@ -4,9 +4,9 @@ prompt tokens of the completed requests also when a request failed (hand-compute
 import numpy as np
 import pytest
 
-from optimizer.benchjson import bench_result
-from optimizer.metrics import RequestRecord, summarize
-from optimizer.rate_search import CurvePoint
+from optimizer.decision.benchjson import bench_result
+from optimizer.measurement.metrics import RequestRecord, summarize
+from optimizer.measurement.rate_search import CurvePoint
 from tests import synthetic
 
 

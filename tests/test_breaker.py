@@ -5,10 +5,12 @@ baseline is measured on the next run. Starts that fail for their config never tr
 import pytest
 from optuna.trial import TrialState
 
-from optimizer import failures
-from optimizer.breaker import CAUSES, STREAK_LIMIT, EnvironmentBrokenError, StartFailureBreaker, environment_cause
-from optimizer.errors import EngineStartError
-from optimizer.report import baseline
+from optimizer.core import failures
+from optimizer.core.errors import EngineStartError
+from optimizer.search.breaker import (
+    CAUSES, STREAK_LIMIT, EnvironmentBrokenError, StartFailureBreaker, environment_cause,
+)
+from optimizer.search.score import baseline
 from tests.test_study import SimEngine, make_config, run_study
 
 # What vLLM's engine core prints when CUDA was initialized in the parent before it was forked (vLLM 0.32, V1).

@@ -5,14 +5,15 @@ import math
 
 import pytest
 
-from optimizer.calibrate import (Observation, ValidationPoint, calibrate, decode_observations, fit,
-                                 prefill_observations, relative_error)
-from optimizer.config import WorkloadSpec
+from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.engines.sim.calibrate import (
+    Observation, ValidationPoint, calibrate, decode_observations, fit, prefill_observations, relative_error,
+)
+from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.simulated import SimulatedEngine
-from optimizer.metrics import RequestRecord
-from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
-from optimizer.sim.steptime import StepTimeModel
-from optimizer.workload import build_workload
+from optimizer.measurement.metrics import RequestRecord
+from optimizer.measurement.workload import build_workload
 
 TRUE = StepTimeModel(fixed_s=0.005, prefill_token_s=1e-4, decode_seq_s=4e-4, context_token_s=1e-6,
                      prefill_attention_s=1.5e-7, request_s=0.004)

@@ -5,9 +5,9 @@ import json
 import optuna
 import pytest
 
-from optimizer.cli import main
-from optimizer.config import StudyConfig
-from optimizer.study import open_study, storage_for
+from optimizer.cli.main import main
+from optimizer.config.settings import StudyConfig
+from optimizer.search.study import open_study, storage_for
 
 
 def run_cli(capsys, *argv):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.compile_cache import CACHE_ENV, cache_env, cache_root, start_phases
+from optimizer.engines.compile_cache import CACHE_ENV, cache_env, cache_root, start_phases
 
 # A GPU start's log as vLLM 0.32 writes it (format strings of vllm/v1/worker/gpu_model_runner.py,
 # vllm/compilation/monitor.py and decorators.py, vllm/v1/engine/core.py)

@@ -7,9 +7,9 @@ import wsgiref.util
 import pytest
 from optuna.trial import TrialState
 
-from optimizer.dashboard import DASHBOARD_CONSTRAINTS_ATTR
-from optimizer.objective import CONSTRAINT
-from optimizer.report import feasible
+from optimizer.search.dashboard import DASHBOARD_CONSTRAINTS_ATTR
+from optimizer.search.objective import CONSTRAINT
+from optimizer.search.score import feasible
 from tests.test_study import make_config, run_study
 
 

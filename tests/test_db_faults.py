@@ -13,8 +13,8 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy.exc import OperationalError
 
-from optimizer import dbretry
-from optimizer.dbretry import StorageUnavailableError, is_transient, with_retries
+from optimizer.search import dbretry
+from optimizer.search.dbretry import StorageUnavailableError, is_transient, with_retries
 from tests.test_study import SimEngine, make_config, run_study
 
 HOLD_S = 8.0  # longer than the SQLite driver's default busy wait (5 s), after which a write used to fail
@@ -67,7 +67,7 @@ def test_a_reader_holding_the_sqlite_file_when_a_trial_ends_delays_the_write_and
 
 def test_a_locked_sqlite_write_through_the_storage_waits_for_the_reader(tmp_path):
     """The storage itself, without a study loop: a write issued while a reader holds the file succeeds late."""
-    from optimizer.study import storage_for
+    from optimizer.search.study import storage_for
 
     db = tmp_path / "x.db"
     storage = storage_for(f"sqlite:///{db}")
@@ -153,7 +153,7 @@ def test_every_call_optuna_makes_through_the_storage_is_retried_or_deliberately_
 
 
 def test_sqlite_connections_wait_long_for_a_reader(tmp_path):
-    from optimizer.study import storage_for
+    from optimizer.search.study import storage_for
 
     storage = storage_for(f"sqlite:///{tmp_path}/y.db")
     assert storage.engine_kwargs["connect_args"]["timeout"] == dbretry.SQLITE_BUSY_TIMEOUT_S >= 30

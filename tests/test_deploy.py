@@ -3,10 +3,11 @@ defaults per GPU are copied exactly, the CUDA space holds them, and the output n
 
 import pytest
 
-from optimizer.deploy import GIB, batch_defaults
-from optimizer.report import summary_text
-from optimizer.space import resolve
-from optimizer.config import IntRange, SpaceSpec, WorkloadSpec
+from optimizer.config.settings import IntRange, SpaceSpec
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.decision.report import summary_text
+from optimizer.params.deploy import GIB, batch_defaults
+from optimizer.params.space import resolve
 from tests import synthetic
 
 GPUS = [("NVIDIA H100 80GB HBM3", 80 * GIB), ("NVIDIA H200", 141 * GIB), ("NVIDIA A100-SXM4-80GB", 80 * GIB),
@@ -96,7 +97,7 @@ def test_the_output_names_whose_defaults_the_baseline_is(tmp_path):
 
 def test_the_simulated_gpu_baseline_is_what_vllm_serve_runs():
     from optimizer.engines.simulated import SimulatedEngine
-    from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
+    from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
 
     info = model_info(DEFAULT_MODEL_CONFIG, "sim")
     h100 = SimulatedEngine(info, device="cuda", device_memory_bytes=80 * GIB, max_memory_fraction=0.95).resolve({})
@@ -106,7 +107,7 @@ def test_the_simulated_gpu_baseline_is_what_vllm_serve_runs():
 
 
 def test_deploy_as_is_a_flag_stored_with_the_study_and_part_of_what_it_measures(tmp_path):
-    from optimizer.cli import build_parser, resolve_config
+    from optimizer.cli.run import build_parser, resolve_config
 
     ns = build_parser().parse_args(["--ttft-p99", "150ms", "--studies-dir", str(tmp_path)])
     assert resolve_config(ns)[0].deploy_as == "serve"  # vllm serve unless told otherwise

@@ -7,9 +7,9 @@ from importlib.metadata import PackageNotFoundError
 
 import pytest
 
-from optimizer.cli import main
-from optimizer.device import Build, check_build, detect_device, installed_build, resolve_device, visible_gpus
-from optimizer.errors import UsageError
+from optimizer.cli.main import main
+from optimizer.core.errors import UsageError
+from optimizer.hardware.device import Build, check_build, detect_device, installed_build, resolve_device, visible_gpus
 from tests.conftest import REPO
 from tests.fake_nvml import GIB, FakeNvml
 

@@ -203,7 +203,7 @@ def test_no_literal_password_anywhere():
 
 
 def test_worker_command_is_the_optimizers_own_flags():
-    from optimizer.cli import build_parser, explicit_settings
+    from optimizer.cli.run import build_parser, explicit_settings
 
     env = env_example()
     for name, svc in workers(compose()).items():

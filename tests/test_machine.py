@@ -4,13 +4,15 @@ import json
 
 import pytest
 
-from optimizer.cli import main
-from optimizer.config import StudyConfig, WorkloadSpec
-from optimizer.fitting import MACHINE_ATTR, cpu_engine_args, machine_warning, served_dtype
-from optimizer.machine import (ASSUME_NO_NATIVE_BF16_ENV, CpuInfo, choose_dtype, cpu_info, describe, differences,
-                               fingerprint, parse_cpuinfo)
-from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
-from optimizer.preflight import GIB, DeviceMemory, estimate
+from optimizer.cli.main import main
+from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
+from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.hardware.machine import (
+    ASSUME_NO_NATIVE_BF16_ENV, CpuInfo, choose_dtype, cpu_info, describe, differences, fingerprint, parse_cpuinfo,
+)
+from optimizer.params.preflight import GIB, DeviceMemory, estimate
+from optimizer.search.fitting import MACHINE_ATTR, cpu_engine_args, machine_warning, served_dtype
 
 XEON = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -113,7 +115,7 @@ def test_fingerprint_and_differences():
 
 
 def test_gpus_read_through_nvml():
-    from optimizer.machine import gpus
+    from optimizer.hardware.machine import gpus
     from tests.fake_nvml import GIB, FakeNvml
 
     nvml = FakeNvml(devices=(("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0)),) * 2)
@@ -135,7 +137,7 @@ def test_a_resume_on_another_machine_warns(tmp_path, monkeypatch):
 def test_the_study_stores_its_machine_and_a_resume_elsewhere_says_so(tmp_path, monkeypatch, config_only_model):
     from tests.test_study import SimEngine
 
-    from optimizer.runner import prepare, run
+    from optimizer.search.runner import prepare, run
 
     config = StudyConfig(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", ttft_p99_ms=30.0, budget=1,
                          model=str(config_only_model), dummy_weights=True, device="cpu",
@@ -147,9 +149,9 @@ def test_the_study_stores_its_machine_and_a_resume_elsewhere_says_so(tmp_path, m
     stored = prepared.study.user_attrs[MACHINE_ATTR]
     assert stored == fingerprint("cpu") and any(s.startswith("machine: ") for s in said)
     # the same study resumed on an AVX2-only EPYC
-    import optimizer.machine
+    import optimizer.hardware.machine
 
-    monkeypatch.setattr(optimizer.machine, "cpu_info", lambda: parse_cpuinfo(EPYC, "x86_64"))
+    monkeypatch.setattr(optimizer.hardware.machine, "cpu_info", lambda: parse_cpuinfo(EPYC, "x86_64"))
     said.clear()
     again = prepare(prepared.config.model_copy(update={"budget": 2}), tmp_path, say=said.append,
                     engine_factory=SimEngine, memory_probe=lambda: None)
@@ -160,7 +162,7 @@ def test_the_study_stores_its_machine_and_a_resume_elsewhere_says_so(tmp_path, m
 
 
 def test_a_calibration_from_another_machine_is_refused(tmp_path, capsys):
-    from optimizer.sim.steptime import StepTimeModel
+    from optimizer.engines.sim.steptime import StepTimeModel
 
     cal = tmp_path / "cal.json"
     StepTimeModel().save(cal)
@@ -175,7 +177,7 @@ def test_a_calibration_from_another_machine_is_refused(tmp_path, capsys):
     assert not (tmp_path / "studies").exists()
     # the same machine's calibration passes that check (the study then fails later for want of --model here)
     cal.write_text(json.dumps({**data, "machine": fingerprint("cpu")}))
-    from optimizer.cli import build_parser, explicit_settings
+    from optimizer.cli.run import build_parser, explicit_settings
 
     assert explicit_settings(build_parser().parse_args(argv))["calibration"] == str(cal.resolve())
     cal.write_text(json.dumps({**data, "machine": {**fingerprint("cpu"), "cpu_model": "other"}}))
@@ -186,7 +188,7 @@ def test_a_calibration_from_another_machine_is_refused(tmp_path, capsys):
 def test_dtype_can_be_searched_on_cpu():
     import optuna
 
-    from optimizer.space import parse_space_yaml, resolve
+    from optimizer.params.space import parse_space_yaml, resolve
 
     space = resolve(parse_space_yaml({"dtype": ["bfloat16", "float32"]}), "cpu", 2048, WorkloadSpec())
     seen = set()

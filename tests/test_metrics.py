@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from optimizer.metrics import RequestRecord, summarize
+from optimizer.measurement.metrics import RequestRecord, summarize
 
 
 def rec(i, sent, chunks, input_len=10, ok=True):

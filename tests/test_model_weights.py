@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from optimizer.errors import UsageError
-from optimizer.model import DEFAULT_MODEL_CONFIG, inspect_model, safetensors_weights_bytes
+from optimizer.config.model import DEFAULT_MODEL_CONFIG, inspect_model, safetensors_weights_bytes
+from optimizer.core.errors import UsageError
 
 MIB = 1024**2
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from optimizer.noise import beats, coefficient_of_variation, median, noise_threshold
+from optimizer.measurement.noise import beats, coefficient_of_variation, median, noise_threshold
 
 
 def test_cv_by_hand():

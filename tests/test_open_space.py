@@ -7,15 +7,16 @@ import json
 import pytest
 import yaml
 
-from optimizer.config import Choice, IntRange, SpaceSpec, WorkloadSpec
-from optimizer.errors import UsageError
-from optimizer.export import export_all, serve_args
-from optimizer.model import model_info
-from optimizer.open_space import cuda_knobs, split_env
-from optimizer.parallel import per_gpu
-from optimizer.preflight import GIB, DeviceMemory, estimate
-from optimizer.report import recommended
-from optimizer.space import parse_space_yaml, resolve
+from optimizer.config.model import model_info
+from optimizer.config.settings import Choice, IntRange, SpaceSpec
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core.errors import UsageError
+from optimizer.decision.export import export_all, serve_args
+from optimizer.params.open_space import cuda_knobs, split_env
+from optimizer.params.parallel import per_gpu
+from optimizer.params.preflight import GIB, DeviceMemory, estimate
+from optimizer.params.space import parse_space_yaml, resolve
+from optimizer.search.score import recommended
 from tests import synthetic
 
 try:

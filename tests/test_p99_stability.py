@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from optimizer.stability import (exponential_tail, min_requests_for_upper_bound, p99_stability, predicted_width,
-                                 quantile_ci_ranks, requests_needed)
+from optimizer.measurement.stability import (
+    exponential_tail, min_requests_for_upper_bound, p99_stability, predicted_width, quantile_ci_ranks, requests_needed,
+)
 
 
 def test_ranks_of_the_p99_interval_over_120_requests():
@@ -66,10 +67,11 @@ def test_requests_needed_grows_as_the_tolerance_tightens():
 
 
 def test_the_study_ends_with_advice_on_the_replay_length(tmp_path, config_only_model):
-    from optimizer.config import StudyConfig, WorkloadSpec
+    from optimizer.config.settings import StudyConfig
+    from optimizer.config.workload_spec import WorkloadSpec
     from optimizer.engines.simulated import SimulatedEngine
-    from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
-    from optimizer.runner import p99_advice, prepare, run
+    from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
+    from optimizer.search.runner import p99_advice, prepare, run
 
     def engine():
         return SimulatedEngine(model_info({**DEFAULT_MODEL_CONFIG, "max_position_embeddings": 1024}, "sim"))
@@ -88,14 +90,14 @@ def test_the_study_ends_with_advice_on_the_replay_length(tmp_path, config_only_m
 
 def test_lag1_autocorrelation_by_hand():
     # d = (-1.5, -0.5, 0.5, 1.5): sum d_i d_(i-1) = 0.75 - 0.25 + 0.75 = 1.25; sum d_i^2 = 5
-    from optimizer.stability import lag1_autocorrelation
+    from optimizer.measurement.stability import lag1_autocorrelation
 
     assert lag1_autocorrelation([1, 2, 3, 4]) == pytest.approx(0.25)
     assert lag1_autocorrelation([5, 5, 5]) == 0.0 and lag1_autocorrelation([1, 2]) == 0.0
 
 
 def test_correlated_ttfts_count_as_fewer_requests():
-    from optimizer.stability import effective_fraction
+    from optimizer.measurement.stability import effective_fraction
 
     rng = np.random.default_rng(0)
     assert effective_fraction(100.0 + rng.exponential(20.0, size=2000)) == 1.0  # independent: rho within noise

@@ -4,11 +4,11 @@ visible GPU is probed, a layout larger than the host is invalid before any start
 import pytest
 import yaml
 
-from optimizer.export import export_all
-from optimizer.model import model_info
-from optimizer.parallel import gpus_needed, layout_problems, per_gpu, per_gpu_throughput
-from optimizer.preflight import GIB, DeviceMemory, estimate, memory_problems
-from optimizer.report import recommended
+from optimizer.config.model import model_info
+from optimizer.decision.export import export_all
+from optimizer.params.parallel import gpus_needed, layout_problems, per_gpu, per_gpu_throughput
+from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
+from optimizer.search.score import recommended
 from tests import synthetic
 from tests.fake_nvml import FakeNvml
 
@@ -79,9 +79,9 @@ def test_layouts_that_differ_are_ranked_per_gpu(tmp_path):
     """Trial #2 serves 770 tok/s on two GPUs (385 per GPU), trial #1 576 tok/s on one: per GPU, #1 wins."""
     import optuna
 
-    from optimizer.decision import decide
-    from optimizer.objective import CONSTRAINT
-    from optimizer.study import CONFIG_ATTR, DIRECTIONS
+    from optimizer.decision.decide import decide
+    from optimizer.search.objective import CONSTRAINT
+    from optimizer.search.study import CONFIG_ATTR, DIRECTIONS
 
     config = synthetic.make_config(tmp_path, "tp", device="cuda")
     study = optuna.create_study(study_name="tp", storage=config.storage_url, directions=DIRECTIONS)

@@ -5,8 +5,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from optimizer.cli import main
-from optimizer.paths import check_study_name
+from optimizer.cli.main import main
+from optimizer.core.paths import check_study_name
 
 
 def run_cli(capsys, *argv):
@@ -59,8 +59,8 @@ def test_a_storage_path_that_cannot_be_created_is_a_usage_error(tmp_path, capsys
 
 
 def test_the_library_refuses_such_a_storage_path_too(tmp_path):
-    from optimizer.errors import UsageError
-    from optimizer.study import storage_for
+    from optimizer.core.errors import UsageError
+    from optimizer.search.study import storage_for
 
     (tmp_path / "f").write_text("")
     with pytest.raises(UsageError, match="is a file, not a directory"):

@@ -7,8 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from optimizer.pilot import CHOICE_ATTR, MAX_AUTO_REQUESTS, PILOT_SUFFIX, RequestsChoice, choice_line, choose_count
-from optimizer.stability import min_requests_for_upper_bound, predicted_width, exponential_tail
+from optimizer.measurement.stability import min_requests_for_upper_bound, predicted_width, exponential_tail
+from optimizer.search.pilot import (
+    CHOICE_ATTR, MAX_AUTO_REQUESTS, PILOT_SUFFIX, RequestsChoice, choice_line, choose_count,
+)
 
 
 def test_a_light_tail_needs_only_the_requests_that_bound_the_p99():
@@ -67,13 +69,14 @@ def test_the_choice_line_names_the_count_the_evidence_and_the_pace():
 
 def _sim_engine():
     from optimizer.engines.simulated import SimulatedEngine
-    from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
+    from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
 
     return SimulatedEngine(model_info({**DEFAULT_MODEL_CONFIG, "max_position_embeddings": 1024}, "sim"))
 
 
 def _config(tmp_path, model, **over):
-    from optimizer.config import StudyConfig, WorkloadSpec
+    from optimizer.config.settings import StudyConfig
+    from optimizer.config.workload_spec import WorkloadSpec
 
     return StudyConfig(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", ttft_p99_ms=40.0, budget=3,
                        model=str(model), dummy_weights=True, device="cpu", num_requests_auto=True,
@@ -85,9 +88,9 @@ def test_a_new_auto_study_is_created_with_the_count_its_pilot_chose_and_resuming
                                                                                           config_only_model):
     import optuna
 
-    from optimizer.records import RecordStore
-    from optimizer.runner import prepare, run
-    from optimizer.study import stored_config, storage_for
+    from optimizer.search.records import RecordStore
+    from optimizer.search.runner import prepare, run
+    from optimizer.search.study import stored_config, storage_for
 
     starts = []
 
@@ -123,8 +126,8 @@ def test_a_new_auto_study_is_created_with_the_count_its_pilot_chose_and_resuming
 
 
 def test_a_pilot_that_cannot_run_leaves_the_floor_and_the_reason(tmp_path, config_only_model):
-    from optimizer.errors import EngineStartError
-    from optimizer.runner import prepare
+    from optimizer.core.errors import EngineStartError
+    from optimizer.search.runner import prepare
 
     class Broken:
         process_refs: list = []
@@ -142,7 +145,7 @@ def test_a_pilot_that_cannot_run_leaves_the_floor_and_the_reason(tmp_path, confi
 def test_a_second_worker_waits_for_the_pilot_another_one_runs():
     import optuna
 
-    from optimizer.pilot import _wait_for_pilot
+    from optimizer.search.pilot import _wait_for_pilot
 
     pilot = optuna.create_study()
     running = pilot.ask()
@@ -170,7 +173,7 @@ def test_a_second_worker_waits_for_the_pilot_another_one_runs():
     (["--ttft-p99", "1s"], False, 120),  # the embedded CPU demo keeps its short replays
 ])
 def test_the_command_line_chooses_auto_where_the_count_is_not_given(tmp_path, argv, auto, count):
-    from optimizer.cli import build_parser, resolve_config
+    from optimizer.cli.run import build_parser, resolve_config
 
     ns = build_parser().parse_args([*argv, "--studies-dir", str(tmp_path), "--device", "cpu"])
     config, stored = resolve_config(ns)
@@ -180,7 +183,7 @@ def test_the_command_line_chooses_auto_where_the_count_is_not_given(tmp_path, ar
 
 
 def test_too_few_requests_is_refused_with_the_fix(tmp_path):
-    from optimizer.cli import main
+    from optimizer.cli.main import main
 
     assert main(["--ttft-p99", "1s", "--num-requests", "5", "--studies-dir", str(tmp_path)]) == 2
     assert not list(tmp_path.iterdir())  # nothing written
@@ -194,11 +197,12 @@ def test_the_pilot_on_the_real_engine_chooses_the_count_the_study_is_created_wit
     simulator above, where a replay of 368+ requests costs no minutes.)"""
     import optuna
 
-    from optimizer.config import StudyConfig, WorkloadSpec
-    from optimizer.model import DEFAULT_MODEL_NAME
-    from optimizer.records import RecordStore
-    from optimizer.runner import prepare
-    from optimizer.study import storage_for, stored_config
+    from optimizer.config.settings import StudyConfig
+    from optimizer.config.workload_spec import WorkloadSpec
+    from optimizer.config.model import DEFAULT_MODEL_NAME
+    from optimizer.search.records import RecordStore
+    from optimizer.search.runner import prepare
+    from optimizer.search.study import storage_for, stored_config
 
     url = f"sqlite:///{tmp_path}/s.db"
     config = StudyConfig(study_name="s", storage_url=url, ttft_p99_ms=1000.0, budget=1, model=DEFAULT_MODEL_NAME,
@@ -228,7 +232,7 @@ def test_the_pilot_on_the_real_engine_chooses_the_count_the_study_is_created_wit
 
 
 def test_measure_refuses_auto_with_the_fix(capsys):
-    from optimizer.cli import main
+    from optimizer.cli.main import main
 
     assert main(["measure", "--url", "http://127.0.0.1:9", "--rate", "2", "--num-requests", "auto"]) == 2
     assert "pass a number" in capsys.readouterr().err

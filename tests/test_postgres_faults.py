@@ -148,7 +148,7 @@ def test_a_database_that_stays_down_stops_the_worker_in_one_line_and_the_same_co
 
 
 def test_the_export_hint_runs_as_printed_with_the_password_in_pgpassword(server, tmp_path, config_only_model):
-    from optimizer.hints import export_hint
+    from optimizer.core.hints import export_hint
 
     code, err = worker(server, tmp_path, config_only_model, outage_s=0)
     assert code == 0, err[-3000:]

@@ -5,13 +5,15 @@ import asyncio
 import optuna
 import pytest
 
-from optimizer.config import StudyConfig, WorkloadSpec
+from optimizer.config.model import ModelInfo
+from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core.errors import OptimizerError
 from optimizer.engines.fake import FakeEngine
-from optimizer.errors import OptimizerError
-from optimizer.model import ModelInfo
-from optimizer.preflight import (GIB, DeviceMemory, DeviceMemoryHeldError, estimate, held_elsewhere, memory_problems,
-                                 wait_for_memory)
-from optimizer.runner import prepare
+from optimizer.params.preflight import (
+    GIB, DeviceMemory, DeviceMemoryHeldError, estimate, held_elsewhere, memory_problems, wait_for_memory,
+)
+from optimizer.search.runner import prepare
 
 # 2 layers x 4 KV heads x 64 dims x 2 bytes x (K and V) = 2048 bytes per token
 MODEL = ModelInfo(path="m", vocab_size=1000, max_len=4096, num_layers=2, num_kv_heads=4, head_dim=64,

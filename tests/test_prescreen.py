@@ -5,12 +5,13 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from optimizer.config import StudyConfig, WorkloadSpec
+from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
+from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.simulated import SimulatedEngine
-from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
-from optimizer.prescreen import PRESCREEN_ATTR, choose, goodput, perturbed
-from optimizer.runner import prepare, run
-from optimizer.sim.steptime import StepTimeModel
+from optimizer.search.prescreen import PRESCREEN_ATTR, choose, goodput, perturbed
+from optimizer.search.runner import prepare, run
 
 
 class SimEngine(SimulatedEngine):
@@ -76,7 +77,7 @@ def test_prescreen_queues_what_it_says_after_the_baseline_and_once(tmp_path, con
 def test_a_second_worker_that_pre_screens_the_same_study_queues_no_pick_twice(tmp_path, config_only_model):
     """Two workers that start one study together both find it not pre-screened yet: both run the pre-screen,
     on the same simulated study, and the second's picks are already queued."""
-    from optimizer.prescreen import run_prescreen
+    from optimizer.search.prescreen import run_prescreen
 
     config = make_config(tmp_path, config_only_model)
     prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
@@ -91,7 +92,7 @@ def test_a_second_worker_that_pre_screens_the_same_study_queues_no_pick_twice(tm
 
 
 def test_the_pre_screen_waits_for_another_workers_running_simulated_trials():
-    from optimizer.study import wait_while_running
+    from optimizer.search.study import wait_while_running
 
     study = optuna.create_study()
     running = study.ask()
@@ -113,8 +114,8 @@ def test_the_pre_screen_waits_for_another_workers_running_simulated_trials():
 
 
 def test_cli_flags_become_study_settings(tmp_path):
-    from optimizer.cli import build_parser, explicit_settings
-    from optimizer.errors import UsageError
+    from optimizer.cli.run import build_parser, explicit_settings
+    from optimizer.core.errors import UsageError
 
     cal = tmp_path / "cal.json"
     StepTimeModel().save(cal)

@@ -5,14 +5,16 @@ import json
 import optuna
 import pytest
 
-from optimizer.cli import build_parser, main, resolve_config
-from optimizer.config import CPU_DEMO_WORKLOAD, StudyConfig, WorkloadSpec, build
+from optimizer.cli.main import main
+from optimizer.cli.run import build_parser, resolve_config
+from optimizer.config.model import DEFAULT_MODEL_CONFIG
+from optimizer.config.presets import PRESETS, demo_workload, get
+from optimizer.config.settings import StudyConfig, build
+from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
+from optimizer.core.errors import UsageError
 from optimizer.engines.fake import FakeEngine
-from optimizer.errors import UsageError
-from optimizer.model import DEFAULT_MODEL_CONFIG
-from optimizer.presets import PRESETS, demo_workload, get
-from optimizer.runner import prepare, run
-from optimizer.workload import build_workload
+from optimizer.measurement.workload import build_workload
+from optimizer.search.runner import prepare, run
 
 
 def resolve(tmp_path, *argv):

@@ -4,12 +4,14 @@ import asyncio
 
 import pytest
 
-from optimizer.clock import MonotonicClock
-from optimizer.config import CPU_DEMO_WORKLOAD, WorkloadSpec
+from optimizer.config.model import DEMO_LADDER, demo_shape, model_info
+from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
+from optimizer.core.clock import MonotonicClock
 from optimizer.engines.simulated import SimulatedEngine
-from optimizer.model import DEMO_LADDER, demo_shape, model_info
-from optimizer.probe import (BASELINE_EXTRA_REPLAYS, KNEE_FRACTION_OF_CEILING, REPLAYS_PER_TRIAL, ProbeResult,
-                             choose_scale, estimate_study_s, predicted_prefill_ms, probe)
+from optimizer.search.probe import (
+    BASELINE_EXTRA_REPLAYS, KNEE_FRACTION_OF_CEILING, REPLAYS_PER_TRIAL, ProbeResult, choose_scale, estimate_study_s,
+    predicted_prefill_ms, probe,
+)
 
 
 def result(prefill_ms, decode_ms=5.0, burst_rps=20.0, start_s=17.0, shutdown_s=5.0):
@@ -72,7 +74,7 @@ def test_probe_measures_prefill_decode_and_the_ceiling():
 
 
 def test_a_slow_study_takes_a_smaller_shape():
-    from optimizer.probe import TARGET_S_PER_TRIAL, estimate_shape_s
+    from optimizer.search.probe import TARGET_S_PER_TRIAL, estimate_shape_s
 
     # engine start 25 s, burst ceiling 12/s: the 17M model's 40 trials are estimated past 54 s a trial
     slow = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=12.0, start_s=25.0)

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from optimizer.config import RateSearchSpec
-from optimizer.metrics import Distribution, ReplayMetrics
-from optimizer.rate_search import find_max_rate
+from optimizer.config.settings import RateSearchSpec
+from optimizer.measurement.metrics import Distribution, ReplayMetrics
+from optimizer.measurement.rate_search import find_max_rate
 
 
 def fake_metrics(rate, ttft_p99_ms, achieved=None, burst_rps=20.0):

@@ -14,7 +14,7 @@ import time
 import pytest
 from optuna.trial import TrialState
 
-from optimizer.runner import prepare, run
+from optimizer.search.runner import prepare, run
 from tests.conftest import REPO, subprocess_env
 from tests.reader_loop import half_written, one_pass
 from tests.test_study import SimEngine, make_config

@@ -5,8 +5,8 @@ import math
 import pytest
 from optuna.trial import TrialState
 
-from optimizer.metrics import summarize
-from optimizer.records import RecordStore
+from optimizer.measurement.metrics import summarize
+from optimizer.search.records import RecordStore
 from tests.test_study import make_config, run_study
 
 

@@ -3,13 +3,14 @@ merges the same way. On the simulated engine: fast and deterministic."""
 
 import math
 
-from optimizer.config import StudyConfig, WorkloadSpec
+from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
+from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.engines.simulated import SimulatedEngine
-from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
-from optimizer.objective import BASELINE_REPEATS
-from optimizer.rerank import merge_repeats
-from optimizer.runner import prepare, run
-from optimizer.study import is_baseline
+from optimizer.measurement.rerank import merge_repeats
+from optimizer.search.objective import BASELINE_REPEATS
+from optimizer.search.runner import prepare, run
+from optimizer.search.study import is_baseline
 
 
 def test_trials_repeat_their_best_rate_and_the_baseline_at_least_three_times(tmp_path, config_only_model):
@@ -36,7 +37,7 @@ def test_trials_repeat_their_best_rate_and_the_baseline_at_least_three_times(tmp
 
 
 def _metrics(rate_rps, ttft_p99_ms):
-    from optimizer.metrics import Distribution, ReplayMetrics
+    from optimizer.measurement.metrics import Distribution, ReplayMetrics
 
     d = Distribution(ttft_p99_ms / 2, ttft_p99_ms / 2, ttft_p99_ms, ttft_p99_ms)
     return ReplayMetrics(offered_rate_rps=rate_rps, achieved_rate_rps=rate_rps, sent_rate_rps=rate_rps,
@@ -50,8 +51,8 @@ def test_repeats_that_miss_step_the_rate_down_until_the_medians_hold():
     the trial is feasible at 17/s with its medians, not infeasible."""
     import asyncio
 
-    from optimizer.objective import REPEAT_STEP_DOWN, confirm_best, with_repeats
-    from optimizer.rate_search import CurvePoint, RateSearchResult
+    from optimizer.search.repeats import REPEAT_STEP_DOWN, confirm_best, with_repeats
+    from optimizer.measurement.rate_search import CurvePoint, RateSearchResult
 
     first = CurvePoint.of(_metrics(20.0, 140.0), 150.0, 0.9)
     result = RateSearchResult(points=[CurvePoint.of(_metrics(float("inf"), 900.0), 150.0, 0.9), first], best=first)
@@ -71,8 +72,8 @@ def test_repeats_that_miss_step_the_rate_down_until_the_medians_hold():
 def test_repeats_that_hold_measure_nothing_more():
     import asyncio
 
-    from optimizer.objective import confirm_best
-    from optimizer.rate_search import CurvePoint, RateSearchResult
+    from optimizer.search.repeats import confirm_best
+    from optimizer.measurement.rate_search import CurvePoint, RateSearchResult
 
     first = CurvePoint.of(_metrics(20.0, 140.0), 150.0, 0.9)
     result = RateSearchResult(points=[first], best=first)

@@ -13,14 +13,17 @@ from pathlib import Path
 import optuna
 import pytest
 
-from optimizer.cli import main
-from optimizer.config import StudyConfig, WorkloadSpec
-from optimizer.decision import decide, format_output, front_rows, render
+from optimizer.cli.main import main
+from optimizer.config.model import DEFAULT_MODEL_CONFIG
+from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.decision.decide import decide
+from optimizer.decision.tables import format_output
+from optimizer.decision.views import front_rows, render
 from optimizer.engines.fake import FakeEngine
-from optimizer.model import DEFAULT_MODEL_CONFIG
-from optimizer.report import recommended
-from optimizer.rerank import Answer
-from optimizer.runner import prepare, run
+from optimizer.measurement.rerank import Answer
+from optimizer.search.runner import prepare, run
+from optimizer.search.score import recommended
 from tests import synthetic
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -211,7 +214,7 @@ def test_bench_json_keys_are_the_ones_vllm_writes(syn):
     source = Path(spec.origin).parent / "benchmarks" / "serve.py" if spec and spec.origin else None
     if source is None or not source.exists():
         pytest.skip("vLLM's benchmark source is not installed")
-    from optimizer.benchjson import bench_result, chosen_point
+    from optimizer.decision.benchjson import bench_result, chosen_point
 
     study, config, _ = syn
     trial = study.trials[2]
@@ -261,8 +264,8 @@ def test_a_challenger_within_noise_is_not_reported_as_better(tmp_path):
     2 x 4.76% x sqrt(1/1 + 1/3) = 11.0%: #1 (+4.8%) is within noise, #2 (+83%) is not."""
     from optuna.trial import create_trial
 
-    from optimizer.objective import CONSTRAINT
-    from optimizer.study import CONFIG_ATTR, DIRECTIONS
+    from optimizer.search.objective import CONSTRAINT
+    from optimizer.search.study import CONFIG_ATTR, DIRECTIONS
 
     def pt(rate, tput, ttft):
         return {**synthetic.point(rate, ttft, burst_rps=10.0), "output_throughput_tok_s": float(tput)}
@@ -289,7 +292,7 @@ def test_a_challenger_within_noise_is_not_reported_as_better(tmp_path):
         study2.add_trial(t)
     d2 = decide(study2, config.model_copy(update={"study_name": "noise2"}))
     assert d2.best.number == 1
-    from optimizer.decision import summary_lines
+    from optimizer.decision.views import summary_lines
 
     gain = next(line for line in summary_lines(d2) if line.startswith("gain over"))
     assert "+4.8%" in gain and "within measurement noise" in gain and "11.0%" in gain
@@ -300,8 +303,8 @@ def test_a_challenger_inside_the_incumbents_rate_bracket_is_not_better(tmp_path)
     #2 at 5.2/s (+30%) is."""
     from optuna.trial import create_trial
 
-    from optimizer.objective import CONSTRAINT
-    from optimizer.study import CONFIG_ATTR, DIRECTIONS
+    from optimizer.search.objective import CONSTRAINT
+    from optimizer.search.study import CONFIG_ATTR, DIRECTIONS
 
     config = synthetic.make_config(tmp_path, "bracket")
     study = optuna.create_study(study_name="bracket", storage=config.storage_url, directions=DIRECTIONS)

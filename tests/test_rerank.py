@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from optimizer.rerank import Answer, Ranked, dominates, pareto_front, qualifies, rank_curve, recommend
+from optimizer.measurement.rerank import Answer, Ranked, dominates, pareto_front, qualifies, rank_curve, recommend
 
 
 def pt(rate, ttft_ms, tok_s=None, sustained=True):
@@ -94,7 +94,7 @@ def test_recommendation_ties_go_to_the_lower_ttft_then_the_earlier_trial():
 
 
 def test_other_latency_limits_narrow_the_answer():
-    from optimizer.rerank import rank_curve
+    from optimizer.measurement.rerank import rank_curve
 
     curve = [
         {"offered_rate_rps": None, "sustained": True, "ttft_p99_ms": 900.0, "tpot_p99_ms": 40.0,
@@ -111,7 +111,7 @@ def test_other_latency_limits_narrow_the_answer():
 
 
 def test_repeats_at_one_rate_rank_as_their_median():
-    from optimizer.rerank import merge_repeats
+    from optimizer.measurement.rerank import merge_repeats
 
     def pt(rate, tput, ttft, sustained=True):
         return {"offered_rate_rps": rate, "output_throughput_tok_s": tput, "ttft_p99_ms": ttft,

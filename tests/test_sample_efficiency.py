@@ -3,13 +3,14 @@
 import importlib.util
 import sys
 
-from optimizer.config import CPU_DEMO_WORKLOAD, Choice, FloatRange, IntRange, StudyConfig, WorkloadSpec
+from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
+from optimizer.config.settings import Choice, FloatRange, IntRange, StudyConfig
+from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
 from optimizer.engines.simulated import SimulatedEngine
-from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
-from optimizer.prescreen import goodput
-from optimizer.report import recommended
-from optimizer.runner import prepare, run
-from optimizer.space import Space
+from optimizer.params.space import Space
+from optimizer.search.prescreen import goodput
+from optimizer.search.runner import prepare, run
+from optimizer.search.score import recommended
 from tests.conftest import REPO
 
 

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import yaml
 
-from optimizer.export import STORE_TRUE_ONLY, export_all, serve_args, serve_argv, to_yaml, yaml_entries
-from optimizer.report import recommended
+from optimizer.decision.export import STORE_TRUE_ONLY, export_all, serve_args, serve_argv, to_yaml, yaml_entries
+from optimizer.search.score import recommended
 from tests import synthetic
 
 try:

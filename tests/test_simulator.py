@@ -4,16 +4,16 @@ import asyncio
 
 import pytest
 
-from optimizer.config import WorkloadSpec
+from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core.errors import EngineStartError, UsageError
+from optimizer.engines.sim.scheduler import Scheduler, SchedulerConfig
+from optimizer.engines.sim.steptime import StepTimeModel
+from optimizer.engines.sim.virtual import simulate
 from optimizer.engines.simulated import SimulatedEngine
-from optimizer.errors import EngineStartError, UsageError
-from optimizer.metrics import summarize
-from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
-from optimizer.replay import replay
-from optimizer.sim.scheduler import Scheduler, SchedulerConfig
-from optimizer.sim.steptime import StepTimeModel
-from optimizer.sim.virtual import simulate
-from optimizer.workload import Request, build_workload
+from optimizer.measurement.metrics import summarize
+from optimizer.measurement.replay import replay
+from optimizer.measurement.workload import Request, build_workload
 
 # step = 1 s + 0.01 s per prefill token + 0.1 s per decode sequence + 0.001 s per context token: easy to add up
 MODEL = StepTimeModel(fixed_s=1.0, prefill_token_s=0.01, decode_seq_s=0.1, context_token_s=0.001)

@@ -1,9 +1,10 @@
 import optuna
 import pytest
 
-from optimizer.config import IntRange, WorkloadSpec
-from optimizer.errors import UsageError
-from optimizer.space import check_constraints, parse_space_yaml, resolve
+from optimizer.config.settings import IntRange
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core.errors import UsageError
+from optimizer.params.space import check_constraints, parse_space_yaml, resolve
 
 WL = WorkloadSpec(input_len_min=10, input_len_max=100, output_len_min=5, output_len_max=28)  # longest 128
 

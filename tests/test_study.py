@@ -8,16 +8,18 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from optimizer import failures
-from optimizer.config import FloatRange, SpaceSpec, StudyConfig, WorkloadSpec
+from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
+from optimizer.config.settings import FloatRange, SpaceSpec, StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core import failures
+from optimizer.core.errors import OptimizerError
+from optimizer.decision.decide import decide
+from optimizer.decision.export import export
+from optimizer.decision.report import summary_text
 from optimizer.engines.simulated import SimulatedEngine
-from optimizer.errors import OptimizerError
-from optimizer.export import export
-from optimizer.model import DEFAULT_MODEL_CONFIG, model_info
-from optimizer.objective import CONSTRAINT
-from optimizer.decision import decide
-from optimizer.report import recommended, summary_text
-from optimizer.runner import prepare, run
+from optimizer.search.objective import CONSTRAINT
+from optimizer.search.runner import prepare, run
+from optimizer.search.score import recommended
 
 
 def make_config(tmp_path, model, **kw):
@@ -133,8 +135,8 @@ def test_a_second_live_worker_on_sqlite_is_refused(tmp_path, config_only_model):
 
     import psutil
 
-    from optimizer.errors import UsageError
-    from optimizer.study import open_study, storage_for
+    from optimizer.core.errors import UsageError
+    from optimizer.search.study import open_study, storage_for
 
     config = make_config(tmp_path, config_only_model)
     storage = storage_for(config.storage_url)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from optimizer.telemetry import GIB, GpuTelemetry, device_handle, for_device
+from optimizer.measurement.telemetry import GIB, GpuTelemetry, device_handle, for_device
 from tests.fake_nvml import FakeNvml as SharedFakeNvml
 
 

@@ -3,16 +3,18 @@
 import pytest
 from optuna.trial import TrialState
 
-from optimizer.cli import budget_settings, build_parser, main, resolve_config
-from optimizer.config import CPU_DEMO_WORKLOAD, StudyConfig, WorkloadSpec
+from optimizer.cli.main import main
+from optimizer.cli.run import budget_settings, build_parser, resolve_config
+from optimizer.config.model import DEMO_LADDER, DEFAULT_MODEL_NAME, model_info
+from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
+from optimizer.core.errors import UsageError
+from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.simulated import SimulatedEngine
-from optimizer.errors import UsageError
-from optimizer.fitting import SCALE_ATTR
-from optimizer.model import DEMO_LADDER, DEFAULT_MODEL_NAME, model_info
-from optimizer.progress import clock_text, remaining_s
-from optimizer.runner import budget_text, prepare
-from optimizer.sim.steptime import StepTimeModel
-from optimizer.study import open_study, run_to_budget, storage_for, time_left_for
+from optimizer.search.fitting import SCALE_ATTR
+from optimizer.search.progress import clock_text, remaining_s
+from optimizer.search.runner import budget_text, prepare
+from optimizer.search.study import open_study, run_to_budget, storage_for, time_left_for
 from tests.test_study import SimEngine, make_config
 
 

@@ -1,10 +1,10 @@
 import pytest
 
-from optimizer.cli import main
-from optimizer.config import WorkloadSpec
-from optimizer.errors import UsageError
-from optimizer.trace import load_trace
-from optimizer.workload import build_workload
+from optimizer.cli.main import main
+from optimizer.config.trace import load_trace
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core.errors import UsageError
+from optimizer.measurement.workload import build_workload
 
 
 def write(tmp_path, name, text):
@@ -60,7 +60,7 @@ def test_cli_refuses_a_malformed_trace_and_writes_nothing(tmp_path, capsys):
 
 def test_original_timing_replays_the_traces_own_timestamps_at_its_own_rate():
     rows = [(10, 5, 100.0), (20, 6, 101.0), (30, 7, 103.0), (40, 8, 104.0)]
-    from optimizer.workload import fixed_load_rate
+    from optimizer.measurement.workload import fixed_load_rate
 
     s = WorkloadSpec(num_requests=10, trace=rows, trace_timing="original")
     w = build_workload(s, 1000)
@@ -72,7 +72,7 @@ def test_original_timing_replays_the_traces_own_timestamps_at_its_own_rate():
 
 
 def test_original_timing_needs_timestamps_and_open_arrivals():
-    from optimizer.config import build
+    from optimizer.config.settings import build
 
     with pytest.raises(UsageError, match="needs a trace with timestamps"):
         build(WorkloadSpec, {"num_requests": 10, "trace": [(1, 1, None), (2, 2, None)], "trace_timing": "original"},
@@ -90,9 +90,9 @@ def test_a_trace_with_constant_arrivals_keeps_its_lengths_and_spaces_them_evenly
 
 
 def test_a_study_at_the_traces_own_timestamps_measures_once_per_trial(tmp_path, config_only_model):
-    from optimizer.config import StudyConfig
+    from optimizer.config.settings import StudyConfig
     from optimizer.engines.fake import FakeEngine
-    from optimizer.runner import prepare, run
+    from optimizer.search.runner import prepare, run
 
     rows = [(20 + i % 7, 2 + i % 3, 0.05 * i) for i in range(30)]  # 20 req/s for 1.45 s
     config = StudyConfig(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", ttft_p99_ms=200.0, budget=2,

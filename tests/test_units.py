@@ -1,7 +1,7 @@
 import pytest
 
-from optimizer.errors import UsageError
-from optimizer.units import format_ms, parse_duration_ms
+from optimizer.core.errors import UsageError
+from optimizer.core.units import format_ms, parse_duration_ms
 
 
 @pytest.mark.parametrize("text,ms", [("150ms", 150.0), ("0.2s", 200.0), ("2min", 120_000.0), ("1h", 3_600_000.0),

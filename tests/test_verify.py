@@ -3,10 +3,10 @@
 import asyncio
 import math
 
-from optimizer.config import WorkloadSpec
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.decision.verify import Verified, robust_choice, variants, verify_trial
 from optimizer.engines.fake import FakeEngine
-from optimizer.report import recommended
-from optimizer.verify import Verified, robust_choice, variants, verify_trial
+from optimizer.search.score import recommended
 from tests.test_study import make_config, run_study
 
 

@@ -1,9 +1,9 @@
-"""One tested vLLM version everywhere: the cpu extra, the cuda extra, the Dockerfile's base image, device.py."""
+"""One tested vLLM version everywhere: the cpu extra, the cuda extra, the Dockerfile's base image, hardware/device.py."""
 
 import re
 import tomllib
 
-from optimizer.device import TESTED_VLLM_VERSION
+from optimizer.hardware.device import TESTED_VLLM_VERSION
 from tests.conftest import REPO
 
 

@@ -6,13 +6,14 @@ import math
 import numpy as np
 import pytest
 
-from optimizer.clock import MonotonicClock
-from optimizer.config import CPU_DEMO_WORKLOAD, LengthDist, StudyConfig, WorkloadSpec, build
+from optimizer.config.settings import StudyConfig, build
+from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, LengthDist, WorkloadSpec
+from optimizer.core.clock import MonotonicClock
+from optimizer.core.errors import UsageError
 from optimizer.engines.fake import FakeEngine
-from optimizer.errors import UsageError
-from optimizer.metrics import RequestRecord, measured_window, summarize
-from optimizer.replay import replay_closed_loop
-from optimizer.workload import build_workload, fixed_load_rate
+from optimizer.measurement.metrics import RequestRecord, measured_window, summarize
+from optimizer.measurement.replay import replay_closed_loop
+from optimizer.measurement.workload import build_workload, fixed_load_rate
 
 
 def spec(**kw):

@@ -1,1 +1,1 @@
-"""Engines behind one protocol (base.py): the in-process vLLM engine and a scripted fake for fast tests."""
+"""What runs a config behind the Engine protocol: vLLM in process, over HTTP, simulated, fake."""

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from optimizer import failures
-from optimizer.errors import EngineStartError
-from optimizer.workload import Request
+from optimizer.core import failures
+from optimizer.core.errors import EngineStartError
+from optimizer.measurement.workload import Request
 
 
 class _Seq:

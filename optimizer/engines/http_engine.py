@@ -21,12 +21,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from optimizer import failures
-from optimizer.open_space import split_env
+from optimizer.core import failures
+from optimizer.core.errors import EngineDiedError, EngineStartError, UsageError
+from optimizer.core.processes import ProcessRef
 from optimizer.engines.server import ServerProcess, flag_name, free_port, server_argv, vllm_flag_kinds
-from optimizer.errors import EngineDiedError, EngineStartError, UsageError
-from optimizer.processes import ProcessRef
-from optimizer.workload import Request
+from optimizer.measurement.workload import Request
+from optimizer.params.open_space import split_env
 
 _HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 _ARGPARSE_ERROR = re.compile(r"error: (unrecognized arguments: [^\n]*|argument [^\n]*)")

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from optimizer.processes import ProcessRef, end_processes
+from optimizer.core.processes import ProcessRef, end_processes
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 

@@ -7,7 +7,7 @@ Two ways to drive it:
   `optimizer.replay.replay` uses it when an engine has it, so studies, rate searches and benchmarks run on the
   simulator unchanged, only faster.
 
-Its memory model follows optimizer/preflight.py: `gpu_memory_utilization` x device memory, less weights and a
+Its memory model follows optimizer/params/preflight.py: `gpu_memory_utilization` x device memory, less weights and a
 runtime reserve, is the KV cache; a config that asks for more than the device has fails to start as out of memory.
 """
 
@@ -18,17 +18,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from optimizer import failures
-from optimizer.deploy import batch_defaults
-from optimizer.errors import EngineStartError
-from optimizer.metrics import RequestRecord
-from optimizer.model import ModelInfo
-from optimizer.preflight import GIB, RUNTIME_RESERVE_BYTES, VLLM_DEFAULT_MEMORY_FRACTION
-from optimizer.sim.scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from optimizer.sim.steptime import StepTimeModel
-from optimizer.sim.virtual import simulate
-from optimizer.space import SEARCHABLE, check_constraints
-from optimizer.workload import Request
+from optimizer.config.model import ModelInfo
+from optimizer.core import failures
+from optimizer.core.errors import EngineStartError
+from optimizer.engines.sim.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from optimizer.engines.sim.steptime import StepTimeModel
+from optimizer.engines.sim.virtual import simulate
+from optimizer.measurement.metrics import RequestRecord
+from optimizer.measurement.workload import Request
+from optimizer.params.deploy import batch_defaults
+from optimizer.params.preflight import GIB, RUNTIME_RESERVE_BYTES, VLLM_DEFAULT_MEMORY_FRACTION
+from optimizer.params.space import SEARCHABLE, check_constraints
 
 # vLLM 0.32's defaults for what the simulator models (what the real engines resolved on each device).
 VLLM_DEFAULTS = {
@@ -64,7 +64,7 @@ class SimulatedEngine:
         self.validate(params)
         given = {k: v for k, v in params.items() if k not in _IGNORED and not k.startswith("env:")}
         defaults = dict(VLLM_DEFAULTS.get(self.device, VLLM_DEFAULTS["cpu"]))
-        if self.device == "cuda":  # what `vllm serve` gets on a GPU of this memory (optimizer/deploy.py)
+        if self.device == "cuda":  # what `vllm serve` gets on a GPU of this memory (optimizer/params/deploy.py)
             defaults["max_num_seqs"], defaults["max_num_batched_tokens"] = batch_defaults(
                 "serve", "cuda", self.device_memory_bytes)
         out = {**defaults, **given}

@@ -19,13 +19,13 @@ from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
-from optimizer import failures
-from optimizer.deploy import DEFAULT_TARGET, usage_context
-from optimizer.engines.base import EngineStats, RequestTiming
-from optimizer.errors import EngineDiedError, EngineStartError
-from optimizer.open_space import split_env
-from optimizer.processes import ProcessRef, children, end_processes, output_to
-from optimizer.workload import Request
+from optimizer.core import failures
+from optimizer.core.errors import EngineDiedError, EngineStartError
+from optimizer.core.processes import ProcessRef, children, end_processes, output_to
+from optimizer.measurement.engine import EngineStats, RequestTiming
+from optimizer.measurement.workload import Request
+from optimizer.params.deploy import DEFAULT_TARGET, usage_context
+from optimizer.params.open_space import split_env
 
 _ids = itertools.count()
 
@@ -53,7 +53,7 @@ class VllmEngine:
     def __init__(self, base_args: dict[str, Any], shutdown_timeout_s: float = 20.0,
                  collect_stats: bool = True, deploy_as: str = DEFAULT_TARGET) -> None:
         self._base_args = dict(base_args)
-        self.deploy_as = deploy_as  # configs are built under this deployment's usage context (optimizer/deploy.py)
+        self.deploy_as = deploy_as  # configs are built under this deployment's usage context (optimizer/params/deploy.py)
         self._saved_env: dict[str, str | None] = {}
         self._sink = _StatsSink() if collect_stats else None
         self._served: set[str] = set()  # request ids finished since the last take_engine_stats()

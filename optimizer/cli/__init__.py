@@ -1,0 +1,1 @@
+"""The edge: flags -> one StudyConfig -> the library -> print; one module per subcommand."""

@@ -1,0 +1,172 @@
+"""What every subcommand shares: the study flags, the workload flags, number parsing, loading a stored study,
+and the guard that turns an error into one line and an exit code (1 failure, 2 bad usage, 130/143 a stop)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from optimizer.core.errors import OptimizerError, UsageError
+
+DEFAULT_STUDY = "default"
+
+
+def int_range(text: str, what: str) -> tuple[int, int]:
+    try:
+        low, _, high = text.partition(":")
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise UsageError(f"{what} {text!r} is not MIN:MAX in tokens, e.g. 64:512") from None
+    if lo < 1 or lo > hi:
+        raise UsageError(f"{what} {text!r} needs 1 <= MIN <= MAX, e.g. 64:512")
+    return lo, hi
+
+
+def add_common_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--study", default=DEFAULT_STUDY, help="study name (default: %(default)s)")
+    p.add_argument("--storage", help="SQLAlchemy URL of the study database "
+                   "(default: sqlite:///STUDIES_DIR/STUDY.db; postgresql://... for many workers)")
+    p.add_argument("--studies-dir", default=os.environ.get("OPTIMIZER_STUDIES_DIR", "studies"),
+                   help="where studies, engine logs and exports live by default (default: %(default)s)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--quiet", action="store_true", help="print only the result")
+
+
+def positive_int(text: str | None, what: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{what} {text!r} is not a whole number") from None
+    if value <= 0:
+        raise UsageError(f"{what} must be at least 1, got {value}")
+    return value
+
+
+def add_workload_flags(p: argparse.ArgumentParser, count_help: str) -> None:
+    """The flags that describe the replayed requests, shared by a study and by `optimize measure`."""
+    p.add_argument("--workload", help="YAML file of workload fields (num_requests, input_len_min, ..., preset); "
+                   "see docs/workload.md")
+    p.add_argument("--preset", help="named workload: chat, rag (long prompts, shared prefixes), batch (long "
+                   "outputs), bursty; flags and --workload fields override its fields; scaled down for the "
+                   "embedded CPU demo model")
+    p.add_argument("--num-requests", type=str, help=count_help)
+    p.add_argument("--input-len", help="prompt lengths MIN:MAX in tokens")
+    p.add_argument("--output-len", help="completion lengths MIN:MAX in tokens")
+    p.add_argument("--workload-seed", type=str, help="seed of the workload (lengths, tokens, arrivals)")
+    p.add_argument("--trace", help="CSV or JSONL of requests (input_len, output_len[, timestamp]): replayed in its "
+                   "own rhythm, rescaled to each rate; replaces the length ranges")
+
+
+def workload_settings(ns: argparse.Namespace) -> tuple[dict[str, Any], bool | None]:
+    """The workload fields the flags of `add_workload_flags` give (validated), and whether the count is 'auto'
+    (None: not given)."""
+    from optimizer.config.settings import load_yaml
+
+    workload: dict[str, Any] = {}
+    auto: bool | None = None
+    if ns.workload is not None:
+        workload.update(load_yaml(ns.workload, "workload"))
+    if ns.preset is not None:
+        workload["preset"] = ns.preset
+    if workload.get("preset") is not None:
+        from optimizer.config.presets import get
+
+        get(workload["preset"])  # an unknown name fails here, with the list of names
+    if ns.num_requests is not None and ns.num_requests.strip().lower() == "auto":
+        auto = True
+    elif ns.num_requests is not None:
+        workload["num_requests"] = positive_int(ns.num_requests, "--num-requests")
+        if workload["num_requests"] < 10:
+            raise UsageError(f"--num-requests {ns.num_requests} is too few to measure a P99: give at least 10, or "
+                             f"'auto' to let a pilot trial choose")
+        auto = False
+    if ns.input_len is not None:
+        workload["input_len_min"], workload["input_len_max"] = int_range(ns.input_len, "--input-len")
+        workload.update(input_len_dist="uniform", input_len_mean=None, input_len_std=None)  # MIN:MAX is uniform
+    if ns.output_len is not None:
+        workload["output_len_min"], workload["output_len_max"] = int_range(ns.output_len, "--output-len")
+        workload.update(output_len_dist="uniform", output_len_mean=None, output_len_std=None)
+    if ns.workload_seed is not None:
+        try:
+            workload["seed"] = int(ns.workload_seed)
+        except ValueError:
+            raise UsageError(f"--workload-seed {ns.workload_seed!r} is not a whole number") from None
+    if ns.trace is not None:
+        from optimizer.config.trace import load_trace
+
+        workload["trace"] = load_trace(ns.trace)
+        workload["num_requests"] = min(workload.get("num_requests", len(workload["trace"])), len(workload["trace"]))
+    return workload, auto
+
+
+def storage_url(ns: argparse.Namespace) -> str:
+    from optimizer.core.paths import check_sqlite_url, check_studies_dir, check_study_name
+    from optimizer.search.study import default_storage_url
+
+    check_study_name(ns.study)
+    check_studies_dir(ns.studies_dir)
+    if ns.storage:
+        check_sqlite_url(ns.storage, create=False)
+        return ns.storage
+    return default_storage_url(ns.study, Path(ns.studies_dir))
+
+
+def existing_config(url: str, study: str):
+    """The stored config of the study, without creating any file when the study does not exist."""
+    from optimizer.search.study import storage_for, stored_config
+
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return None
+    return stored_config(storage_for(url), study)
+
+
+def load_study(ns: argparse.Namespace):
+    """The stored config and the study, or a UsageError that names the fix."""
+    url = storage_url(ns)
+    config = existing_config(url, ns.study)
+    if config is None:
+        raise UsageError(f"no study {ns.study!r} in {ns.storage or ns.studies_dir}: run optimize --study {ns.study} "
+                         f"first, or pass the right --study/--storage")
+    import optuna
+
+    from optimizer.search.study import storage_for
+
+    return config, optuna.load_study(study_name=ns.study, storage=storage_for(url))
+
+
+def guarded(debug: bool, fn) -> int:
+    try:
+        return fn()
+    except OptimizerError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        from optimizer.core.signals import interrupted_exit_code, interrupted_message
+
+        print(interrupted_message(), file=sys.stderr)
+        return interrupted_exit_code()  # 130 after Ctrl-C, 143 after SIGTERM
+    except Exception as exc:  # a bug: short message unless --debug
+        if debug:
+            traceback.print_exc()
+        print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+def attach_negative_values(argv: list[str]) -> list[str]:
+    """`--budget -3` -> `--budget=-3`, so that argparse hands the value to our checks instead of failing on it."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and len(token) > 1 and token[0] == "-" \
+                and (token[1].isdigit() or token[1] == "."):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out

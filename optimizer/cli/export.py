@@ -1,0 +1,38 @@
+"""`optimize export`: write the recommended config of a study in the forms people deploy.
+
+Same edge rules as the main command: flags -> typed values -> library -> print; bad input is a UsageError
+(exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from optimizer.cli.common import add_common_flags, guarded, load_study
+
+
+def cmd_export(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="optimize export",
+                                description="Write the recommended config of a study as `vllm serve` flags (printed), "
+                                            "as a YAML file for `vllm serve --config`, as a JSON of engine keyword "
+                                            "arguments (AsyncEngineArgs) and as a docker compose service.")
+    add_common_flags(p)
+    p.add_argument("--out", help="folder for the exported files (default: the studies dir)")
+    ns = p.parse_args(argv)
+    return guarded(ns.debug, lambda: _export(ns))
+
+
+def _export(ns: argparse.Namespace) -> int:
+    from optimizer.decision.export import export_all
+    from optimizer.search.score import recommended
+    from optimizer.search.runner import model_path
+
+    config, study = load_study(ns)
+    done = export_all(recommended(study), config, Path(ns.out or ns.studies_dir), model_path(config))
+    print(done.command)
+    print(f"wrote {done.yaml_path} (use: vllm serve --config {done.yaml_path})", file=sys.stderr)
+    print(f"wrote {done.json_path} (use: AsyncEngineArgs(**json.load(f)['engine_args']))", file=sys.stderr)
+    print(f"wrote {done.compose_path} (use: docker compose -f {done.compose_path} up)", file=sys.stderr)
+    return 0

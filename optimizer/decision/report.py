@@ -1,0 +1,64 @@
+"""The study's recommendation and baseline as Optuna sees them (its stored values), and the end-of-run table.
+
+`recommended` reads the trials' values (what export, verify and the progress bar use); the end table is a view
+of `decision.decide`, the same decision `optimize report` prints.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from optimizer.config.settings import StudyConfig
+from optimizer.core.units import format_ms
+
+
+def _row(label: str, v: Any) -> list[str]:
+    """One line of the end table from a decision.TrialView (None: no such trial)."""
+    if v is None:
+        return [label, "-", "-", "-", "-", "-"]
+    trial = v.trial
+    if trial.state == TrialState.PRUNED:
+        return [label, f"#{trial.number}", "cannot run", trial.user_attrs.get("pruned_reason", "?"), "-", "-"]
+    p = v.ranked.point
+    if p is None:
+        return [label, f"#{trial.number}", "misses limit at every rate", "-", "-", "-"]
+    rate = p.get("offered_rate_rps")
+    replays = p.get("replays", 1)
+    return [label, f"#{trial.number}", f"{v.ranked.output_throughput_tok_s:.1f}" + (f" (median of {replays})"
+                                                                                     if replays > 1 else ""),
+            "burst" if rate is None else f"{rate:.2f}", format_ms(p.get("ttft_p50_ms", math.nan)),
+            format_ms(p.get("ttft_p99_ms", math.nan))]
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(header, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def summary_text(study: optuna.Study, config: StudyConfig) -> str:
+    """The end-of-study table, baseline against recommendation, then what `optimize report` says of them: gain
+    (and whether it is more than noise), changed parameters, importances, caveats. One decision (decision/decide.py)."""
+    from optimizer.decision.decide import decide
+    from optimizer.decision.views import summary_lines
+
+    d = decide(study, config)
+    header = ["config", "trial", "output tok/s", "rate req/s", "TTFT P50", "TTFT P99"]
+    out = [f"TTFT P99 limit {format_ms(config.ttft_p99_ms)}; throughput at the highest rate sustained within it",
+           table([_row(f"vLLM defaults ({d.defaults_of})", d.baseline), _row("recommended", d.best)], header)]
+    if d.baseline is not None and d.baseline.trial.user_attrs.get("baseline_note"):
+        out.append(f"note: {d.baseline.trial.user_attrs['baseline_note']}")
+    if d.best is None:
+        out.append("No trial met the limit. Relax --ttft-p99, lower the workload's lengths, or widen the ranges.")
+        return "\n".join(out)
+    shown = ("recommended:", f"vLLM defaults ({d.defaults_of}, baseline):")  # the table has them
+    out += [line for line in summary_lines(d) if not line.startswith(shown)]
+    if d.gain_pct is None and d.baseline is not None and d.best is not d.baseline:
+        out.append("vLLM's defaults miss the limit at every rate tried: the recommendation is the only feasible one")
+    return "\n".join(out)

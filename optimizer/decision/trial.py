@@ -1,0 +1,35 @@
+"""One finished trial as the decision sees it: the trial and its curve ranked under the report's limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from optimizer.measurement.rerank import Ranked
+from optimizer.search.study import is_baseline
+
+
+@dataclass(frozen=True)
+class TrialView:
+    """One finished trial as seen under the report's limit."""
+
+    trial: FrozenTrial
+    ranked: Ranked
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    @property
+    def baseline(self) -> bool:
+        return is_baseline(self.trial)
+
+    @property
+    def engine_config(self) -> dict[str, Any]:
+        return dict(self.trial.user_attrs.get("engine_config") or self.trial.user_attrs.get("engine_params") or {})
+
+    @property
+    def curve(self) -> list[dict[str, Any]]:
+        return list(self.trial.user_attrs.get("curve") or [])

@@ -1,0 +1,133 @@
+"""`optimize verify`: measure the best configs again under other traffic before anyone deploys them.
+
+Each candidate (the recommendation and the next best feasible trials) runs on a fresh engine at the rate it was
+recommended for, under variants of the study's workload: other arrival seeds, burstier arrivals (gamma, as
+`vllm bench serve --burstiness 0.5`) and a surge of long prompts. The worst case is compared with the limit.
+Among the candidates within a small throughput margin of the best, the most robust one is recommended: it holds
+the limit under every variant, with the most headroom, and on a tie the lower memory fraction (the last percent
+of `gpu_memory_utilization` is what goes out of memory under bursts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.core.clock import Clock, MonotonicClock
+from optimizer.measurement.engine import EngineFactory
+from optimizer.measurement.metrics import summarize
+from optimizer.measurement.rate_search import CurvePoint
+from optimizer.measurement.replay import replay
+from optimizer.measurement.workload import build_workload
+
+BURSTY_SHAPE = 0.5
+SURGE_FRACTION = 0.3
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    workload: WorkloadSpec
+
+
+def variants(spec: WorkloadSpec, max_model_len: int, seeds: int) -> list[Variant]:
+    """The study's workload under other seeds, burstier arrivals and a surge of long prompts."""
+    out = [Variant(f"seed {spec.seed + k}", spec.model_copy(update={"seed": spec.seed + k})) for k in range(1, seeds + 1)]
+    out.append(Variant(f"bursty (gamma {BURSTY_SHAPE})", spec.model_copy(update={"burstiness": BURSTY_SHAPE})))
+    if not spec.trace:
+        long_max = max(spec.input_len_max, min(2 * spec.input_len_max, max_model_len - spec.output_len_max))
+        long_min = max(spec.input_len_min, (spec.input_len_max + long_max) // 2)
+        # one name for every config, so that the report has one column per variant (the range fits each config)
+        out.append(Variant(f"long prompts ({SURGE_FRACTION:.0%})",
+                           spec.model_copy(update={"long_prompt_fraction": SURGE_FRACTION,
+                                                   "long_input_len_min": long_min, "long_input_len_max": long_max})))
+    return out
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One candidate under every variant."""
+
+    trial_number: int
+    throughput_tok_s: float
+    rate_rps: float | None
+    gpu_memory_utilization: float | None
+    points: dict[str, dict[str, Any]]  # variant -> CurvePoint as a dict
+    error: str = ""
+
+    @property
+    def worst_ttft_p99_ms(self) -> float:
+        values = [p["ttft_p99_ms"] for p in self.points.values()]
+        return max(values) if values and not self.error else math.inf
+
+    def holds(self) -> bool:
+        return not self.error and bool(self.points) and all(p["feasible"] for p in self.points.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "worst_ttft_p99_ms": self.worst_ttft_p99_ms, "holds": self.holds()}
+
+
+def robust_choice(results: list[Verified], margin: float) -> Verified | None:
+    """Pure: among candidates within `margin` of the best throughput, the one that holds the limit under every
+    variant with the lowest worst-case TTFT P99; ties go to the lower memory fraction. None if none holds."""
+    if not results:
+        return None
+    best = max(r.throughput_tok_s for r in results)
+    close = [r for r in results if r.throughput_tok_s >= (1 - margin) * best and r.holds()]
+    if not close:
+        return None
+    return min(close, key=lambda r: (round(r.worst_ttft_p99_ms, 1), r.gpu_memory_utilization or 0.0,
+                                     -r.throughput_tok_s))
+
+
+async def verify_trial(trial: FrozenTrial, config: StudyConfig, engine_factory: EngineFactory, vocab_size: int,
+                       seeds: int, log_path: Path, clock: Clock | None = None) -> Verified:
+    """Start the trial's config once and replay every variant at its recommended rate, cold each time."""
+    clock = clock or MonotonicClock()
+    params = dict(trial.user_attrs.get("engine_params", {}))
+    resolved = trial.user_attrs.get("engine_config", {})
+    result = trial.user_attrs.get("result", {})
+    rate = result.get("rate_rps")
+    rate_rps = math.inf if rate is None else float(rate)
+    common = dict(trial_number=trial.number, throughput_tok_s=float(trial.values[0]), rate_rps=rate,
+                  gpu_memory_utilization=resolved.get("gpu_memory_utilization"))
+    engine = engine_factory()
+    points: dict[str, dict[str, Any]] = {}
+    try:
+        await engine.start(params, log_path)
+        warm = build_workload(config.workload, vocab_size).warmup
+        if warm:
+            await replay(engine, warm, [0.0] * len(warm), clock)
+        for v in variants(config.workload, int(resolved.get("max_model_len") or config.workload.max_total_len),
+                          seeds):
+            workload = build_workload(v.workload, vocab_size)
+            await engine.reset_prefix_cache()
+            records = await replay(engine, workload.requests, workload.arrivals_s(rate_rps), clock)
+            point = CurvePoint.of(summarize(records, rate_rps), config.ttft_p99_ms, config.search.sustain_ratio)
+            points[v.name] = point.to_dict()
+    except Exception as exc:  # a config that cannot even run its own traffic again is not robust
+        return Verified(**common, points=points, error=f"{type(exc).__name__}: {exc}"[:300])
+    finally:
+        await engine.shutdown()
+    return Verified(**common, points=points)
+
+
+def report_rows(results: list[Verified], limit_ms: float, chosen: Verified | None) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        row: dict[str, Any] = {"trial": r.trial_number, "output_tok_s": round(r.throughput_tok_s, 1),
+                               "rate_rps": "burst" if r.rate_rps is None else round(r.rate_rps, 2)}
+        for name, p in r.points.items():
+            mark = "ok" if p["feasible"] else ("MISS" if p["sustained"] else "not sustained")
+            row[name] = f"{p['ttft_p99_ms']:.0f}ms {mark}"
+        row["worst_ttft_p99"] = "error" if r.error else f"{r.worst_ttft_p99_ms:.0f}ms"
+        row["verdict"] = ("recommended" if chosen is r else "holds" if r.holds() else
+                          f"fails ({r.error})" if r.error else f"misses {limit_ms:.0f}ms")
+        rows.append(row)
+    return rows

@@ -1,0 +1,161 @@
+"""The decision as rows and lines: the Pareto front, the parameters, the summary, a trial's curve."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from optimizer.core.errors import UsageError
+from optimizer.core.units import format_ms
+from optimizer.decision.decide import Decision, rate_text, resolution
+from optimizer.decision.tables import FORMATS, format_output
+from optimizer.decision.trial import TrialView
+from optimizer.measurement.rerank import Answer, qualifies
+from optimizer.params.space import SEARCHABLE, distance_to_default
+
+
+def _role(d: Decision, v: TrialView) -> str:
+    roles = (["recommended"] if d.best is v else []) + (["baseline"] if v.baseline else [])
+    return ", ".join(roles)
+
+
+def trial_row(d: Decision, v: TrialView, params: list[str]) -> dict[str, Any]:
+    """One trial's row: the chosen point's numbers (units in the keys) and its engine values."""
+    p = v.ranked.point or {}
+    cfg = v.engine_config
+    return {
+        "trial": v.number,
+        "role": _role(d, v),
+        "output_throughput_tok_s": p.get("output_throughput_tok_s"),
+        "arrivals": None if not p else "burst" if p.get("offered_rate_rps") is None else d.arrivals,
+        "rate_rps": p.get("offered_rate_rps"),
+        "ttft_p50_ms": p.get("ttft_p50_ms"),
+        "ttft_p99_ms": p.get("ttft_p99_ms"),
+        "tpot_p99_ms": p.get("tpot_p99_ms"),
+        "answer": v.ranked.answer.value,
+        **{k: cfg.get(k) for k in params},
+    }
+
+
+def _shown_params(d: Decision) -> list[str]:
+    """Searched parameters whose values differ across the front and the baseline."""
+    shown = [*d.front, *([d.baseline] if d.baseline is not None and d.baseline not in d.front else [])]
+    return [k for k in SEARCHABLE if any(k in v.engine_config for v in shown)
+            and (len(shown) == 1 or len({json.dumps(v.engine_config.get(k)) for v in shown}) > 1)]
+
+
+def front_rows(d: Decision, with_params: bool = True) -> list[dict[str, Any]]:
+    """The feasible Pareto front as rows, highest throughput first, with the engine parameters that differ."""
+    params = _shown_params(d) if with_params else []
+    return [trial_row(d, v, params) for v in d.front]
+
+
+def params_rows(d: Decision) -> list[dict[str, Any]]:
+    """The same parameters transposed, one row per parameter, one column per front trial (and the baseline)."""
+    shown = [*d.front, *([d.baseline] if d.baseline is not None and d.baseline not in d.front else [])]
+    names = {v.number: f"#{v.number}" + (f" ({_role(d, v)})" if _role(d, v) else "") for v in shown}
+    return [{"parameter": k, **{names[v.number]: v.engine_config.get(k) for v in shown}} for k in _shown_params(d)]
+
+
+def _describe(v: TrialView) -> str:
+    r = v.ranked
+    if not r.answerable:
+        return f"trial #{v.number}: {r.answer.value}"
+    return (f"trial #{v.number}: {r.output_throughput_tok_s:.1f} output tok/s at {rate_text(r.rate_rps)}, "
+            f"TTFT P99 {format_ms(r.ttft_p99_ms)} ({r.answer.value})")
+
+
+def summary_lines(d: Decision) -> list[str]:
+    """Recommendation, baseline, gain, changed parameters, importances and caveats, one sentence a line."""
+    out = []
+    out.append(f"recommended: {_describe(d.best)}" if d.best is not None else
+               "recommended: none: no trial meets the limit")
+    if d.baseline is not None:
+        out.append(f"vLLM defaults ({d.defaults_of}, baseline): {_describe(d.baseline)}")
+    if d.gain_pct is not None and d.best is not None and d.baseline is not None:
+        bounds = d.best.ranked.answer == Answer.LOWER_BOUND, d.baseline.ranked.answer == Answer.LOWER_BOUND
+        qualifier = ("; the baseline's number is a lower bound too, so the gain is uncertain" if bounds[1] else
+                     "; at least that much, as the recommendation's number is a lower bound" if bounds[0] else "")
+        if not d.beyond_noise(d.best, d.baseline) and d.best is not d.baseline:
+            qualifier += (f"; within measurement noise ({_noise_text(d, d.best, d.baseline)}): not proven better "
+                          f"than vLLM's defaults; benchmarks/ab_gain.py --study {d.study_name} measures both again")
+        out.append(f"gain over vLLM's defaults ({d.defaults_of}): {d.gain_pct:+.1f}% output throughput{qualifier}")
+    ties = [v for v in d.ties if v is not d.baseline]  # the gain line speaks of the baseline
+    if ties:
+        out.append("as good as the recommendation within measurement noise: "
+                   + ", ".join(f"#{v.number} ({v.ranked.output_throughput_tok_s:.1f} tok/s)" for v in ties)
+                   + f" ({_noise_text(d, d.best, ties[0])}); optimize verify picks the most robust of them")
+    if d.best is not None and d.baseline is not None and d.best is not d.baseline:
+        changed = distance_to_default(d.best.engine_config, d.baseline.engine_config)
+        if changed:
+            out.append("changed from vLLM's defaults: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
+    if d.importances:
+        out.append(f"parameter importance ({d.importance_note}): "
+                   + ", ".join(f"{k} {v:.2f}" for k, v in d.importances.items() if v >= 0.005))
+    else:
+        out.append(f"parameter importance: {d.importance_note}")
+    out += [f"note: {n}" for n in d.notes]
+    return out
+
+
+def _noise_text(d: Decision, a: TrialView, b: TrialView) -> str:
+    why = []
+    if not math.isnan(d.noise_cv):
+        why.append(f"replays at one rate vary by CV {d.noise_cv:.1%}")
+    if resolution(b) > 0:
+        why.append(f"#{b.number}'s best rate is known within {resolution(b):.1%} (the next rate tried missed)")
+    return f"a gain must exceed {d.required_gain(a, b):.1%}: " + "; ".join(why)
+
+
+def title(d: Decision) -> str:
+    how = "re-ranked from stored replays" if d.reranked else "as searched"
+    return (f"study {d.study_name!r}: feasible Pareto front of output throughput vs TTFT P99, "
+            f"TTFT P99 <= {format_ms(d.limit_ms)} ({how})")
+
+
+def curve_rows(d: Decision, v: TrialView) -> list[dict[str, Any]]:
+    """A trial's stored replays in the order they ran: its latency-vs-load curve, judged under the limit."""
+    keys = ("offered_rate_rps", "sent_rate_rps", "achieved_rate_rps", "output_throughput_tok_s",
+            "request_throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms",
+            "completed", "failed", "sustained")
+    engine_keys = ("running_peak", "queued_p99_ms", "prefill_p99_ms", "kv_usage_peak", "preemptions")
+    with_engine = any(p.get("engine") for p in v.curve)  # the engine's own view, where the engine reports it
+    return [{"replay": i, "arrivals": "burst" if p.get("offered_rate_rps") is None else d.arrivals,
+             **{k: p.get(k) for k in keys}, "meets_limit": qualifies(p, d.limit_ms, d.other_limits_ms),
+             "chosen": v.ranked.point is not None  # every replay at the chosen rate (repeats are merged)
+             and p.get("offered_rate_rps") == v.ranked.point.get("offered_rate_rps"),
+             **({f"engine_{k}": (p.get("engine") or {}).get(k) for k in engine_keys} if with_engine else {})}
+            for i, p in enumerate(v.curve)]
+
+
+def trial_notes(v: TrialView) -> list[str]:
+    """Under a trial's curve: what limited it at its chosen point (engine stats) and its GPU telemetry."""
+    from optimizer.measurement.limits import diagnose
+
+    out = []
+    point = v.ranked.point
+    found = diagnose(point.get("engine"), point.get("ttft_p99_ms")) if point else None
+    line = found.line if found else v.trial.user_attrs.get("limited_by")
+    if line:
+        out.append(line)
+    tele = v.trial.user_attrs.get("telemetry")
+    if tele and tele.get("available"):
+        out.append(f"GPU {tele.get('device')}: utilization mean {tele.get('utilization_mean_pct')}% max "
+                   f"{tele.get('utilization_max_pct')}%, memory used max {tele.get('memory_used_max_gib')} GiB "
+                   f"({tele.get('samples')} samples)")
+    elif tele:
+        out.append(f"GPU telemetry: none ({tele.get('reason')})")
+    return out
+
+
+def render(d: Decision, fmt: str) -> tuple[str, list[str]]:
+    """What `optimize report` prints: (stdout, lines for stderr). Machine formats keep stdout to the rows."""
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt != "table":
+        return format_output(front_rows(d), fmt), [title(d), *summary_lines(d)]
+    parts = [title(d), format_output(front_rows(d, with_params=False), "table") if d.front else "(no trial)"]
+    if d.front:
+        parts += ["", format_output(params_rows(d), "table")]
+    return "\n".join([*parts, "", *summary_lines(d)]), []

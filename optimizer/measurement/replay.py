@@ -1,0 +1,106 @@
+"""Replay a workload against an Engine at one offered rate and record what happened to every request."""
+
+from __future__ import annotations
+
+import asyncio
+
+from optimizer.core.clock import Clock
+from optimizer.core.errors import EngineDiedError
+from optimizer.measurement.engine import Engine
+from optimizer.measurement.metrics import RequestRecord
+from optimizer.measurement.workload import Request
+
+
+async def _serve(engine: Engine, request: Request, record: RequestRecord, clock: Clock) -> None:
+    try:
+        async for n_tokens in engine.generate(request):
+            t = clock.now()
+            if record.first_token_s is None:
+                record.first_token_s = t
+            record.chunk_times_s.append(t)
+            record.output_tokens += n_tokens
+        record.ok = record.first_token_s is not None
+        if not record.ok:
+            record.error = "no output"
+    except EngineDiedError:
+        raise
+    except Exception as exc:  # a failed request is data, not a crash of the replay
+        record.ok = False
+        record.error = f"{type(exc).__name__}: {exc}"
+
+
+async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], arrivals_s: list[float],
+                 clock: Clock) -> list[RequestRecord]:
+    """Send `requests[i]` at `arrivals_s[i]` after the start and wait for all of them.
+
+    Times in the records are relative to the replay's start. An engine death aborts the replay
+    (EngineDiedError); any other request error is recorded on that request. An engine that runs in virtual time
+    (`simulate_replay`, the simulator) serves the whole replay at once instead, with the same records.
+    """
+    simulated = getattr(engine, "simulate_replay", None)
+    if simulated is not None:
+        return simulated(requests, arrivals_s)
+    start = clock.now()
+    records: list[RequestRecord] = []
+    tasks: list[asyncio.Task[None]] = []
+    order = sorted(range(len(requests)), key=lambda i: arrivals_s[i])
+    try:
+        for i in order:
+            planned = start + arrivals_s[i]
+            await clock.sleep_until(planned)
+            req = requests[i]
+            rec = RequestRecord(index=req.index, input_len=req.input_len, planned_s=arrivals_s[i],
+                                sent_s=clock.now() - start)
+            records.append(rec)
+            tasks.append(asyncio.create_task(_serve(engine, req, rec, _Shifted(clock, start))))
+        await asyncio.gather(*tasks)
+    finally:
+        await _settle(tasks)
+    return records
+
+
+async def _settle(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel what is still running (an engine death, Ctrl-C) and wait until every task has ended."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _Shifted:
+    """A clock that reads zero at the replay's start."""
+
+    def __init__(self, clock: Clock, origin: float) -> None:
+        self._clock, self._origin = clock, origin
+
+    def now(self) -> float:
+        return self._clock.now() - self._origin
+
+    async def sleep_until(self, t: float) -> None:
+        await self._clock.sleep_until(t + self._origin)
+
+
+async def replay_closed_loop(engine: Engine, requests: list[Request] | tuple[Request, ...], concurrency: int,
+                             clock: Clock) -> list[RequestRecord]:
+    """`concurrency` clients take the requests in order; each sends its next one when its previous one finishes.
+
+    The load is fixed by the clients, not by a rate: `planned_s` is the send time. Times are relative to the
+    start, as in `replay`; an engine death aborts the replay, any other request error is recorded on its request.
+    """
+    start = clock.now()
+    shifted = _Shifted(clock, start)
+    pending = iter(requests)  # shared by the clients; taking the next request never awaits, so no lock is needed
+    records: list[RequestRecord] = []
+
+    async def client() -> None:
+        for req in pending:
+            sent = shifted.now()
+            rec = RequestRecord(index=req.index, input_len=req.input_len, planned_s=sent, sent_s=sent)
+            records.append(rec)
+            await _serve(engine, req, rec, shifted)
+
+    tasks = [asyncio.create_task(client()) for _ in range(min(concurrency, len(requests)))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        await _settle(tasks)
+    return records

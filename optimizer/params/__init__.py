@@ -1,0 +1,1 @@
+"""The search space and what one config needs: vLLM's knobs, their ranges, memory, parallelism."""

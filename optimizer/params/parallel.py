@@ -1,0 +1,75 @@
+"""Tensor, pipeline and data parallelism: how many GPUs a config needs, and what each of them holds.
+
+vLLM splits the weights over tensor x pipeline parallel ranks, and the KV cache's heads over tensor-parallel ranks
+(each rank keeps max(1, kv_heads // tp) of them: vLLM replicates KV heads when tp exceeds their count), layers over
+pipeline ranks. Data-parallel replicas each hold a whole copy. Memory is checked per GPU, against the smallest GPU
+the config uses; throughput is compared per GPU when layouts differ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from optimizer.config.model import ModelInfo
+
+LAYOUT_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
+def _size(params: dict[str, Any], name: str) -> int:
+    value = params.get(name)
+    return 1 if value is None else int(value)
+
+
+def gpus_needed(params: dict[str, Any]) -> int:
+    """GPUs the engine takes: tensor x pipeline x data parallel sizes (vLLM's defaults: 1 each)."""
+    return _size(params, "tensor_parallel_size") * _size(params, "pipeline_parallel_size") \
+        * _size(params, "data_parallel_size")
+
+
+def searches_layout(params_seen: list[dict[str, Any]]) -> bool:
+    """True when trials differ in how many GPUs they use: their throughput must then be compared per GPU."""
+    return len({gpus_needed(p) for p in params_seen}) > 1
+
+
+# bytes per KV cache element by `kv_cache_dtype` (vllm/config/cache.py CacheDType); "auto" is the model's dtype
+KV_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1}
+
+
+def per_gpu(model: ModelInfo, params: dict[str, Any]) -> ModelInfo:
+    """What one GPU of the layout holds: its share of the weights, and of the KV cache's layers and heads, in
+    the KV cache's dtype (`kv_cache_dtype`: fp8 halves a 16-bit model's KV bytes per token)."""
+    kv_bytes = KV_DTYPE_BYTES.get(str(params.get("kv_cache_dtype") or "auto"))
+    if kv_bytes is not None:
+        model = replace(model, dtype_bytes=kv_bytes)
+    tp, pp = _size(params, "tensor_parallel_size"), _size(params, "pipeline_parallel_size")
+    if tp == pp == 1:
+        return model
+    return replace(model, weights_bytes=math.ceil(model.weights_bytes / (tp * pp)),
+                   num_layers=math.ceil(model.num_layers / pp) if model.num_layers else 0,
+                   num_kv_heads=max(1, model.num_kv_heads // tp) if model.num_kv_heads else 0)
+
+
+def layout_problems(params: dict[str, Any], visible_gpus: int | None) -> list[str]:
+    """Why the layout cannot run on the GPUs this process sees (None: unknown, unchecked), with the fix."""
+    for name in LAYOUT_ARGS:
+        if _size(params, name) < 1:
+            return [f"{name} must be at least 1, got {params[name]}"]
+    need = gpus_needed(params)
+    if visible_gpus is not None and need > visible_gpus:
+        return [f"the layout needs {need} GPUs (tensor x pipeline x data parallel), {visible_gpus} are visible: "
+                f"lower tensor_parallel_size/data_parallel_size in the space, or make more GPUs visible "
+                f"(CUDA_VISIBLE_DEVICES)"]
+    return []
+
+
+def per_gpu_throughput(output_throughput_tok_s: float, params: dict[str, Any]) -> float:
+    """Output tokens per second per GPU the config takes."""
+    return output_throughput_tok_s / gpus_needed(params)
+
+
+def per_gpu_curve(curve: list[dict[str, Any]], gpus: int) -> list[dict[str, Any]]:
+    """A stored curve with its output throughput per GPU (and the GPU count), for comparing layouts."""
+    return [{**p, "output_throughput_tok_s": float(p["output_throughput_tok_s"]) / gpus, "gpus": gpus}
+            for p in curve]

@@ -1,0 +1,158 @@
+"""Reject, before any engine starts, configs whose memory cannot work (in well under a second).
+
+The estimate: the engine may take `gpu_memory_utilization` x device memory; weights and a runtime reserve come out
+of that first, and the rest is KV cache, which must hold at least one sequence of `max_model_len` tokens (vLLM
+refuses to start otherwise). On the CPU build the fraction is of the NUMA node's memory, and vLLM also refuses
+when that much is not free right now. Only clear cases are rejected: the sampler learns the rest from real starts.
+
+Free memory also drops for reasons that say nothing about the config: an earlier trial's engine still exiting
+(GPU memory returns some seconds after its process ends), an orphan, another job. A config that would fit in the
+most memory seen free in this run, but not in what is free now, is not infeasible: the trial waits and probes
+again (`wait_for_memory`), and if the memory stays held, the run stops with `DeviceMemoryHeldError` instead of
+teaching the sampler a false out-of-memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from optimizer.config.model import ModelInfo
+from optimizer.core.clock import Clock
+from optimizer.core.errors import OptimizerError
+from optimizer.params.parallel import per_gpu
+
+GIB = 1024**3
+# Memory the engine needs besides weights and KV cache (runtime, activations, buffers). On CPU, measured here:
+# 0.67-0.69 GiB for the 17M-parameter default model. On GPUs, CUDA context and activation peaks.
+RUNTIME_RESERVE_BYTES = {"cpu": int(0.6 * GIB), "cuda": int(1.0 * GIB)}
+# On the CPU build the KV cache is ordinary memory shared with everything else on the machine: a config that
+# leaves less than this free (vLLM's default 0.92 of a 24 GiB machine did) thrashes, hangs and dies mid-replay.
+CPU_HEADROOM_FRACTION, CPU_HEADROOM_MIN_BYTES = 0.1, 2 * GIB
+VLLM_DEFAULT_MEMORY_FRACTION = 0.92
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    total_bytes: int
+    available_bytes: int
+
+    @classmethod
+    def probe(cls, device: str, nvml: Any | None = None) -> DeviceMemory | None:
+        """Memory of the device trials run on: the CPU's NUMA node 0 (as vLLM reads it; psutil without vLLM)
+        or, on GPUs, the smallest total and free memory among the GPUs this process sees (NVML; `nvml` defaults to
+        `pynvml`): every rank of a tensor- or data-parallel layout must fit on its GPU."""
+        try:
+            if device == "cpu":
+                try:
+                    from vllm.utils.cpu_resource_utils import get_memory_node_info
+                except ImportError:
+                    import psutil
+
+                    vm = psutil.virtual_memory()
+                    return cls(int(vm.total), int(vm.available))
+                info = get_memory_node_info(0)
+                return cls(int(info.total_memory), int(info.available_memory))
+            from optimizer.hardware.device import visible_gpus
+
+            gpus = visible_gpus(nvml)  # every GPU this process may use: a layout over several must fit on each
+            if not gpus:
+                return None
+            return cls(min(g.memory_total_bytes for g in gpus), min(g.memory_free_bytes for g in gpus))
+        except Exception:  # no vLLM CPU utilities, no NVML: no estimate, the real start decides
+            return None
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    requested_bytes: int
+    available_bytes: int
+    weights_bytes: int
+    reserve_bytes: int
+    kv_budget_bytes: int
+    kv_one_sequence_bytes: int
+    sequences_that_fit: float
+    headroom_bytes: int = 0  # what must stay free for the rest of the machine
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: round(v / GIB, 3) if k.endswith("_bytes") else round(v, 1) for k, v in asdict(self).items()}
+
+
+def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: DeviceMemory,
+             mean_request_tokens: float) -> MemoryEstimate:
+    """Pure: what the config asks for and what is left for the KV cache, in the dtype it serves and per GPU of its
+    layout (with tensor/pipeline parallelism each GPU holds a share: optimizer/params/parallel.py)."""
+    model = per_gpu(model.served_as(params.get("dtype")), params)
+    fraction = float(params.get("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION))
+    requested = int(fraction * memory.total_bytes)
+    reserve = RUNTIME_RESERVE_BYTES.get(device, RUNTIME_RESERVE_BYTES["cuda"])
+    kv_budget = requested - model.weights_bytes - reserve
+    model_len = int(params.get("max_model_len", model.max_len))
+    per_token = model.kv_bytes_per_token
+    one_seq = per_token * model_len
+    fit = kv_budget / (per_token * mean_request_tokens) if per_token and mean_request_tokens else float("inf")
+    headroom = 0
+    if device == "cpu":
+        headroom = max(int(CPU_HEADROOM_FRACTION * memory.total_bytes), CPU_HEADROOM_MIN_BYTES)
+    return MemoryEstimate(requested, memory.available_bytes, model.weights_bytes, reserve, kv_budget, one_seq,
+                          max(fit, 0.0), headroom)
+
+
+def memory_problems(est: MemoryEstimate) -> list[str]:
+    """Why the config cannot start, each with the fix; empty when it may."""
+    out = []
+    if est.requested_bytes > est.available_bytes - est.headroom_bytes:
+        keep = f" (keeping {est.headroom_bytes / GIB:.2f} GiB for the rest of the machine)" if est.headroom_bytes else ""
+        out.append(f"gpu_memory_utilization asks for {est.requested_bytes / GIB:.2f} GiB but only "
+                   f"{est.available_bytes / GIB:.2f} GiB are free{keep}: lower it")
+    if est.kv_budget_bytes <= 0:
+        out.append(f"weights ({est.weights_bytes / GIB:.2f} GiB) and runtime ({est.reserve_bytes / GIB:.2f} GiB) leave "
+                   f"no room for the KV cache in {est.requested_bytes / GIB:.2f} GiB: raise gpu_memory_utilization")
+    elif est.kv_one_sequence_bytes and est.kv_budget_bytes < est.kv_one_sequence_bytes:
+        out.append(f"one max_model_len sequence needs {est.kv_one_sequence_bytes / GIB:.2f} GiB of KV cache, "
+                   f"{est.kv_budget_bytes / GIB:.2f} GiB are left: lower max_model_len or raise "
+                   f"gpu_memory_utilization")
+    return out
+
+
+class DeviceMemoryHeldError(OptimizerError):
+    """Memory that was free earlier in this run stays held by another process: the run stops, nothing is pruned."""
+
+
+# Free memory drifts by itself (the front end's heap, caches): only a larger drop counts as held by another process.
+HELD_MIN_BYTES, HELD_MIN_FRACTION = GIB, 0.02
+
+
+def held_elsewhere(est: MemoryEstimate, most_free_bytes: int, total_bytes: int) -> bool:
+    """Is the config short of memory only because another process holds some that was free earlier in this run?
+
+    True when it would pass `memory_problems` with the most memory seen free, and at least
+    max(1 GiB, 2% of the device) of that is gone now.
+    """
+    drop = most_free_bytes - est.available_bytes
+    if drop < max(HELD_MIN_BYTES, HELD_MIN_FRACTION * total_bytes):
+        return False
+    return not memory_problems(replace(est, available_bytes=most_free_bytes))
+
+
+async def wait_for_memory(probe: Callable[[], DeviceMemory | None], fits: Callable[[DeviceMemory], bool],
+                          clock: Clock, timeout_s: float, interval_s: float, needed_bytes: int,
+                          most_free_bytes: int) -> DeviceMemory | None:
+    """Probe every `interval_s` until `fits(memory)`; after `timeout_s`, raise DeviceMemoryHeldError.
+
+    Returns the memory that fits (None if the probe stops answering: then the real start decides).
+    """
+    deadline = clock.now() + timeout_s
+    last: DeviceMemory | None = None
+    while clock.now() < deadline:
+        await clock.sleep_until(min(clock.now() + interval_s, deadline))
+        last = probe()
+        if last is None or fits(last):
+            return last
+    free = f"{last.available_bytes / GIB:.2f} GiB are free" if last else "the device is unreadable"
+    raise DeviceMemoryHeldError(
+        f"the trial needs {needed_bytes / GIB:.2f} GiB of device memory; {most_free_bytes / GIB:.2f} GiB were free "
+        f"earlier in this run, but after waiting {timeout_s:.0f} s only {free}. Another process holds the rest "
+        f"(an earlier trial's engine that did not exit? see `nvidia-smi` or `ps -ef | grep VLLM`): end it, then run "
+        f"the same command again to resume")

@@ -1,0 +1,107 @@
+"""Fit a new study to the machine it is created on: the dtype its trials serve, the embedded demo's scale, and
+the machine's fingerprint stored with it. A resume keeps all three, and warns when it runs on another machine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from optimizer.config.model import DEMO_LADDER, ModelInfo
+from optimizer.config.settings import StudyConfig
+from optimizer.core.units import format_ms
+from optimizer.hardware.machine import DtypeChoice, choose_dtype, cpu_info, describe, differences, fingerprint
+from optimizer.measurement.engine import EngineFactory
+
+MACHINE_ATTR = "machine"
+SCALE_ATTR = "demo_scale"
+
+
+def dtype_fixed_by_user(config: StudyConfig) -> str | None:
+    """Where the user fixed or searches the dtype ('--space' or engine arguments), if anywhere."""
+    if "dtype" in config.space.fixed or "dtype" in config.space.ranges:
+        return "--space"
+    if "dtype" in config.engine_args:
+        return "the study's engine arguments"
+    return None
+
+
+def served_dtype(config: StudyConfig, model_dtype: str) -> tuple[StudyConfig, str]:
+    """The study with the dtype its trials serve fixed in its engine arguments (when it must differ from the
+    model's own), and a line that says which and why. A dtype the user fixed or searches wins."""
+    where = dtype_fixed_by_user(config)
+    if where is not None:
+        value = config.space.fixed.get("dtype", config.engine_args.get("dtype"))
+        shown = value if value is not None else f"searched over {config.space.ranges['dtype']}"
+        return config, f"dtype: {shown} (given in {where})"
+    choice: DtypeChoice = choose_dtype(model_dtype, config.device, cpu_info())
+    if choice.dtype is None:
+        return config, f"dtype: {model_dtype}: {choice.reason}"
+    config = config.model_copy(update={"engine_args": {**config.engine_args, "dtype": choice.dtype}})
+    return config, f"dtype: {choice.dtype}: {choice.reason}"
+
+
+def cpu_engine_args(model_dtype: str = "bfloat16") -> dict[str, Any]:
+    """Engine arguments for a vLLM CPU engine outside a study (calibration, tests, benchmarks): eager, and the
+    dtype chosen as a study chooses it."""
+    choice = choose_dtype(model_dtype, "cpu", cpu_info())
+    return {"enforce_eager": True, **({"dtype": choice.dtype} if choice.dtype else {})}
+
+
+def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs_dir: Path,
+              say: Callable[..., None]) -> tuple[StudyConfig, dict[str, Any] | None]:
+    """Probe this machine on the largest embedded shape and choose the demo's model (optimizer/search/probe.py).
+
+    Returns the study with its model chosen, and what to store with it. A probe that cannot run keeps the
+    largest shape and says why.
+    """
+    from optimizer.core.clock import MonotonicClock
+    from optimizer.core.errors import OptimizerError
+    from optimizer.search.objective import CPU_BASELINE_MEMORY_FALLBACK
+    from optimizer.search.probe import choose_scale, probe
+
+    dtype = config.engine_args.get("dtype") or config.space.fixed.get("dtype") or info.dtype
+    params = {k: v for k, v in config.space.fixed.items() if k != "max_model_len"}
+    params.setdefault("gpu_memory_utilization", CPU_BASELINE_MEMORY_FALLBACK)  # as the baseline starts on CPU
+    say(f"probe: vLLM's defaults on {DEMO_LADDER[0].name} in {dtype}, to size the demo to this machine")
+    log_path = logs_dir / "probe.log"
+    try:
+        result = asyncio.run(probe(factory, config.workload, info.vocab_size, MonotonicClock(), DEMO_LADDER[0].name,
+                                   str(dtype), params, log_path))
+    except OptimizerError as exc:
+        say(f"probe failed ({str(exc)[:200]}; see {log_path}): keeping {DEMO_LADDER[0].name}")
+        return config, None
+    budget = config.budget or 40
+    scale = choose_scale(result, config.ttft_p99_ms, budget, config.workload.num_requests)
+    say(f"probe: lone {result.prompt_tokens}-token prefill {format_ms(result.prefill_ms)}, "
+        f"{result.decode_ms:.1f} ms per output token, burst ceiling {result.burst_rps:.1f} req/s, engine start "
+        f"{result.start_s:.0f} s")
+    verdict = (f"its lone prefill (predicted {format_ms(scale.predicted_prefill_ms)}) is the largest within 20% of "
+               f"the {format_ms(config.ttft_p99_ms)} limit" if scale.fits else
+               f"even its lone prefill (predicted {format_ms(scale.predicted_prefill_ms)}) is past 20% of the "
+               f"{format_ms(config.ttft_p99_ms)} limit: few configs may meet it; a larger --ttft-p99 gives a "
+               f"clearer study")
+    if config.budget is None and config.deadline_unix_s is not None:
+        import time
+
+        per_trial_s = scale.estimated_s / budget
+        fit = max(int((config.deadline_unix_s - time.time()) / per_trial_s), 0)
+        duration = f"estimated ~{per_trial_s:.0f} s per trial: about {fit} trials before the deadline"
+    else:
+        duration = f"estimated duration ~{scale.estimated_s / 60:.0f} min for {budget} trials"
+    say(f"demo scale: {scale.model}: {verdict}; {duration}")
+    config = config.model_copy(update={"model": scale.model})
+    return config, {"probe": result.to_dict(), "scale": scale.to_dict()}
+
+
+def machine_warning(stored: dict[str, Any] | None, device: str) -> str | None:
+    """A line when this resume runs on another machine than the study was created on (None when the same)."""
+    if not stored:
+        return None
+    diffs = differences(stored, fingerprint(device))
+    if not diffs:
+        return None
+    return (f"warning: this study was created on another machine ({describe(stored)}); here: {'; '.join(diffs)}. "
+            f"Its new trials would mix measurements of both machines: start a new --study to compare like with "
+            f"like")

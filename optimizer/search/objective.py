@@ -1,0 +1,371 @@
+"""One trial: params -> engine -> warm-up -> rate search (cold replays) -> values, constraint, stored curve.
+
+A configuration that cannot run (vLLM rejects it, it runs out of memory, the engine dies, it hangs) ends as a
+PRUNED trial with a violated constraint and its reason in user attributes: the sampler learns from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from optimizer.config.model import ModelInfo
+from optimizer.config.settings import StudyConfig
+from optimizer.core import failures
+from optimizer.core.clock import Clock, MonotonicClock
+from optimizer.core.errors import EngineDiedError, EngineStartError
+from optimizer.core.processes import output_to
+from optimizer.engines.compile_cache import cache_env, start_phases
+from optimizer.hardware.device import visible_gpus
+from optimizer.measurement.engine import Engine, EngineFactory, ReportsEngineStats
+from optimizer.measurement.limits import diagnose, summarize_engine
+from optimizer.measurement.metrics import summarize
+from optimizer.measurement.rate_search import find_max_rate
+from optimizer.measurement.replay import replay, replay_closed_loop
+from optimizer.measurement.telemetry import for_device
+from optimizer.measurement.workload import Workload, fixed_load_rate
+from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
+from optimizer.params.preflight import (
+    VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere, memory_problems, wait_for_memory,
+)
+from optimizer.params.space import Space
+from optimizer.search.breaker import ENVIRONMENT_CAUSE_ATTR, StartFailureBreaker, environment_cause
+from optimizer.search.dashboard import set_constraint
+from optimizer.search.records import RecordStore
+from optimizer.search.recovery import INTERRUPTED_ATTR, PROCESSES_ATTR, WORKER_ATTR, worker_identity
+from optimizer.search.repeats import confirm_best, measure_fixed_load, with_repeats
+
+CONSTRAINT = "ttft_p99_over_limit_ms"
+# The constraint value of a config that cannot run at all: worse than any measured SLO miss.
+CANNOT_RUN_MS = 1e7
+# On the CPU build, when vLLM's default memory fraction (0.92) does not fit beside other processes.
+CPU_BASELINE_MEMORY_FALLBACK = 0.3
+BASELINE_REPEATS = 3  # the baseline's replays at its best rate: their spread is the study's noise level
+
+
+@dataclass
+class TrialTimings:
+    start_s: float = 0.0
+    replay_s: float = 0.0
+    shutdown_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        return max(self.total_s - self.start_s - self.replay_s - self.shutdown_s, 0.0)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"engine_start_s": round(self.start_s, 3), "replay_s": round(self.replay_s, 3),
+                "engine_shutdown_s": round(self.shutdown_s, 3), "overhead_s": round(self.overhead_s, 3),
+                "total_s": round(self.total_s, 3)}
+
+
+@dataclass
+class Objective:
+    """Callable for `study.optimize`: measures one trial on a fresh engine."""
+
+    config: StudyConfig
+    space: Space
+    workload: Workload
+    engine_factory: EngineFactory
+    logs_dir: Path
+    clock: Clock = field(default_factory=MonotonicClock)
+    model: ModelInfo | None = None
+    memory_probe: Callable[[], DeviceMemory | None] = lambda: None
+    records: RecordStore | None = None  # where every replay's per-request records go
+    early_stop: bool = True  # stop a trial's rate search where it cannot beat the incumbent
+    nvml: Any = None  # the NVML module for GPU telemetry (None: pynvml); tests pass a fake
+    memory_wait_s: float = 60.0  # how long a trial waits for memory another process holds before the run stops
+    memory_poll_s: float = 2.0
+    most_free_bytes: int = 0  # the most device memory seen free in this run
+    breaker: StartFailureBreaker = field(default_factory=StartFailureBreaker)  # stops a run the machine breaks
+    gpu_count: int | None = None  # GPUs visible to this process (found on the first trial on cuda)
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
+        trial.set_user_attr(WORKER_ATTR, worker_identity())
+        try:
+            return asyncio.run(self.run(trial))
+        except KeyboardInterrupt:
+            # The engine was shut down on the way out; the trial ends FAIL (not counted) and is queued again.
+            trial.set_user_attr(INTERRUPTED_ATTR, "Ctrl-C or SIGTERM")
+            raise
+
+    def trial_params(self, trial: optuna.Trial) -> dict[str, Any]:
+        if trial.user_attrs.get("baseline"):
+            # vLLM's own defaults for every searched knob; only the user's fixed values apply.
+            return {k: v for k, v in self.space.fixed.items() if k != "max_model_len"}
+        return self.space.suggest(trial)
+
+    async def run(self, trial: optuna.Trial) -> tuple[float, float]:
+        timings = TrialTimings()
+        t0 = time.perf_counter()
+        params = self.trial_params(trial)
+        trial.set_user_attr("engine_params", params)
+        problems = self.space.violations(params)
+        if problems:
+            self._prune(trial, failures.INVALID_CONFIG, "; ".join(problems))
+        engine = self.engine_factory()
+        log_path = self.logs_dir / f"trial-{trial.number:05d}.log"
+        trial.set_user_attr("log_file", str(log_path))
+        params = await self._preflight(trial, engine, params, log_path)
+        try:
+            resolved = await self._start(trial, engine, params, log_path, timings)
+            trial.set_user_attr("engine_config", resolved)
+            t_replay = time.perf_counter()
+            engine_points: list[dict[str, Any] | None] = []  # per replay, in curve order
+            telemetry = for_device(self.config.device, self.nvml)
+            try:
+                incumbent = _incumbent_rate(trial) if self.early_stop else None
+                with telemetry:
+                    search = await asyncio.wait_for(self._measure(engine, incumbent, trial.number, engine_points,
+                                                                  self._repeats(trial)),
+                                                    timeout=self.config.trial_timeout_s)
+            except asyncio.TimeoutError:
+                self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
+            except EngineDiedError as exc:
+                trial.set_user_attr("log_excerpt", log_tail(log_path))  # what the engine said before it died
+                self._prune(trial, failures.ENGINE_DIED, str(exc))
+            finally:
+                trial.set_user_attr("telemetry", telemetry.summary())
+            timings.replay_s = time.perf_counter() - t_replay
+        finally:
+            t_stop = time.perf_counter()
+            await engine.shutdown()
+            timings.shutdown_s = time.perf_counter() - t_stop
+            timings.total_s = time.perf_counter() - t0
+            trial.set_user_attr("timings", timings.to_dict())
+        limit = self.config.ttft_p99_ms
+        replays = search.points + search.repeats  # in the order they ran, as engine_points
+        trial.set_user_attr("curve", [{**p.to_dict(), **({"engine": e} if e else {})}
+                                      for p, e in zip(replays, engine_points + [None] * len(replays))])
+        if search.repeats:  # the trial's numbers at its best rate are the medians of its replays there
+            search = with_repeats(search, limit)
+        violation = search.violation_ms(limit)
+        set_constraint(trial, CONSTRAINT, violation)
+        point = search.best or min(search.points, key=lambda p: (p.ttft_p99_ms if math.isfinite(p.ttft_p99_ms)
+                                                                  else math.inf))
+        summary = {"feasible": search.feasible, "stopped_early": search.stopped_early,
+                   "rate_rps": point.offered_rate_rps if math.isfinite(point.offered_rate_rps) else None,
+                   "output_throughput_tok_s": point.output_throughput_tok_s,
+                   "request_throughput_rps": point.request_throughput_rps,
+                   "ttft_p50_ms": point.ttft_p50_ms, "ttft_p99_ms": point.ttft_p99_ms,
+                   "tpot_p99_ms": point.tpot_p99_ms}
+        trial.set_user_attr("result", summary)
+        found = _limited_by(replays, engine_points, point)
+        if found:
+            trial.set_user_attr("limited_by", found)
+        ttft = point.ttft_p99_ms if math.isfinite(point.ttft_p99_ms) else CANNOT_RUN_MS
+        if any(name in self.space.dists for name in LAYOUT_ARGS):  # layouts differ: the sampler compares per GPU
+            gpus = gpus_needed({**self.config.engine_args, **params})
+            summary["gpus"] = gpus
+            trial.set_user_attr("result", summary)
+            return point.output_throughput_tok_s / gpus, ttft
+        return point.output_throughput_tok_s, ttft
+
+    async def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:
+        """vLLM's config validation and the memory estimate: a config that cannot start costs no start."""
+        layout = layout_problems(params, self._visible_gpus())
+        if layout:
+            self._prune(trial, failures.INVALID_CONFIG, "; ".join(layout))
+        try:
+            with output_to(log_path):
+                engine.validate(params)
+        except EngineStartError as exc:
+            self._prune(trial, exc.reason, str(exc))
+        memory = self.memory_probe() if self.model is not None else None
+        if memory is None:
+            return params
+        est = estimate(params, self.model, self.config.device, memory, self.config.workload.mean_total_len)
+        self.most_free_bytes = max(self.most_free_bytes, memory.available_bytes)
+        problems = memory_problems(est)
+        if problems and held_elsewhere(est, self.most_free_bytes, memory.total_bytes):
+            # Short only because another process (an earlier trial's engine, still exiting?) holds memory that
+            # was free before: not the config's fault. Wait for it; DeviceMemoryHeldError ends the run.
+            trial.set_user_attr("memory_waited_for", "memory held by another process")
+            needed = est.requested_bytes + est.headroom_bytes
+            memory = await wait_for_memory(
+                self.memory_probe,
+                lambda m: not memory_problems(replace(est, available_bytes=m.available_bytes)),
+                self.clock, self.memory_wait_s, self.memory_poll_s, needed, self.most_free_bytes) or memory
+            est = estimate(params, self.model, self.config.device, memory, self.config.workload.mean_total_len)
+            problems = memory_problems(est)
+        trial.set_user_attr("memory_estimate_gib", est.to_dict())
+        if problems and self._may_fall_back(trial, params):
+            fallback = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
+            trial.set_user_attr("baseline_note", _fallback_note("; ".join(problems)))
+            trial.set_user_attr("engine_params", fallback)
+            return fallback
+        if problems:
+            self._prune(trial, failures.OUT_OF_MEMORY, "preflight: " + "; ".join(problems))
+        return params
+
+    def _may_fall_back(self, trial: optuna.Trial, params: dict[str, Any]) -> bool:
+        return bool(trial.user_attrs.get("baseline")) and self.config.device == "cpu" \
+            and "gpu_memory_utilization" not in params
+
+    async def _start(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path,
+                     timings: TrialTimings) -> dict[str, Any]:
+        t = time.perf_counter()
+        recorder = asyncio.create_task(_record_processes(trial, engine))
+        cache = cache_env(self.logs_dir, self.config.device)  # the study's compile cache (GPU trials)
+        try:
+            try:
+                resolved = await asyncio.wait_for(engine.start({**params, **cache}, log_path),
+                                                  timeout=self.config.trial_timeout_s)
+            except EngineStartError as exc:
+                if not (exc.reason == failures.OUT_OF_MEMORY and self._may_fall_back(trial, params)):
+                    raise
+                # vLLM's default memory fraction does not fit beside other processes on this CPU machine:
+                # keep its scheduler defaults and reserve a fraction that fits.
+                await engine.shutdown()
+                trial.set_user_attr("baseline_note", _fallback_note(str(exc)))
+                params = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
+                trial.set_user_attr("engine_params", params)
+                resolved = await asyncio.wait_for(engine.start({**params, **cache}, log_path),
+                                                  timeout=self.config.trial_timeout_s)
+            self.breaker.observe(None)
+            return resolved
+        except asyncio.TimeoutError:
+            self.breaker.observe(None)
+            self._prune(trial, failures.TIMEOUT, f"the engine did not start within {self.config.trial_timeout_s:.0f} s")
+        except EngineStartError as exc:
+            cause = self._environment_cause(trial, exc, log_path)  # raises when the breaker trips
+            self._prune(trial, failures.START_FAILED if cause else exc.reason, str(exc))
+        finally:
+            timings.start_s = time.perf_counter() - t
+            if log_path.exists():  # compile and CUDA-graph capture apart from the rest of the start
+                trial.set_user_attr("engine_start_phases", start_phases(log_path.read_text(errors="replace")))
+            recorder.cancel()
+            _save_processes(trial, engine)
+        raise AssertionError("unreachable")
+
+    def _visible_gpus(self) -> int | None:
+        """GPUs this process may use (NVML, once per run); None where unknown (the CPU build, no NVML): unchecked,
+        the real start decides."""
+        if self.config.device != "cuda":
+            return None
+        if self.gpu_count is None:
+            self.gpu_count = len(visible_gpus(self.nvml))
+        return self.gpu_count or None
+
+    def _environment_cause(self, trial: optuna.Trial, exc: EngineStartError, log_path: Path) -> Any:
+        """The machine's fault, not the config's? Counted by the breaker, which stops the run after a streak."""
+        if exc.reason == failures.OUT_OF_MEMORY:
+            self.breaker.observe(None)
+            return None
+        log_text = exc.log_excerpt or (log_path.read_text(errors="replace") if log_path.exists() else "")
+        cause = environment_cause(f"{log_text}\n{exc}")
+        if cause is not None:
+            trial.set_user_attr(ENVIRONMENT_CAUSE_ATTR, cause.name)
+        if self.breaker.observe(cause):
+            trial.set_user_attr(INTERRUPTED_ATTR, f"stopped: {cause.what}")  # FAIL: queued again on resume
+            raise self.breaker.error(trial.number, str(log_path), log_text)
+        return cause
+
+    async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int,
+                       engine_points: list[dict[str, Any] | None], repeats: int = 1):
+        if self.workload.warmup:
+            await replay(engine, self.workload.warmup, [0.0] * len(self.workload.warmup), self.clock)
+        replays = 0
+        stats = engine if isinstance(engine, ReportsEngineStats) else None
+
+        async def replay_at(rate_rps: float):
+            nonlocal replays
+            # Cold every time: a replay must never be served from the previous replay's prefix cache.
+            await engine.reset_prefix_cache()
+            if stats is not None:
+                await stats.take_engine_stats()  # drop what came before (warm-up, the previous replay's tail)
+            spec = self.config.workload
+            if spec.arrivals == "closed_loop":  # fixed clients, no rate: see measure_fixed_load
+                records = await replay_closed_loop(engine, self.workload.requests, spec.concurrency or 1, self.clock)
+            else:
+                records = await replay(engine, self.workload.requests, self.workload.arrivals_s(rate_rps), self.clock)
+            engine_points.append(summarize_engine(await stats.take_engine_stats()) if stats is not None else None)
+            if self.records is not None:  # between replays, never inside one
+                self.records.save(self.config.study_name, trial_number, replays, rate_rps, records)
+            replays += 1
+            return summarize(records, rate_rps, spec.skip_first_fraction, spec.skip_last_fraction)
+
+        fixed_rate = fixed_load_rate(self.config.workload, self.workload)
+        if fixed_rate is not None:
+            return await measure_fixed_load(replay_at, fixed_rate, self.config.ttft_p99_ms, self.config.search,
+                                            repeats)
+        result = await find_max_rate(replay_at, self.config.ttft_p99_ms, self.config.search, incumbent_rate_rps)
+        if result.best is not None and repeats > 1:
+            await confirm_best(result, replay_at, repeats, self.config.ttft_p99_ms, self.config.search.sustain_ratio)
+        return result
+
+    def _repeats(self, trial: optuna.Trial) -> int:
+        """Replays at the best rate: the study's `repeats`, and at least BASELINE_REPEATS for the baseline, whose
+        spread is the study's noise level (optimizer/measurement/noise.py)."""
+        if trial.user_attrs.get("baseline"):
+            return max(self.config.repeats, BASELINE_REPEATS)
+        return self.config.repeats
+
+    @staticmethod
+    def _prune(trial: optuna.Trial, reason: str, detail: str) -> None:
+        trial.set_user_attr("pruned_reason", reason)
+        trial.set_user_attr("pruned_detail", detail[:1000])
+        set_constraint(trial, CONSTRAINT, CANNOT_RUN_MS)
+        raise optuna.TrialPruned(f"{reason}: {detail}")
+
+
+def log_tail(log_path: Path, max_chars: int = 4000) -> str:
+    """The end of a trial's engine log (whole lines), for a trial whose engine died."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(f.tell() - max_chars, 0))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return text.split("\n", 1)[1] if len(text) >= max_chars and "\n" in text else text
+
+
+def _incumbent_rate(trial: optuna.Trial) -> float | None:
+    """The highest rate any finished trial of the study sustained within the limit (None before the first)."""
+    rates = []
+    for t in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        r = t.user_attrs.get("result", {})
+        if r.get("feasible"):
+            rate = r.get("rate_rps")
+            rates.append(math.inf if rate is None else float(rate))
+    return max(rates, default=None)
+
+
+def _limited_by(replays: list, engine_points: list[dict[str, Any] | None], point: Any) -> str | None:
+    """The one line that says what limited the trial at its chosen point: the engine's stats of the first replay
+    at that rate (`replays` in the order they ran, as `engine_points`; None without engine stats)."""
+    for p, e in zip(replays, engine_points):
+        if p.offered_rate_rps == point.offered_rate_rps:
+            found = diagnose(e, point.ttft_p99_ms)
+            return found.line if found else None
+    return None
+
+
+def _fallback_note(why: str) -> str:
+    return (f"vLLM's default gpu_memory_utilization ({VLLM_DEFAULT_MEMORY_FRACTION}) does not fit on this CPU machine "
+            f"({why}); the baseline keeps vLLM's scheduler defaults with gpu_memory_utilization="
+            f"{CPU_BASELINE_MEMORY_FALLBACK}")
+
+
+def _save_processes(trial: optuna.Trial, engine: Engine) -> list[list[float]]:
+    refs = [[r.pid, r.create_time] for r in getattr(engine, "process_refs", [])]
+    if refs != trial.user_attrs.get(PROCESSES_ATTR, []):
+        trial.set_user_attr(PROCESSES_ATTR, refs)
+        trial.set_user_attr("engine_pids", [int(pid) for pid, _ in refs])
+    return refs
+
+
+async def _record_processes(trial: optuna.Trial, engine: Engine) -> None:
+    """While the engine starts, keep its processes on record: a run killed mid-start leaves them findable."""
+    while True:
+        await asyncio.sleep(1.0)
+        _save_processes(trial, engine)

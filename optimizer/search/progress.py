@@ -1,0 +1,99 @@
+"""A progress bar over trials that shows the best feasible throughput so far, and one line per trial."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from tqdm import tqdm
+
+from optimizer.core.units import format_ms
+from optimizer.search.score import feasible, recommended
+from optimizer.search.study import finished_count
+
+
+def describe(trial: FrozenTrial) -> str:
+    """One line: what the trial measured or why it could not run."""
+    label = "baseline (vLLM defaults)" if trial.user_attrs.get("baseline") else "trial"
+    if trial.state == TrialState.PRUNED:
+        return (f"{label} #{trial.number}: cannot run: {trial.user_attrs.get('pruned_reason', '?')}: "
+                f"{str(trial.user_attrs.get('pruned_detail', ''))[:160]}")
+    r = trial.user_attrs.get("result", {})
+    rate = r.get("rate_rps")
+    where = "a burst" if rate is None else f"{rate:.2f} req/s"
+    verdict = "meets the limit" if feasible(trial) else (
+        "cannot beat the best so far: stopped early" if r.get("stopped_early") else "misses the limit at every rate")
+    t = trial.user_attrs.get("timings", {})
+    ttft = r.get("ttft_p99_ms", math.nan)
+    line = (f"{label} #{trial.number}: {r.get('output_throughput_tok_s', 0):.1f} tok/s at {where}, "
+            f"TTFT P99 {format_ms(ttft)} ({verdict}) [{t.get('total_s', 0):.0f}s]")
+    limited = trial.user_attrs.get("limited_by")
+    return f"{line}\n  {limited}" if limited else line
+
+
+def remaining_s(budget: int | None, finished: int, trial_s: float | None, deadline_unix_s: float | None,
+                now_unix_s: float) -> float | None:
+    """Pure: the estimated time left: trials left x a trial's estimated duration, capped by the deadline."""
+    by_trials = None if budget is None or trial_s is None else max(budget - finished, 0) * trial_s
+    by_deadline = None if deadline_unix_s is None else max(deadline_unix_s - now_unix_s, 0.0)
+    known = [x for x in (by_trials, by_deadline) if x is not None]
+    return min(known) if known else None
+
+
+def clock_text(seconds: float) -> str:
+    """3725 -> '1h02m', 125 -> '2m05s', 42 -> '42s'."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class Progress:
+    """Callback for `study.optimize`: a bar over trials with elapsed and estimated remaining time and the best
+    result so far, and one line per trial."""
+
+    def __init__(self, study: optuna.Study, budget: int | None, quiet: bool = False,
+                 deadline_unix_s: float | None = None,
+                 trial_estimate_s: Callable[[], float | None] = lambda: None,
+                 now_unix_s: Callable[[], float] = time.time) -> None:
+        self._quiet = quiet
+        self._budget, self._deadline, self._estimate, self._now = budget, deadline_unix_s, trial_estimate_s, now_unix_s
+        self._started = now_unix_s()
+        self._bar = None if quiet else tqdm(total=budget, initial=min(finished_count(study), budget or 10**9),
+                                            desc="trials", unit="trial", file=sys.stderr, dynamic_ncols=True,
+                                            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}"
+                                            if budget is not None else "{desc}: {n_fmt}{postfix}")
+        self._update(study)
+
+    def postfix(self, study: optuna.Study) -> str:
+        """'elapsed 3m12s, ~25m00s left, best: 731.0 tok/s (#19)'."""
+        now = self._now()
+        left = remaining_s(self._budget, finished_count(study), self._estimate(), self._deadline, now)
+        best = recommended(study)
+        parts = [f"elapsed {clock_text(now - self._started)}",
+                 "time left unknown" if left is None else f"~{clock_text(left)} left",
+                 "best: none feasible yet" if best is None else f"best: {best.values[0]:.1f} tok/s (#{best.number})"]
+        return ", ".join(parts)
+
+    def _update(self, study: optuna.Study) -> None:
+        if self._bar is None:
+            return
+        self._bar.set_postfix_str(self.postfix(study))
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if self._bar is None:
+            return
+        self._bar.write(describe(trial), file=sys.stderr)
+        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            self._bar.update(1)
+        self._update(study)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,75 @@
+"""Crash safety: which worker runs a trial, what it left behind, and what to run again.
+
+Each trial records its worker (host, PID, start time) and its engine's processes as they appear. A later run on
+the same host finds trials whose worker is dead: it ends their engine processes by PID (never by name), marks
+them failed and queues their parameters again. Trials of workers on other hosts are left to Optuna's heartbeat.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import optuna
+import psutil
+from optuna.trial import FrozenTrial, TrialState
+
+from optimizer.core.processes import ProcessRef, end_processes
+
+WORKER_ATTR = "worker"
+PROCESSES_ATTR = "engine_processes"
+INTERRUPTED_ATTR = "interrupted"
+RETRY_ATTR = "retry_of"
+
+
+def worker_identity() -> dict[str, Any]:
+    me = psutil.Process()
+    return {"host": socket.gethostname(), "pid": os.getpid(), "create_time": me.create_time()}
+
+
+def _worker_dead_here(trial: FrozenTrial) -> bool:
+    w = trial.user_attrs.get(WORKER_ATTR)
+    if not w or w.get("host") != socket.gethostname():
+        return False
+    return ProcessRef(int(w["pid"]), float(w["create_time"])).alive() is None
+
+
+def engine_processes(trial: FrozenTrial) -> list[ProcessRef]:
+    return [ProcessRef(int(pid), float(ct)) for pid, ct in trial.user_attrs.get(PROCESSES_ATTR, [])]
+
+
+def recover(study: optuna.Study) -> tuple[list[int], list[int]]:
+    """End orphaned engines of dead local workers and queue their trials again.
+
+    Returns (trial numbers queued again, engine PIDs that had to be ended).
+    """
+    ended: list[int] = []
+    storage = study._storage
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _worker_dead_here(trial):
+            ended += end_processes(engine_processes(trial))
+            storage.set_trial_user_attr(trial._trial_id, INTERRUPTED_ATTR, "its optimize process died")
+            try:
+                storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        if _worker_dead_here(trial):
+            ended += end_processes(engine_processes(trial))
+    return requeue_interrupted(study), ended
+
+
+def requeue_interrupted(study: optuna.Study) -> list[int]:
+    """Queue once more the parameters of every interrupted trial that has not been queued again yet."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(RETRY_ATTR) for t in trials} | {t.system_attrs.get("failed_trial") for t in trials}
+    queued = []
+    for t in trials:
+        if t.state == TrialState.FAIL and t.user_attrs.get(INTERRUPTED_ATTR) and t.number not in retried:
+            attrs: dict[str, Any] = {RETRY_ATTR: t.number}
+            if t.user_attrs.get("baseline"):
+                attrs["baseline"] = True
+            study.enqueue_trial(t.params, user_attrs=attrs, skip_if_exists=False)
+            queued.append(t.number)
+    return queued

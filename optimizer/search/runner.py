@@ -1,0 +1,249 @@
+"""Wire a StudyConfig to a study: model, workload, space, storage, engine, objective; then run to budget."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from optimizer.config.model import ModelInfo, default_model, inspect_model
+from optimizer.config.settings import StudyConfig
+from optimizer.core.units import format_ms
+from optimizer.hardware.machine import describe, fingerprint
+from optimizer.measurement.engine import EngineFactory
+from optimizer.measurement.workload import build_workload
+from optimizer.params.preflight import DeviceMemory
+from optimizer.params.space import resolve
+from optimizer.search.fitting import MACHINE_ATTR, SCALE_ATTR, machine_warning, served_dtype, size_demo
+from optimizer.search.objective import Objective
+from optimizer.search.progress import Progress, clock_text
+from optimizer.search.records import RecordStore
+from optimizer.search.study import finished_count, open_study, run_to_budget, storage_for, stored_config
+
+
+@dataclass
+class Prepared:
+    config: StudyConfig
+    study: optuna.Study
+    objective: Objective
+
+    @property
+    def finished(self) -> int:
+        return finished_count(self.study)
+
+
+def model_path(config: StudyConfig) -> str:
+    """Where the model is: the embedded default is generated on first use."""
+    return str(default_model(config.model)) if config.model_is_default else config.model
+
+
+def engine_base_args(config: StudyConfig, path: str) -> dict[str, Any]:
+    args: dict[str, Any] = {"model": path, **config.engine_args}
+    if config.dummy_weights:
+        args["load_format"] = "dummy"
+    return args
+
+
+def vllm_factory(base_args: dict[str, Any], deploy_as: str = "serve") -> EngineFactory:
+    from optimizer.engines.vllm_engine import VllmEngine
+
+    return lambda: VllmEngine(base_args, deploy_as=deploy_as)
+
+
+def http_factory(base_args: dict[str, Any]) -> EngineFactory:
+    from optimizer.engines.http_engine import HttpEngine
+
+    return lambda: HttpEngine(base_args)
+
+
+def factory_for(config: StudyConfig, path: str) -> EngineFactory:
+    """The engine the study's `backend` names, with the study's fixed engine arguments."""
+    base = engine_base_args(config, path)
+    return http_factory(base) if config.backend == "http" else vllm_factory(base, config.deploy_as)
+
+
+def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = print,
+            engine_factory: EngineFactory | None = None,
+            memory_probe: Callable[[], DeviceMemory | None] | None = None) -> Prepared:
+    """Validate everything a user gave before anything is written, then open (or create) the study."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    path = model_path(config)
+    info = inspect_model(path, config.dummy_weights)
+    resolve(config.space, config.device, info.max_len, config.workload)  # bad input fails before anything is written
+    storage = storage_for(config.storage_url)
+    new_study = stored_config(storage, config.study_name) is None
+    logs_dir = studies_dir / f"{config.study_name}.logs"
+    fitted: dict[str, Any] = {}
+    if new_study:  # fitted to this machine once, stored with the study: a resume keeps it
+        config, fitted = fit_to_machine(config, info, engine_factory, logs_dir, say)
+        path = model_path(config)
+        info = inspect_model(path, config.dummy_weights)
+    info = info.served_as(config.engine_args.get("dtype") or config.space.fixed.get("dtype"))
+    space = resolve(config.space, config.device, info.max_len, config.workload)
+    workload = build_workload(config.workload, info.vocab_size)
+    if config.model_is_default:
+        say(f"model: embedded default {config.model} (Llama architecture, random weights) at {path}")
+    scale = " (scaled down for the CPU demo)" if config.model_is_default else ""
+    pilot_first = config.num_requests_auto and new_study
+    described = config.workload.describe()
+    if pilot_first:
+        described = described.replace(f"{config.workload.num_requests} requests per replay",
+                                      "requests per replay chosen by a pilot")
+    say(f"workload{scale}: {described}")
+    records = RecordStore(config.storage_url)
+    objective = Objective(
+        config=config,
+        space=space,
+        workload=workload,
+        engine_factory=engine_factory or factory_for(config, path),
+        logs_dir=logs_dir,
+        model=info,
+        memory_probe=memory_probe or (lambda: DeviceMemory.probe(config.device)),
+        records=records,
+    )
+    choice = None
+    if pilot_first:
+        from optimizer.search.pilot import run_pilot
+
+        # before the study exists: every one of its trials replays the count the pilot chooses
+        config, choice = run_pilot(config, storage, objective, records, say)
+        objective = replace(objective, config=config, workload=build_workload(config.workload, info.vocab_size))
+    study = open_study(config, storage)
+    if new_study:
+        for key, value in fitted.items():
+            study.set_user_attr(key, value)
+    else:
+        warning = machine_warning(study.user_attrs.get(MACHINE_ATTR), config.device)
+        if warning:
+            say(warning)
+    if choice is not None:
+        from optimizer.search.pilot import CHOICE_ATTR
+
+        study.set_user_attr(CHOICE_ATTR, choice.to_dict())
+    if config.prescreen and (config.budget is None or finished_count(study) < config.budget):
+        prescreen(config, study, storage, objective, studies_dir, say)
+    say(f"study {config.study_name!r}: TTFT P99 <= {format_ms(config.ttft_p99_ms)}, budget {budget_text(config)}, "
+        f"engine logs in {objective.logs_dir}")
+    return Prepared(config, study, objective)
+
+
+def budget_text(config: StudyConfig) -> str:
+    """'40 trials', 'until 17:05 (8h)', or '40 trials or until 17:05 (8h), whichever comes first'."""
+    parts = [f"{config.budget} trials"] if config.budget is not None else []
+    if config.deadline_unix_s is not None:
+        import time
+
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(config.deadline_unix_s))
+        given = f" ({clock_text(config.time_budget_s)})" if config.time_budget_s else ""
+        parts.append(f"until {when}{given}")
+    return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
+
+
+def fit_to_machine(config: StudyConfig, info: ModelInfo, engine_factory: EngineFactory | None, logs_dir: Path,
+                   say: Callable[..., None]) -> tuple[StudyConfig, dict[str, Any]]:
+    """A new study fitted to this machine (optimizer/search/fitting.py): the dtype it serves, the embedded demo's scale
+    (a probe), and what to store with it: the machine's fingerprint and the probe's result."""
+    machine = fingerprint(config.device)
+    say(f"machine: {describe(machine)}")
+    config, line = served_dtype(config, info.dtype)
+    say(line)
+    fitted: dict[str, Any] = {MACHINE_ATTR: machine}
+    if config.demo_probe:
+        factory = engine_factory or factory_for(config, model_path(config))
+        config, scale = size_demo(config, info, factory, logs_dir, say)
+        if scale is not None:
+            fitted[SCALE_ATTR] = scale
+    return config, fitted
+
+
+def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = print) -> optuna.Study:
+    """Run trials until the study holds its budget of finished trials, or the next would end past its deadline."""
+    config = prepared.config
+    estimate = trial_estimate(prepared)
+    progress = Progress(prepared.study, config.budget, quiet=quiet, deadline_unix_s=config.deadline_unix_s,
+                        trial_estimate_s=estimate)
+    try:
+        stop = run_to_budget(prepared.study, prepared.objective, config.budget, on_trial=progress,
+                             deadline_unix_s=config.deadline_unix_s, trial_estimate_s=estimate)
+    except Exception as exc:
+        from optimizer.search.dbretry import storage_error_in
+
+        lost = storage_error_in(exc)  # the database went away: say so in one line, not as Optuna's UnboundLocalError
+        if lost is not None and lost is not exc:
+            raise lost from None
+        raise
+    finally:
+        progress.close()
+    if stop.reason:
+        say(stop.reason)
+    return prepared.study
+
+
+def trial_estimate(prepared: Prepared) -> Callable[[], float | None]:
+    """How long the next trial will take: the median of this study's measured trials (the probe's estimate before
+    any), None when nothing is known yet."""
+    import statistics
+
+    def estimate() -> float | None:
+        done = [t for t in prepared.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.user_attrs.get("timings", {}).get("total_s")]
+        if done:
+            return float(statistics.median(t.user_attrs["timings"]["total_s"] for t in done))
+        scale = prepared.study.user_attrs.get(SCALE_ATTR)
+        if scale:
+            return float(scale["scale"]["estimated_s"]) / max(prepared.config.budget or 40, 1)
+        return None
+
+    return estimate
+
+
+def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective,
+              studies_dir: Path, say: Callable[..., None]) -> None:
+    """`--prescreen N`: N simulated trials (study NAME.sim), their best and least certain configs queued first."""
+    from optimizer.params.preflight import DeviceMemory
+    from optimizer.search.prescreen import DEFAULT_DEVICE_MEMORY_BYTES, run_prescreen
+    from optimizer.engines.sim.steptime import StepTimeModel
+
+    assert objective.model is not None
+    time_model = StepTimeModel.load(config.calibration) if config.calibration else StepTimeModel()
+    memory = DeviceMemory.probe(config.device)
+    run_prescreen(study, storage, config, objective.space, objective.workload, objective.model, time_model,
+                  config.prescreen, logs_dir=studies_dir / f"{config.study_name}.sim.logs",
+                  device_memory_bytes=memory.total_bytes if memory else DEFAULT_DEVICE_MEMORY_BYTES, say=say)
+
+
+def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
+    """How well the recommendation's replay pinned down TTFT P99, and the replay length that would (stored too).
+
+    The count is advice for the next study, not changed in this one: every trial of a study replays the same
+    requests, so that their results compare (`--num-requests auto` chooses it before a study starts).
+    """
+    from optimizer.search.score import recommended
+    from optimizer.measurement.stability import p99_stability
+
+    best = recommended(prepared.study)
+    store = prepared.objective.records
+    if best is None or store is None:
+        return None
+    rate = (best.user_attrs.get("result") or {}).get("rate_rps")
+    target = math.inf if rate is None else float(rate)
+    replays = [recs for r, recs in store.load(prepared.config.study_name, best.number) if math.isclose(r, target)]
+    ttft = [1000 * r.ttft_s for r in (replays[-1] if replays else []) if r.ok and r.ttft_s is not None]
+    if len(ttft) < 10:
+        return None
+    s = p99_stability(ttft, tolerance)
+    prepared.study.set_user_attr("p99_stability", {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+                                                   for k, v in s.__dict__.items()})
+    high = "open above" if not math.isfinite(s.high_ms) else f"{s.high_ms:.0f} ms"
+    line = (f"TTFT P99 of the recommendation over {s.n} requests: {s.p99_ms:.0f} ms, 95% interval "
+            f"[{s.low_ms:.0f} ms, {high}]")
+    if s.stable:
+        return line + f": stable (within {tolerance:.0%} of it)"
+    if s.requests_needed is None:
+        return line + ": not stable; its tail is too short to say how many requests would make it so"
+    return line + (f": not stable; about {s.requests_needed} requests per replay would pin it within "
+                   f"{tolerance:.0%} (--num-requests {s.requests_needed}, or auto, in a new study)")

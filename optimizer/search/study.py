@@ -1,0 +1,286 @@
+"""Create, load and resume a study; run it to its budget of finished trials.
+
+The resolved StudyConfig is stored with the study, so `optimize --study NAME` resumes with no flags repeated.
+The budget counts finished trials (COMPLETE or PRUNED); a trial that crashed or was interrupted does not count
+and its work is redone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from optimizer.config.settings import StudyConfig
+from optimizer.core.errors import UsageError
+from optimizer.search.breaker import is_environment_failure
+from optimizer.search.recovery import WORKER_ATTR, recover
+
+CONFIG_ATTR = "optimizer_config"
+# A worker that stops beating for HEARTBEAT_GRACE_S has its trial failed and queued again (by any worker).
+HEARTBEAT_INTERVAL_S = 10
+HEARTBEAT_GRACE_S = 60
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+DIRECTIONS = ["maximize", "minimize"]  # output throughput (tok/s), TTFT P99 (ms) at the best sustained rate
+METRIC_NAMES = ["output_throughput_tok_s", "ttft_p99_ms"]  # what optuna-dashboard shows as the objectives
+
+
+def default_storage_url(study_name: str, studies_dir: Path) -> str:
+    return f"sqlite:///{(studies_dir / f'{study_name}.db').resolve()}"
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced, for messages and logs."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<storage URL>"
+
+
+def storage_for(url: str) -> optuna.storages.BaseStorage:
+    """Open the storage, or fail with a message that names the fix (the password never printed)."""
+    from optimizer.core.paths import check_sqlite_url
+
+    check_sqlite_url(url)  # a path that cannot hold a database is one clear line, not FileExistsError
+    url = with_installed_driver(url)
+    try:
+        return with_schema_retry(lambda: _rdb_storage(url))
+    except Exception as exc:
+        if "locked" in str(exc).lower():
+            raise UsageError(f"the study database {redact(url)} is locked by another process: wait for it to "
+                             f"finish, or use PostgreSQL (--storage postgresql://...) for several workers") from None
+        raise UsageError(f"cannot open storage {redact(url)} ({type(exc).__name__}): check the URL (e.g. "
+                         f"sqlite:///studies/NAME.db or postgresql://user:pass@host/db) and that the "
+                         f"database is reachable") from None
+
+
+def _rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    from optimizer.search.dbretry import rdb_storage
+
+    # a database that blinks (PostgreSQL restarted, SQLite held by a reader): waits and bounded retries
+    return rdb_storage(
+        url,
+        heartbeat_interval=HEARTBEAT_INTERVAL_S,
+        grace_period=HEARTBEAT_GRACE_S,
+        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
+    )
+
+
+def with_schema_retry(make: Callable[[], Any], attempts: int = 5) -> Any:
+    """Workers starting together on an empty database race to create the tables; the loser retries."""
+    import time
+
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    for attempt in range(attempts):
+        try:
+            return make()
+        except (IntegrityError, ProgrammingError, OperationalError):  # SQLite: "table ... already exists"
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def with_installed_driver(url: str) -> str:
+    """`postgresql://` means psycopg 3 to SQLAlchemy 2.1; use psycopg2 (the `postgres` extra) when that is what is here."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
+
+
+def stored_config(storage: optuna.storages.BaseStorage, study_name: str) -> StudyConfig | None:
+    """The config stored with an existing study, or None when no such study exists."""
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        return None
+    raw = study.user_attrs.get(CONFIG_ATTR)
+    if raw is None:
+        raise UsageError(f"study {study_name!r} exists but was not made by optimize: choose another --study name")
+    return StudyConfig.model_validate(json.loads(raw))
+
+
+def worker_seed(config: StudyConfig) -> int:
+    """The study's seed for a lone SQLite worker; mixed with host and PID where several workers share a study,
+    or identically seeded workers would propose identical parameter sets."""
+    if config.storage_url.startswith("sqlite"):
+        return config.seed
+    import zlib
+
+    return zlib.crc32(f"{config.seed}:{socket.gethostname()}:{os.getpid()}".encode())
+
+
+# Random proposals before TPE models the results. Optuna's default (10) spends a quarter to two thirds of the 15-40
+# trials a study runs on random draws; vLLM's defaults (trial 0) are one more observation from the start.
+N_STARTUP_TRIALS = 5
+
+
+def sampler(seed: int) -> optuna.samplers.BaseSampler:
+    """Multivariate TPE over groups: the space is conditional (without chunked prefill there is no token budget or
+    long-prefill threshold), and plain multivariate TPE samples every parameter that is not in all trials
+    independently, which loses the joint model exactly on the token budget. `group=True` models each set of
+    parameters that occur together jointly. Chosen on benchmarks/sample_efficiency.py (docs/sample-efficiency.md)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                          n_startup_trials=N_STARTUP_TRIALS)
+
+
+def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage) -> optuna.Study:
+    """Create the study (with its baseline queued first) or load it to resume."""
+    try:
+        study = optuna.load_study(study_name=config.study_name, storage=storage, sampler=sampler(worker_seed(config)))
+    except KeyError:
+        try:
+            study = optuna.create_study(study_name=config.study_name, storage=storage, directions=DIRECTIONS,
+                                        sampler=sampler(worker_seed(config)))
+        except optuna.exceptions.DuplicatedStudyError:  # another worker created it a moment ago
+            return open_study(config, storage)
+        with warnings.catch_warnings():  # stable in practice; Optuna only marks it experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(METRIC_NAMES)
+        study.set_user_attr(CONFIG_ATTR, _stored_form(config))
+        study.enqueue_trial({}, user_attrs={"baseline": True}, skip_if_exists=False)  # only the creator queues it
+        return study
+    else:
+        refuse_parallel_sqlite(study, config.storage_url)
+        study.set_user_attr(CONFIG_ATTR, _stored_form(config))  # a larger budget is the only change allowed
+    requeued, ended = recover(study)
+    if requeued or ended:
+        warnings.warn(f"recovered from an earlier run: trials {requeued} queued again, "
+                      f"leftover engine processes {ended} ended", stacklevel=1)
+    ensure_baseline(study)
+    return study
+
+
+def _stored_form(config: StudyConfig) -> str:
+    """The config as stored with the study: never with the database password."""
+    return config.model_copy(update={"storage_url": redact(config.storage_url)}).model_dump_json()
+
+
+def refuse_parallel_sqlite(study: optuna.Study, url: str) -> None:
+    """SQLite is not for parallel workers (Optuna's own advice): refuse a second live worker on one file."""
+    if not url.startswith("sqlite"):
+        return
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        w = t.user_attrs.get(WORKER_ATTR)
+        if w and w.get("pid") != os.getpid() and not _dead_or_elsewhere(w):
+            raise UsageError(
+                f"another optimize process (pid {w['pid']}) is running study {study.study_name!r} on this SQLite "
+                f"file; SQLite is not for parallel workers. Wait for it, or put the study in PostgreSQL "
+                f"(--storage postgresql://user:pass@host/db) to run several workers."
+            )
+
+
+def _dead_or_elsewhere(worker: dict[str, Any]) -> bool:
+    from optimizer.core.processes import ProcessRef
+
+    if worker.get("host") != socket.gethostname():
+        return True
+    return ProcessRef(int(worker["pid"]), float(worker["create_time"])).alive() is None
+
+
+def is_baseline(trial: FrozenTrial) -> bool:
+    """vLLM's defaults, measured or pruned for their config; not a start the machine broke (optimizer/search/breaker.py),
+    which measured nothing: the baseline is queued again after it."""
+    return bool(trial.user_attrs.get("baseline")) and not is_environment_failure(trial)
+
+
+def ensure_baseline(study: optuna.Study) -> None:
+    """On resume, queue vLLM's defaults again if every baseline attempt failed (none is finished, queued or running).
+
+    A study with no baseline trial at all is one whose creator is queueing it right now (another worker): the
+    creator alone queues the first baseline, so that two workers starting together never run it twice.
+    """
+    trials = study.get_trials(deepcopy=False)
+    baselines = [t for t in trials if is_baseline(t)]
+    if any(t.state in (*FINISHED, TrialState.WAITING, TrialState.RUNNING) for t in baselines):
+        return
+    if baselines or any(t.state in FINISHED for t in trials):
+        study.enqueue_trial({}, user_attrs={"baseline": True}, skip_if_exists=False)
+
+
+def finished_count(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def _claimed_count(study: optuna.Study) -> int:
+    """Finished trials plus those running now (stale ones failed first): what the budget has given out."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    return len(study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)))
+
+
+def wait_while_running(study: optuna.Study, timeout_s: float, poll_s: float = 1.0,
+                       now: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                       on_wait: Callable[[], None] | None = None) -> None:
+    """Until no trial of `study` runs (another worker's), at most `timeout_s`: a worker that died mid-trial is not
+    waited for forever. `on_wait` is called once, before the first wait."""
+    deadline = now() + timeout_s
+    waited = False
+    while now() < deadline and any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False)):
+        if not waited and on_wait is not None:
+            on_wait()
+        waited = True
+        sleep(poll_s)
+
+
+@dataclass(frozen=True)
+class BudgetStop:
+    """How a run ended: `ran` trials here; `reason` says why it stopped before the trial budget (else empty)."""
+
+    ran: int
+    reason: str = ""
+
+
+def time_left_for(deadline_unix_s: float | None, estimate_s: float | None, now_unix_s: float) -> str:
+    """Pure: why the next trial may not start (it would end past the deadline), or '' when it may."""
+    if deadline_unix_s is None:
+        return ""
+    left_s = deadline_unix_s - now_unix_s
+    if left_s <= 0:
+        return "time budget: the deadline has passed; give --budget DURATION (e.g. --budget 2h) to extend it"
+    if estimate_s is not None and estimate_s > left_s:
+        return (f"time budget: the next trial takes ~{estimate_s:.0f} s and {left_s:.0f} s are left before the "
+                f"deadline: stopping here; give --budget DURATION to extend it")
+    return ""
+
+
+def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any], budget: int | None,
+                  on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+                  gc_after_trial: bool = True, deadline_unix_s: float | None = None,
+                  trial_estimate_s: Callable[[], float | None] = lambda: None,
+                  now_unix_s: Callable[[], float] = time.time) -> BudgetStop:
+    """Run trials one by one until the study holds `budget` finished trials, or until the next trial's estimated
+    duration would push past `deadline_unix_s`. `budget` None: the deadline alone decides.
+
+    `gc_after_trial=False` is for simulated trials, where a full collection costs more than the trial itself.
+
+    With several workers, a worker starts a trial only while finished + running trials are under the budget,
+    so the workers together never run more than the budget.
+    """
+    ran = 0
+    callbacks = [lambda s, t: on_trial(s, t)] if on_trial else []
+    while budget is None or _claimed_count(study) < budget:
+        reason = time_left_for(deadline_unix_s, trial_estimate_s(), now_unix_s())
+        if reason:
+            return BudgetStop(ran, reason)
+        study.optimize(objective, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=gc_after_trial)
+        ran += 1
+    return BudgetStop(ran)
