@@ -1,14 +1,18 @@
-"""One contract, every Engine implementation: the fake and the real vLLM CPU engine."""
+"""One contract, every Engine implementation: the fake, the simulator, the real vLLM CPU engine in process and over
+HTTP, and the measure-only engine on a server someone else runs (a fake OpenAI server here)."""
 
 import asyncio
+import threading
 
 import psutil
 import pytest
+from aiohttp import web
 
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core import failures
 from optimizer.core.errors import EngineStartError
 from optimizer.engines.fake import FakeEngine
+from optimizer.engines.server import free_port
 from optimizer.measurement.engine import Engine
 from optimizer.measurement.workload import build_workload
 from optimizer.search.fitting import cpu_engine_args
@@ -18,11 +22,45 @@ WORKLOAD = build_workload(WorkloadSpec(num_requests=10, warmup_requests=0, input
 OOM_PARAMS = {"gpu_memory_utilization": 0.99}
 
 
-@pytest.fixture(params=["fake", "simulated", pytest.param("vllm", marks=pytest.mark.engine),
+START_PARAMS = {"max_num_seqs": 4, "gpu_memory_utilization": 0.2}
+
+
+@pytest.fixture
+def running_server():
+    """A fake vLLM OpenAI server on its own thread and event loop, as a deployment would be: its URL."""
+    from tests.test_http_engine import FakeServer
+
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(FakeServer().app)
+    port = free_port()
+    up = threading.Event()
+
+    def serve():
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        up.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert up.wait(10)
+    yield f"http://127.0.0.1:{port}"
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.fixture(params=["fake", "simulated", "remote", pytest.param("vllm", marks=pytest.mark.engine),
                         pytest.param("http", marks=pytest.mark.engine)])
 def make_engine(request):
     if request.param == "fake":
         return lambda: FakeEngine(max_memory_fraction=0.95)
+    if request.param == "remote":
+        from optimizer.engines.http_engine import RemoteEngine
+
+        url = request.getfixturevalue("running_server")
+        return lambda: RemoteEngine(url, wait_s=5)
     if request.param == "simulated":
         from optimizer.engines.simulated import SimulatedEngine
         from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
@@ -48,10 +86,12 @@ def test_lifecycle(make_engine, tmp_path):
     async def scenario():
         engine: Engine = make_engine()
         assert isinstance(engine, Engine)
-        resolved = await engine.start({"max_num_seqs": 4, "gpu_memory_utilization": 0.2}, tmp_path / "e.log")
+        resolved = await engine.start({} if engine.measure_only else START_PARAMS, tmp_path / "e.log")
         pids = list(engine.pids)
         try:
-            assert resolved["max_num_seqs"] == 4
+            assert [r.pid for r in engine.process_refs] == pids
+            if not engine.measure_only:
+                assert resolved["max_num_seqs"] == 4
             one = await collect(engine, WORKLOAD.requests[0])
             assert sum(one) == WORKLOAD.requests[0].output_len and all(n > 0 for n in one)
             await engine.reset_prefix_cache()
@@ -75,10 +115,11 @@ def test_config_that_does_not_fit_fails_with_reason_and_leaves_no_process(make_e
         with pytest.raises(EngineStartError) as err:
             await engine.start(OOM_PARAMS, tmp_path / "oom.log")
         await engine.shutdown()
-        return err.value
+        return engine, err.value
 
-    err = asyncio.run(scenario())
-    assert err.reason == failures.OUT_OF_MEMORY, str(err)
+    engine, err = asyncio.run(scenario())
+    # a measure-only engine runs no config at all: any parameters are refused as such
+    assert err.reason == (failures.INVALID_CONFIG if engine.measure_only else failures.OUT_OF_MEMORY), str(err)
     after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
     assert after <= before | _resource_tracker()
 
@@ -99,3 +140,17 @@ def _resource_tracker() -> set[int]:
 
     pid = getattr(resource_tracker._resource_tracker, "_pid", None)
     return {pid} if pid else set()
+
+
+def test_validate_refuses_what_start_would_without_starting_anything(make_engine, tmp_path):
+    """`validate` is the cheap check the objective runs before a start: an unknown argument fails there with the
+    same reason `start` gives, and a config the engine runs passes, with no process started either way."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    engine = make_engine()
+    with pytest.raises(EngineStartError) as err:
+        engine.validate({"unknown_arg": 1})
+    assert err.value.reason == failures.INVALID_CONFIG
+    engine.validate({} if engine.measure_only else START_PARAMS)
+    assert engine.pids == [] and engine.process_refs == []
+    after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+    assert after <= before | _resource_tracker()

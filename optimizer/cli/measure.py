@@ -81,7 +81,7 @@ def _vocab_size(ns: argparse.Namespace, model_root: str) -> int:
 
 def _measure(ns: argparse.Namespace) -> int:
     from optimizer.decision.tables import FORMATS, format_output
-    from optimizer.engines.http_engine import RemoteEngine
+    from optimizer.engines.http_engine import RemoteEngine, check_url
     from optimizer.core.units import parse_duration_ms
 
     if ns.format not in FORMATS:
@@ -89,7 +89,11 @@ def _measure(ns: argparse.Namespace) -> int:
     rates = parse_rates(ns.rate)
     fields = _workload_fields(ns)
     wait_s = parse_duration_ms(ns.wait, "--wait") / 1000
-    engine = RemoteEngine(ns.url, wait_s=wait_s)
+    try:
+        url = check_url(ns.url)
+    except UsageError as exc:
+        raise UsageError(f"--url {exc}") from None
+    engine = RemoteEngine(url, wait_s=wait_s)
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
     rows = asyncio.run(_run(engine, ns, fields, rates, say))
     print(format_output(rows, ns.format))
@@ -106,7 +110,10 @@ async def _run(engine: Any, ns: argparse.Namespace, fields: dict[str, Any], rate
     from optimizer.measurement.replay import replay
     from optimizer.measurement.workload import build_workload
 
-    await engine.start({})
+    try:
+        await engine.start({})
+    except UsageError as exc:  # the engine speaks of the URL; the user gave it as --url
+        raise UsageError(f"{exc} (--url)") from None
     try:
         if engine.model_root.rstrip("/").endswith(DEFAULT_MODEL_NAME):  # the study's workload for the demo model
             try:

@@ -210,8 +210,3 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
         compose_path=_write(out_dir / f"{name}.compose.yaml", to_compose(args, header, meta, config.device, env)),
     )
 
-
-def export(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, model: str) -> tuple[str, Path]:
-    """Write every export format (see `export_all`); return the serve command and the YAML's path."""
-    done = export_all(trial, config, out_dir, model)
-    return done.command, done.yaml_path

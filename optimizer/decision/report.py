@@ -1,7 +1,7 @@
-"""The study's recommendation and baseline as Optuna sees them (its stored values), and the end-of-run table.
+"""The end-of-run table: vLLM's defaults against the recommendation, then what `optimize report` says of them.
 
-`recommended` reads the trials' values (what export, verify and the progress bar use); the end table is a view
-of `decision.decide`, the same decision `optimize report` prints.
+It is a view of `decision/decide.py`, the same decision `optimize report` prints, rendered by the one table renderer
+(`decision/tables.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 
 from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
+from optimizer.decision.tables import format_output
 
 
 def _row(label: str, v: Any) -> list[str]:
@@ -34,14 +35,6 @@ def _row(label: str, v: Any) -> list[str]:
             format_ms(p.get("ttft_p99_ms", math.nan))]
 
 
-def table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(header, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
-
-
 def summary_text(study: optuna.Study, config: StudyConfig) -> str:
     """The end-of-study table, baseline against recommendation, then what `optimize report` says of them: gain
     (and whether it is more than noise), changed parameters, importances, caveats. One decision (decision/decide.py)."""
@@ -51,7 +44,8 @@ def summary_text(study: optuna.Study, config: StudyConfig) -> str:
     d = decide(study, config)
     header = ["config", "trial", "output tok/s", "rate req/s", "TTFT P50", "TTFT P99"]
     out = [f"TTFT P99 limit {format_ms(config.ttft_p99_ms)}; throughput at the highest rate sustained within it",
-           table([_row(f"vLLM defaults ({d.defaults_of})", d.baseline), _row("recommended", d.best)], header)]
+           format_output([dict(zip(header, _row(f"vLLM defaults ({d.defaults_of})", d.baseline))),
+                          dict(zip(header, _row("recommended", d.best)))], "table")]
     if d.baseline is not None and d.baseline.trial.user_attrs.get("baseline_note"):
         out.append(f"note: {d.baseline.trial.user_attrs['baseline_note']}")
     if d.best is None:

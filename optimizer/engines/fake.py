@@ -15,6 +15,7 @@ from typing import Any
 
 from optimizer.core import failures
 from optimizer.core.errors import EngineStartError
+from optimizer.core.processes import ProcessRef
 from optimizer.measurement.workload import Request
 
 
@@ -36,8 +37,14 @@ class FakeEngine:
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
 
+    measure_only = False
+
     @property
     def pids(self) -> list[int]:
+        return []
+
+    @property
+    def process_refs(self) -> list[ProcessRef]:
         return []
 
     @property

@@ -32,13 +32,15 @@ _HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 _ARGPARSE_ERROR = re.compile(r"error: (unrecognized arguments: [^\n]*|argument [^\n]*)")
 _KV_TOKENS = re.compile(r"[CG]PU KV cache size: ([\d,]+) tokens")
 _KEEPALIVE_S = 4.0
+_RESET_WAIT_S = 10.0  # how long a prefix-cache reset is retried while running requests still hold blocks
+_RESET_RETRY_S = 0.25
 
 
 class _HttpClient:
     """Streaming completions client over one aiohttp session; the server side is the subclass's business."""
 
-    # The managed server always has /reset_prefix_cache (dev mode); a deployment may not.
-    reset_required = True
+    # The managed server always has /reset_prefix_cache (dev mode); a deployment (measure-only) may not.
+    measure_only = False
 
     def __init__(self) -> None:
         self.base_url = ""
@@ -141,10 +143,11 @@ class _HttpClient:
         """POST /reset_prefix_cache, retried while running requests still hold blocks."""
         if self._session is None or not self.reset_supported:
             return
-        for _ in range(40):
+        deadline = time.monotonic() + _RESET_WAIT_S
+        while True:
             try:
                 async with self._session.post(f"{self.base_url}/reset_prefix_cache") as resp:
-                    if resp.status == 404 and not self.reset_required:
+                    if resp.status == 404 and self.measure_only:
                         self.reset_supported = False  # a deployment without VLLM_SERVER_DEV_MODE=1: replays run warm
                         return
                     if resp.status != 200:
@@ -155,8 +158,10 @@ class _HttpClient:
                 body = {"success": False}  # a kept-alive connection closed under us: try again
             if not isinstance(body, dict) or body.get("success", True):
                 return
-            await asyncio.sleep(0.25)
-        raise RuntimeError("the server refused to reset its prefix cache for 10 s (blocks still held)")
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"the server refused to reset its prefix cache for {_RESET_WAIT_S:.0f} s (blocks "
+                                   f"still held)")
+            await asyncio.sleep(_RESET_RETRY_S)
 
 
 async def _sse_messages(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
@@ -293,7 +298,7 @@ def classify_server_failure(exit_code: int | None, log_text: str) -> tuple[str, 
 class RemoteEngine(_HttpClient):
     """Measure-only: an already-running server at `url`. `start` waits for /health; `shutdown` ends nothing."""
 
-    reset_required = False
+    measure_only = True
 
     def __init__(self, url: str, wait_s: float = 10.0) -> None:
         super().__init__()
@@ -311,7 +316,7 @@ class RemoteEngine(_HttpClient):
     def validate(self, params: dict[str, Any]) -> None:
         if params:
             raise EngineStartError(f"the running server at {self.url} cannot take engine parameters "
-                                   f"({', '.join(sorted(params))}); restart it with them, or use --backend http",
+                                   f"({', '.join(sorted(params))}): restart it with them, or let each trial start its own server",
                                    failures.INVALID_CONFIG)
 
     async def start(self, params: dict[str, Any] | None = None, log_path: Path | None = None) -> dict[str, Any]:
@@ -322,8 +327,8 @@ class RemoteEngine(_HttpClient):
             if time.monotonic() >= deadline:
                 await self._close()
                 raise UsageError(f"no vLLM server answers at {self.url}/health (waited {self._wait_s:.0f} s): start "
-                                 f"one (python -m vllm.entrypoints.openai.api_server --model ...) or pass the right "
-                                 f"--url")
+                                 f"one (python -m vllm.entrypoints.openai.api_server --model ...) or give the URL it "
+                                 f"listens on")
             await asyncio.sleep(0.5)
         try:
             await self._read_models()
@@ -341,9 +346,9 @@ def check_url(url: str) -> str:
     """An http(s)://host:port URL without a trailing slash, or a UsageError that shows the expected form."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--url {url!r} is not a server URL: give http://HOST:PORT, e.g. http://127.0.0.1:8000")
+        raise UsageError(f"{url!r} is not a server URL: give http://HOST:PORT, e.g. http://127.0.0.1:8000")
     try:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
-        raise UsageError(f"--url {url!r} has a bad port: give http://HOST:PORT, e.g. http://127.0.0.1:8000") from None
+        raise UsageError(f"{url!r} has a bad port: give http://HOST:PORT, e.g. http://127.0.0.1:8000") from None
     return url.rstrip("/")

@@ -21,6 +21,7 @@ from typing import Any
 from optimizer.config.model import ModelInfo
 from optimizer.core import failures
 from optimizer.core.errors import EngineStartError
+from optimizer.core.processes import ProcessRef
 from optimizer.engines.sim.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.sim.virtual import simulate
@@ -55,8 +56,14 @@ class SimulatedEngine:
         self._wake: asyncio.Event | None = None
         self._queues: dict[int, asyncio.Queue[int | None]] = {}
 
+    measure_only = False
+
     @property
     def pids(self) -> list[int]:
+        return []
+
+    @property
+    def process_refs(self) -> list[ProcessRef]:
         return []
 
     def resolve(self, params: dict[str, Any]) -> dict[str, Any]:

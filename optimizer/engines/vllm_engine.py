@@ -63,6 +63,8 @@ class VllmEngine:
         self._log_path: Path | None = None
         self._front_end_log: FrontEndLog | None = None
 
+    measure_only = False
+
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]

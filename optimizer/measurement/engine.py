@@ -1,7 +1,13 @@
 """The Engine protocol, owned by its caller (replay and objective).
 
-Lifecycle: `validate(params)` (cheap, optional) -> `start(params)` once -> any number of `generate` and `reset_prefix_cache` -> `shutdown()` once,
-which must leave no process behind. `generate` yields, per output chunk, how many new tokens it carried.
+Lifecycle: `validate(params)` (cheap, no process started) -> `start(params)` once -> any number of `generate` and
+`reset_prefix_cache` -> `shutdown()` once, which must leave no process behind. `generate` yields, per output chunk,
+how many new tokens it carried. `process_refs` names every process the engine started, kept current during the start,
+so that a run killed mid-trial can end them from the study's record. A measure-only engine (`measure_only`) measures
+a server someone else runs: it takes no parameters, and its shutdown ends nothing.
+
+Optional capabilities, each a protocol of its own that an engine implements or not: `ReportsEngineStats` (the
+scheduler's own statistics) and `ServesInVirtualTime` (a whole replay served at once, the simulator).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from optimizer.core.processes import ProcessRef
 from optimizer.measurement.workload import Request
 
 
@@ -41,9 +48,19 @@ class Engine(Protocol):
         """Stop the engine and every process it started. Safe to call twice or after a failed start."""
         ...
 
+    measure_only: bool
+    """True when the engine measures a server it did not start: `start` takes no parameters and `shutdown` ends
+    nothing (the prefix-cache reset may be missing there: a replay is then measured warm, and says so)."""
+
     @property
     def pids(self) -> list[int]:
         """Process ids this engine started (empty for in-thread engines)."""
+        ...
+
+    @property
+    def process_refs(self) -> list[ProcessRef]:
+        """The processes this engine started, with their start times (a reused PID is not ours); empty for in-thread
+        engines. Current during the start, so that a kill mid-start leaves them on record."""
         ...
 
 
@@ -89,4 +106,14 @@ class ReportsEngineStats(Protocol):
 
     async def take_engine_stats(self) -> EngineStats:
         """The stats collected since the previous call (or the start), and start collecting afresh."""
+        ...
+
+
+@runtime_checkable
+class ServesInVirtualTime(Protocol):
+    """Optional capability of an Engine: serve a whole replay at once in modelled time (the simulator), with the
+    records a real-time replay would give."""
+
+    def simulate_replay(self, requests: list[Request] | tuple[Request, ...], arrivals_s: list[float]) -> list[Any]:
+        """The replay's per-request records, times relative to its start."""
         ...

@@ -6,7 +6,7 @@ import asyncio
 
 from optimizer.core.clock import Clock
 from optimizer.core.errors import EngineDiedError
-from optimizer.measurement.engine import Engine
+from optimizer.measurement.engine import Engine, ServesInVirtualTime
 from optimizer.measurement.metrics import RequestRecord
 from optimizer.measurement.workload import Request
 
@@ -37,9 +37,8 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
     (EngineDiedError); any other request error is recorded on that request. An engine that runs in virtual time
     (`simulate_replay`, the simulator) serves the whole replay at once instead, with the same records.
     """
-    simulated = getattr(engine, "simulate_replay", None)
-    if simulated is not None:
-        return simulated(requests, arrivals_s)
+    if isinstance(engine, ServesInVirtualTime):
+        return engine.simulate_replay(requests, arrivals_s)
     start = clock.now()
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task[None]] = []

@@ -39,9 +39,6 @@ def rate_key_rps(point: Point) -> float:
     return math.inf if rate is None else float(rate)
 
 
-# Other latency limits a study can be asked about, by the curve key that stores each.
-OTHER_LIMITS = ("tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms")
-
 
 def _within(value: Any, limit_ms: float) -> bool:
     return value is not None and not math.isnan(value) and value <= limit_ms

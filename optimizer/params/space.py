@@ -53,7 +53,6 @@ _DEFAULTS: dict[str, dict[str, Dist]] = {
         "long_prefill_token_threshold": Choice(choices=[0, 32, 64, 128, 256]),
     },
 }
-MEMORY_CAP = 0.94
 
 
 @dataclass(frozen=True)

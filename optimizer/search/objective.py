@@ -357,7 +357,7 @@ def _fallback_note(why: str) -> str:
 
 
 def _save_processes(trial: optuna.Trial, engine: Engine) -> list[list[float]]:
-    refs = [[r.pid, r.create_time] for r in getattr(engine, "process_refs", [])]
+    refs = [[r.pid, r.create_time] for r in engine.process_refs]
     if refs != trial.user_attrs.get(PROCESSES_ATTR, []):
         trial.set_user_attr(PROCESSES_ATTR, refs)
         trial.set_user_attr("engine_pids", [int(pid) for pid, _ in refs])

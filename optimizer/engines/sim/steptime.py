@@ -51,7 +51,7 @@ class StepTimeModel:
 
             require_file(p, "calibration")
         else:
-            raise UsageError(f"calibration file {str(p)!r} does not exist: run `optimize calibrate --out {p}` first")
+            raise UsageError(f"calibration file {str(p)!r} does not exist: write one with `optimize calibrate` first")
         try:
             data = json.loads(p.read_text())["step_time_model"]
             return cls(**{k: float(v) for k, v in data.items()})
