@@ -87,3 +87,24 @@ def test_a_slow_study_takes_a_smaller_shape():
     # a start so slow that no shape is in time: the smallest, whose prefill fits too
     hopeless = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=12.0, start_s=80.0)
     assert choose_scale(hopeless, 150.0, 40, 120).model == DEMO_LADDER[-1].name
+
+
+def test_when_even_the_smallest_shape_is_late_each_replay_sends_fewer_requests():
+    from optimizer.search.probe import MIN_DEMO_REQUESTS, TARGET_S_PER_TRIAL, estimate_shape_s, requests_in_time
+
+    # slow replays (ceiling 8/s): the 4M shape with 120 requests is estimated past 54 s a trial
+    slow = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=8.0, start_s=25.0)
+    smallest = DEMO_LADDER[-1]
+    assert estimate_shape_s(slow, smallest, 40, 120) > TARGET_S_PER_TRIAL * 40
+    scale = choose_scale(slow, 150.0, 40, 120)
+    assert scale.model == smallest.name and MIN_DEMO_REQUESTS < scale.num_requests < 120
+    assert scale.num_requests % 10 == 0
+    # the count is the largest that fits: ten more would not
+    assert estimate_shape_s(slow, smallest, 40, scale.num_requests) <= TARGET_S_PER_TRIAL * 40
+    assert estimate_shape_s(slow, smallest, 40, scale.num_requests + 10) > TARGET_S_PER_TRIAL * 40
+    assert scale.estimated_s == pytest.approx(estimate_shape_s(slow, smallest, 40, scale.num_requests))
+    # a start so slow that no count is in time: the floor, never fewer
+    assert requests_in_time(result(prefill_ms=20.0, burst_rps=4.0, start_s=80.0), smallest, 40, 120) == \
+        MIN_DEMO_REQUESTS
+    # in time already: the count asked for
+    assert choose_scale(result(prefill_ms=20.0), 150.0, 40, 120).num_requests == 120

@@ -59,7 +59,7 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
     from optimizer.core.clock import MonotonicClock
     from optimizer.core.errors import OptimizerError
     from optimizer.search.objective import CPU_BASELINE_MEMORY_FALLBACK
-    from optimizer.search.probe import choose_scale, probe
+    from optimizer.search.probe import TARGET_S_PER_TRIAL, choose_scale, probe
 
     dtype = config.engine_args.get("dtype") or config.space.fixed.get("dtype") or info.dtype
     params = {k: v for k, v in config.space.fixed.items() if k != "max_model_len"}
@@ -90,8 +90,13 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
         duration = f"estimated ~{per_trial_s:.0f} s per trial: about {fit} trials before the deadline"
     else:
         duration = f"estimated duration ~{scale.estimated_s / 60:.0f} min for {budget} trials"
+    update: dict[str, Any] = {"model": scale.model}
+    if scale.num_requests and scale.num_requests < config.workload.num_requests:
+        verdict += (f"; {scale.num_requests} requests per replay instead of {config.workload.num_requests}, to end "
+                    f"in time (even the smallest shape is estimated past {TARGET_S_PER_TRIAL:.0f} s per trial)")
+        update["workload"] = config.workload.model_copy(update={"num_requests": scale.num_requests})
     say(f"demo scale: {scale.model}: {verdict}; {duration}")
-    config = config.model_copy(update={"model": scale.model})
+    config = config.model_copy(update=update)
     return config, {"probe": result.to_dict(), "scale": scale.to_dict()}
 
 

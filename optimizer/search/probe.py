@@ -50,6 +50,9 @@ KNEE_FRACTION_OF_CEILING = 0.6
 BASELINE_EXTRA_REPLAYS = 7
 # The demo promises 40 trials in 40 minutes on any CPU: aim at 54 s per trial, a tenth below, for noise.
 TARGET_S_PER_TRIAL = 54.0
+# When even the quickest shape is estimated past that, each replay sends fewer requests (an engine start and
+# shutdown, ~30 s a trial, cannot shrink), down to this many: the P99 of fewer is the tail's few largest.
+MIN_DEMO_REQUESTS = 60
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class DemoScale:
     limit_ms: float
     estimated_s: float
     fits: bool  # False: even the smallest shape's prefill is past the share of the limit
+    num_requests: int = 0  # requests per replay; fewer than asked when even the quickest shape is late (0: as asked)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,8 +126,22 @@ def choose_scale(result: ProbeResult, limit_ms: float, budget: int, num_requests
     fitting = [s for s in ladder if predicted_prefill_ms(result, s) <= allowed]
     quick = [s for s in fitting if estimate_shape_s(result, s, budget, num_requests) <= TARGET_S_PER_TRIAL * budget]
     shape = quick[0] if quick else (fitting or ladder)[-1]  # none in time: the quickest
+    count = num_requests if quick else requests_in_time(result, shape, budget, num_requests)
     return DemoScale(model=shape.name, predicted_prefill_ms=predicted_prefill_ms(result, shape), limit_ms=limit_ms,
-                     estimated_s=estimate_shape_s(result, shape, budget, num_requests), fits=bool(fitting))
+                     estimated_s=estimate_shape_s(result, shape, budget, count), fits=bool(fitting),
+                     num_requests=count)
+
+
+def requests_in_time(result: ProbeResult, shape: DemoShape, budget: int, num_requests: int) -> int:
+    """Pure: the most requests per replay (a multiple of 10, at most `num_requests`, at least MIN_DEMO_REQUESTS)
+    with which `budget` trials of `shape` are estimated within TARGET_S_PER_TRIAL each. The estimate is linear in
+    the count: fixed engine starts and shutdowns, plus replays that last in proportion to their requests."""
+    fixed_s = estimate_shape_s(result, shape, budget, 0)
+    per_request_s = (estimate_shape_s(result, shape, budget, num_requests) - fixed_s) / max(num_requests, 1)
+    if per_request_s <= 0:
+        return num_requests
+    fit = int((TARGET_S_PER_TRIAL * budget - fixed_s) / per_request_s) // 10 * 10
+    return max(min(fit, num_requests), min(MIN_DEMO_REQUESTS, num_requests))
 
 
 def _lone_request(rng: np.random.Generator, index: int, prompt_tokens: int, output_tokens: int,
