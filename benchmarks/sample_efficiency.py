@@ -224,8 +224,9 @@ def evaluate_grid(bench: Bench, tm: StepTimeModel, jobs: int) -> tuple[list[dict
 def _code_version() -> list[int]:
     """What the grid's results depend on besides their inputs: the simulator's and the trial's code."""
     root = Path(__file__).resolve().parents[1] / "optimizer"
-    files = sorted([*root.glob("sim/*.py"), root / "engines" / "engines/simulated.py", root / "measurement/rate_search.py",
-                    root / "search/objective.py", root / "measurement/metrics.py", root / "measurement/workload.py"])
+    files = sorted([*root.glob("engines/sim/*.py"), root / "engines/simulated.py", root / "measurement/rate_search.py",
+                    root / "search/objective.py", root / "search/repeats.py", root / "measurement/metrics.py",
+                    root / "measurement/workload.py"])
     return [hash_text(f.read_text()) for f in files]
 
 

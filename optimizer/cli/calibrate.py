@@ -1,6 +1,7 @@
 """`optimize calibrate`: fit the simulator's step-time model to the real engine and report its error.
 
-Same edge rules as the main command: flags -> typed values -> library (optimizer/engines/sim/calibrate.py) -> print; bad input exits 2.
+Same edge rules as the main command: flags -> typed values -> library (optimizer/engines/sim/calibrate.py) -> print;
+bad input exits 2.
 """
 
 from __future__ import annotations

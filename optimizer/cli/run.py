@@ -148,8 +148,9 @@ def check_calibration_machine(path: str, made_on: dict[str, Any] | None, here: d
 
 
 def _detect_device(explicit: str | None = None) -> str:
-    """The device asked for, checked against the installed vLLM build, or the one NVML finds (optimizer/hardware/device.py:
-    never through torch, which would initialize CUDA before vLLM's engine core is forked)."""
+    """The device asked for, checked against the installed vLLM build, or the one NVML finds
+    (optimizer/hardware/device.py: never through torch, which would initialize CUDA before vLLM's engine core is
+    forked)."""
     from optimizer.hardware.device import resolve_device
 
     return resolve_device(explicit)

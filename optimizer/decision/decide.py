@@ -46,8 +46,8 @@ class Decision:
 
     def required_gain(self, a: TrialView, b: TrialView) -> float:
         """The relative gain `a` needs over `b` to count as better: the larger of the replays' noise (Z standard
-        errors at the study's CV, optimizer/measurement/noise.py) and `b`'s rate-search resolution (its best rate passed, the
-        next rate tried above it failed: its true best lies anywhere in between)."""
+        errors at the study's CV, optimizer/measurement/noise.py) and `b`'s rate-search resolution (its best rate
+        passed, the next rate tried above it failed: its true best lies anywhere in between)."""
         return required_gain(self.noise_cv, _replays(a), _replays(b), resolution(b))
 
     def beyond_noise(self, a: TrialView, b: TrialView) -> bool:

@@ -316,7 +316,8 @@ class RemoteEngine(_HttpClient):
     def validate(self, params: dict[str, Any]) -> None:
         if params:
             raise EngineStartError(f"the running server at {self.url} cannot take engine parameters "
-                                   f"({', '.join(sorted(params))}): restart it with them, or let each trial start its own server",
+                                   f"({', '.join(sorted(params))}): restart it with them, or let each trial start its "
+                                   f"own server",
                                    failures.INVALID_CONFIG)
 
     async def start(self, params: dict[str, Any] | None = None, log_path: Path | None = None) -> dict[str, Any]:

@@ -53,7 +53,8 @@ class VllmEngine:
     def __init__(self, base_args: dict[str, Any], shutdown_timeout_s: float = 20.0,
                  collect_stats: bool = True, deploy_as: str = DEFAULT_TARGET) -> None:
         self._base_args = dict(base_args)
-        self.deploy_as = deploy_as  # configs are built under this deployment's usage context (optimizer/params/deploy.py)
+        # configs are built under this deployment's usage context (optimizer/params/deploy.py)
+        self.deploy_as = deploy_as
         self._saved_env: dict[str, str | None] = {}
         self._sink = _StatsSink() if collect_stats else None
         self._served: set[str] = set()  # request ids finished since the last take_engine_stats()

@@ -11,7 +11,9 @@ config there. The probe starts vLLM's defaults once on the largest embedded shap
 
 From these it chooses the largest shape whose predicted lone prefill stays within a share of the limit (prefill
 time past the per-step overhead scales with the shape's compute per token) and whose study is estimated to end
-in time (40 trials in 36 minutes; a smaller model replays faster), and prints that estimate. The result is stored with the study; a resume never probes again.
+in time (40 trials in 36 minutes; a smaller model replays faster; when even the smallest is late, each replay
+sends fewer requests), and prints that estimate. The result is stored
+with the study; a resume never probes again.
 """
 
 from __future__ import annotations
