@@ -197,8 +197,7 @@ def _dead_or_elsewhere(worker: dict[str, Any]) -> bool:
 
 def is_baseline(trial: FrozenTrial) -> bool:
     """vLLM's defaults, measured or pruned for their config; not a start the machine broke
-    (optimizer/search/breaker.py),
-    which measured nothing: the baseline is queued again after it."""
+    (optimizer/search/breaker.py), which measured nothing: the baseline is queued again after it."""
     return bool(trial.user_attrs.get("baseline")) and not is_environment_failure(trial)
 
 
