@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 
 from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
+from optimizer.search.attrs import BASELINE_NOTE, PRUNED_REASON
 
 
 def _row(label: str, v: Any) -> list[str]:
@@ -22,7 +23,7 @@ def _row(label: str, v: Any) -> list[str]:
         return [label, "-", "-", "-", "-", "-"]
     trial = v.trial
     if trial.state == TrialState.PRUNED:
-        return [label, f"#{trial.number}", "cannot run", trial.user_attrs.get("pruned_reason", "?"), "-", "-"]
+        return [label, f"#{trial.number}", "cannot run", PRUNED_REASON.of(trial) or "?", "-", "-"]
     p = v.ranked.point
     if p is None:
         return [label, f"#{trial.number}", "misses limit at every rate", "-", "-", "-"]
@@ -52,8 +53,9 @@ def summary_text(study: optuna.Study, config: StudyConfig) -> str:
     header = ["config", "trial", "output tok/s", "rate req/s", "TTFT P50", "TTFT P99"]
     out = [f"TTFT P99 limit {format_ms(config.ttft_p99_ms)}; throughput at the highest rate sustained within it",
            table([_row(f"vLLM defaults ({d.defaults_of})", d.baseline), _row("recommended", d.best)], header)]
-    if d.baseline is not None and d.baseline.trial.user_attrs.get("baseline_note"):
-        out.append(f"note: {d.baseline.trial.user_attrs['baseline_note']}")
+    note = BASELINE_NOTE.of(d.baseline.trial) if d.baseline is not None else None
+    if note:
+        out.append(f"note: {note}")
     if d.best is None:
         out.append("No trial met the limit. Relax --ttft-p99, lower the workload's lengths, or widen the ranges.")
         return "\n".join(out)
