@@ -16,6 +16,7 @@ import numpy as np
 import optuna
 
 from optimizer.cli.common import existing_config
+from optimizer.search.attrs import AB, BASELINE, RESULT
 from optimizer.search.runner import prepare
 from optimizer.search.score import baseline, recommended
 
@@ -41,16 +42,17 @@ def main() -> None:
     prepared.objective.early_stop = False
     prepared.objective.records = None
     for _ in range(args.repeats):
-        prepared.study.enqueue_trial({}, user_attrs={"baseline": True, "ab": "defaults"})
-        prepared.study.enqueue_trial(best.params, user_attrs={"ab": "recommended"})
+        prepared.study.enqueue_trial({}, user_attrs={**BASELINE.item(True), **AB.item("defaults")})
+        prepared.study.enqueue_trial(best.params, user_attrs=AB.item("recommended"))
     # the scratch study queues its own baseline first: it runs too, as a warm-up, and is not counted
     prepared.study.optimize(prepared.objective, n_trials=2 * args.repeats + 1)
     got: dict[str, list[float]] = {"defaults": [], "recommended": []}
     for t in prepared.study.trials:
-        if "ab" not in t.user_attrs:
+        side = AB.of(t)
+        if side is None:
             continue
-        r = t.user_attrs.get("result", {})
-        got[t.user_attrs["ab"]].append(r["output_throughput_tok_s"] if r.get("feasible") else 0.0)
+        r = RESULT.of(t)
+        got[side].append(r["output_throughput_tok_s"] if r.get("feasible") else 0.0)
     print(f"study {args.study!r}, TTFT P99 <= {config.ttft_p99_ms:.0f}ms, {args.repeats} alternating repeats each; "
           f"recommended = trial #{best.number}, defaults = trial #{base.number}")
     print(f"{'config':>12}  {'median tok/s':>12}  {'min':>8}  {'max':>8}  {'in the study':>12}")

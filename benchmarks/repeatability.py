@@ -20,6 +20,7 @@ from pathlib import Path
 from optimizer.cli.run import build_parser, resolve_config
 from optimizer.measurement.noise import coefficient_of_variation, median
 from optimizer.measurement.rerank import merge_repeats
+from optimizer.search.attrs import BASELINE, CURVE, RESULT, RUN
 from optimizer.search.runner import prepare
 
 
@@ -48,24 +49,25 @@ def main() -> None:
         prepared.objective.early_stop = False  # every run does its whole rate search
         prepared.objective.records = None
         for _ in range(args.runs):
-            prepared.study.enqueue_trial(params, user_attrs={"run": True, **({"baseline": True} if not params else {})})
+            queued = {**RUN.item(True), **(BASELINE.item(True) if not params else {})}
+            prepared.study.enqueue_trial(params, user_attrs=queued)
         t0 = time.perf_counter()
         # the study's own baseline is queued first and runs as a warm-up of the machine; it is not counted
         prepared.study.optimize(prepared.objective, n_trials=args.runs + 1)
         minutes = (time.perf_counter() - t0) / 60
-        runs = [t for t in prepared.study.trials if t.user_attrs.get("run")]
+        runs = [t for t in prepared.study.trials if RUN.of(t)]
     print(f"config {params or 'vLLM defaults'}; TTFT P99 <= {args.ttft_p99}; {args.runs} runs on fresh engines, "
           f"{args.repeats} replays at each run's best rate; {minutes:.1f} min")
     print(f"{'run':>4}  {'rate req/s':>10}  {'goodput tok/s':>13}  {'replays at best rate (tok/s)':>30}  {'CV within':>9}")
     goodputs, within = [], []
     for i, t in enumerate(runs):
-        r = t.user_attrs.get("result", {})
+        r = RESULT.of(t)
         good = t.values[0] if r.get("feasible") else 0.0
         goodputs.append(good)
         rate = r.get("rate_rps")
-        at_best = [pt["output_throughput_tok_s"] for pt in t.user_attrs.get("curve", [])
+        at_best = [pt["output_throughput_tok_s"] for pt in CURVE.of(t)
                    if r.get("feasible") and pt["offered_rate_rps"] == rate]
-        merged = [pt for pt in merge_repeats(t.user_attrs.get("curve", [])) if pt["offered_rate_rps"] == rate]
+        merged = [pt for pt in merge_repeats(CURVE.of(t)) if pt["offered_rate_rps"] == rate]
         cv = merged[0].get("output_throughput_cv", math.nan) if merged else math.nan
         within.append(cv)
         rate_s = "burst" if rate is None else f"{rate:.2f}"

@@ -40,6 +40,7 @@ from optimizer.engines.simulated import SimulatedEngine  # noqa: E402
 from optimizer.measurement.metrics import summarize  # noqa: E402
 from optimizer.measurement.workload import build_workload  # noqa: E402
 from optimizer.params.space import resolve  # noqa: E402
+from optimizer.search.attrs import BASELINE, ENGINE_PARAMS, RESULT  # noqa: E402
 from optimizer.search.prescreen import evaluate, goodput, sim_objective  # noqa: E402
 from optimizer.search.runner import model_path, prepare, run  # noqa: E402
 from optimizer.search.score import recommended  # noqa: E402
@@ -87,10 +88,10 @@ def run_variant(variant: str, seed: int, slo_ms: float, budget: int, tm: StepTim
     run(prepared, quiet=True)
     per_start = tm.engine_start_s + tm.engine_shutdown_s
     best = recommended(prepared.study)
-    rate = (best.user_attrs.get("result") or {}).get("rate_rps") if best else None
+    rate = RESULT.of(best).get("rate_rps") if best else None
     return Outcome(variant, seed, prepared.config.workload.num_requests, sum(e.virtual_s for e in engines),
                    sum(max(e.virtual_s - per_start, 0.0) for e in engines),
-                   {**best.user_attrs.get("engine_params", {})} if best else None,
+                   {**ENGINE_PARAMS.of(best)} if best else None,
                    math.inf if best and rate is None else rate, goodput(best) if best else 0.0)
 
 
@@ -114,7 +115,7 @@ def judge(outcome: Outcome, slo_ms: float, tm: StepTimeModel, root: Path) -> Non
     searched = {k: v for k, v in outcome.params.items() if k in space.dists}
     if not searched:  # vLLM's defaults won: measured as the baseline is (no searched knob set)
         study = optuna.create_study(directions=["maximize", "minimize"])
-        study.enqueue_trial({}, user_attrs={"baseline": True})
+        study.enqueue_trial({}, user_attrs=BASELINE.item(True))
         study.optimize(sim_objective(cfg, space, fresh, info, tm, root, early_stop=False), n_trials=1)
         outcome.true_tok_s = goodput(study.trials[0])
         return

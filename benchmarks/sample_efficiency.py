@@ -53,6 +53,7 @@ from optimizer.engines.sim.steptime import StepTimeModel  # noqa: E402
 from optimizer.engines.simulated import SimulatedEngine  # noqa: E402
 from optimizer.measurement.workload import Workload, build_workload  # noqa: E402
 from optimizer.params.space import Space, resolve  # noqa: E402
+from optimizer.search.attrs import BASELINE, RESULT, TIMINGS  # noqa: E402
 from optimizer.search.prescreen import evaluate, goodput, run_prescreen, sim_objective  # noqa: E402
 from optimizer.search.study import open_study, run_to_budget  # noqa: E402
 
@@ -275,8 +276,8 @@ def run_method(args: tuple[str, int, int, dict[str, float], int, dict[str, float
     def on_trial(s: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
         run.values.append(goodput(t))
         run.engine_s.append(sum(e.virtual_s for e in engines))
-        run.params.append(dict(t.params) if not t.user_attrs.get("baseline") else {})
-        run.stopped.append(bool((t.user_attrs.get("result") or {}).get("stopped_early")))
+        run.params.append(dict(t.params) if not BASELINE.of(t) else {})
+        run.stopped.append(bool(RESULT.of(t).get("stopped_early")))
 
     run_to_budget(study, objective, budget, on_trial=on_trial, gc_after_trial=False)
     per_start = tm.engine_start_s + tm.engine_shutdown_s
@@ -459,7 +460,7 @@ def real_mode(bench: Bench, tm: StepTimeModel, args: argparse.Namespace) -> None
                          early_stop=early_stop)
 
     def engine_s(t: optuna.trial.FrozenTrial) -> float:
-        timings = t.user_attrs.get("timings") or {}
+        timings = TIMINGS.of(t)
         return float(timings.get("engine_start_s", 0) + timings.get("replay_s", 0)
                      + timings.get("engine_shutdown_s", 0))
 

@@ -12,6 +12,8 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from optimizer.search.attrs import CURVE, TIMINGS
+
 KEYS = ("engine_start_s", "replay_s", "engine_shutdown_s", "overhead_s", "total_s")
 
 
@@ -22,18 +24,18 @@ def main() -> None:
     args = p.parse_args()
     url = args.storage or f"sqlite:///{Path('studies', args.study + '.db').resolve()}"
     study = optuna.load_study(study_name=args.study, storage=url)
-    rows = [t for t in study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED)) if t.user_attrs.get("timings")]
-    pruned_fast = [t for t in study.get_trials(states=(TrialState.PRUNED,)) if not t.user_attrs.get("timings")]
+    rows = [t for t in study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED)) if TIMINGS.of(t)]
+    pruned_fast = [t for t in study.get_trials(states=(TrialState.PRUNED,)) if not TIMINGS.of(t)]
     print(f"study {args.study!r}: {len(rows)} trials that started an engine, {len(pruned_fast)} rejected before any "
           f"start (preflight)")
     print(f"{'':>18}" + "".join(f"{k:>19}" for k in KEYS))
     for label, fn in (("median", np.median), ("mean", np.mean), ("max", np.max)):
-        vals = [fn([t.user_attrs["timings"][k] for t in rows]) if rows else float("nan") for k in KEYS]
+        vals = [fn([TIMINGS.of(t)[k] for t in rows]) if rows else float("nan") for k in KEYS]
         print(f"{label:>18}" + "".join(f"{v:>19.1f}" for v in vals))
-    replays = [len(t.user_attrs.get("curve", [])) for t in rows]
+    replays = [len(CURVE.of(t)) for t in rows]
     if replays:
         print(f"replays per trial: median {np.median(replays):.0f}, max {max(replays)}; "
-              f"study wall time (sum of trials) {sum(t.user_attrs['timings']['total_s'] for t in rows) / 60:.1f} min")
+              f"study wall time (sum of trials) {sum(TIMINGS.of(t)['total_s'] for t in rows) / 60:.1f} min")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from optuna.trial import TrialState
 from optimizer.config.settings import StudyConfig
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.search.objective import CONSTRAINT
-from optimizer.search.study import CONFIG_ATTR, DIRECTIONS
+from optimizer.search.attrs import STUDY_CONFIG
+from optimizer.search.study import DIRECTIONS
 
 LIMIT_MS = 100.0
 TOKENS_PER_REQUEST = 100
@@ -73,7 +74,7 @@ def build(tmp_path, name: str = "syn", device: str = "cpu") -> tuple[optuna.Stud
     """Write the study above into `tmp_path/<name>.db` and return it with its config."""
     config = make_config(tmp_path, name, device)
     study = optuna.create_study(study_name=name, storage=config.storage_url, directions=DIRECTIONS)
-    study.set_user_attr(CONFIG_ATTR, config.model_dump_json())
+    STUDY_CONFIG.set(study, config.model_dump_json())
     trials = []
     for n in range(4):
         c = curve(n)

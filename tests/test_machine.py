@@ -12,7 +12,8 @@ from optimizer.hardware.machine import (
     ASSUME_NO_NATIVE_BF16_ENV, CpuInfo, choose_dtype, cpu_info, describe, differences, fingerprint, parse_cpuinfo,
 )
 from optimizer.params.preflight import GIB, DeviceMemory, estimate
-from optimizer.search.fitting import MACHINE_ATTR, cpu_engine_args, machine_warning, served_dtype
+from optimizer.search.attrs import STUDY_MACHINE
+from optimizer.search.fitting import cpu_engine_args, machine_warning, served_dtype
 
 XEON = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -146,7 +147,7 @@ def test_the_study_stores_its_machine_and_a_resume_elsewhere_says_so(tmp_path, m
     said: list[str] = []
     prepared = prepare(config, tmp_path, say=said.append, engine_factory=SimEngine, memory_probe=lambda: None)
     run(prepared, quiet=True)
-    stored = prepared.study.user_attrs[MACHINE_ATTR]
+    stored = STUDY_MACHINE.of(prepared.study)
     assert stored == fingerprint("cpu") and any(s.startswith("machine: ") for s in said)
     # the same study resumed on an AVX2-only EPYC
     import optimizer.hardware.machine
@@ -157,7 +158,7 @@ def test_the_study_stores_its_machine_and_a_resume_elsewhere_says_so(tmp_path, m
                     engine_factory=SimEngine, memory_probe=lambda: None)
     warnings = [s for s in said if s.startswith("warning: this study was created on another machine")]
     assert len(warnings) == 1 and "cpu_model: " in warnings[0] and "-> AMD EPYC 7B12" in warnings[0]
-    assert again.study.user_attrs[MACHINE_ATTR] == stored  # the study keeps the machine it was made on
+    assert STUDY_MACHINE.of(again.study) == stored  # the study keeps the machine it was made on
     assert again.config.engine_args == prepared.config.engine_args  # and its dtype: a resume changes neither
 
 

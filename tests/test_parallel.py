@@ -81,11 +81,12 @@ def test_layouts_that_differ_are_ranked_per_gpu(tmp_path):
 
     from optimizer.decision.decide import decide
     from optimizer.search.objective import CONSTRAINT
-    from optimizer.search.study import CONFIG_ATTR, DIRECTIONS
+    from optimizer.search.attrs import STUDY_CONFIG
+    from optimizer.search.study import DIRECTIONS
 
     config = synthetic.make_config(tmp_path, "tp", device="cuda")
     study = optuna.create_study(study_name="tp", storage=config.storage_url, directions=DIRECTIONS)
-    study.set_user_attr(CONFIG_ATTR, config.model_dump_json())
+    STUDY_CONFIG.set(study, config.model_dump_json())
     for n, params in ((0, {}), (1, {}), (2, {"tensor_parallel_size": 2})):
         attrs = {"curve": synthetic.curve(n), "engine_params": params, "engine_config": {},
                  **({"baseline": True} if n == 0 else {})}

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from optimizer.measurement.stability import min_requests_for_upper_bound, predicted_width, exponential_tail
+from optimizer.search.attrs import STUDY_REQUESTS_CHOICE
 from optimizer.search.pilot import (
-    CHOICE_ATTR, MAX_AUTO_REQUESTS, PILOT_SUFFIX, RequestsChoice, choice_line, choose_count,
+    MAX_AUTO_REQUESTS, PILOT_SUFFIX, RequestsChoice, choice_line, choose_count,
 )
 
 
@@ -101,7 +102,7 @@ def test_a_new_auto_study_is_created_with_the_count_its_pilot_chose_and_resuming
     said: list[str] = []
     config = _config(tmp_path, config_only_model)
     prepared = prepare(config, tmp_path, say=said.append, engine_factory=engine, memory_probe=lambda: None)
-    choice = prepared.study.user_attrs[CHOICE_ATTR]
+    choice = STUDY_REQUESTS_CHOICE.of(prepared.study)
     n = choice["num_requests"]
     assert n >= 368 and n == prepared.config.workload.num_requests == len(prepared.objective.workload.requests)
     assert choice["pilot_requests"] == 200 and choice["pilot_samples"] == 3 * 200  # the baseline's 3 replays there
@@ -138,7 +139,7 @@ def test_a_pilot_that_cannot_run_leaves_the_floor_and_the_reason(tmp_path, confi
     said: list[str] = []
     prepared = prepare(_config(tmp_path, config_only_model), tmp_path, say=said.append, engine_factory=Broken,
                        memory_probe=lambda: None)
-    choice = prepared.study.user_attrs[CHOICE_ATTR]
+    choice = STUDY_REQUESTS_CHOICE.of(prepared.study)
     assert choice["num_requests"] == 368 and "could not measure" in choice["reason"]
 
 
@@ -212,7 +213,7 @@ def test_the_pilot_on_the_real_engine_chooses_the_count_the_study_is_created_wit
                                                output_len_min=2, output_len_max=6))
     said: list[str] = []
     prepared = prepare(config, tmp_path, say=said.append)
-    choice = prepared.study.user_attrs[CHOICE_ATTR]
+    choice = STUDY_REQUESTS_CHOICE.of(prepared.study)
     n = choice["num_requests"]
     assert 368 <= n <= MAX_AUTO_REQUESTS and n == len(prepared.objective.workload.requests)
     # every replay of the baseline at its chosen rate: its 3 there, or 1 when the repeats' median moved the choice

@@ -10,7 +10,8 @@ from optimizer.config.settings import StudyConfig
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.simulated import SimulatedEngine
-from optimizer.search.prescreen import PRESCREEN_ATTR, choose, goodput, perturbed
+from optimizer.search.attrs import PRESCREEN, STUDY_PRESCREEN
+from optimizer.search.prescreen import choose, goodput, perturbed
 from optimizer.search.runner import prepare, run
 
 
@@ -55,14 +56,14 @@ def test_prescreen_queues_what_it_says_after_the_baseline_and_once(tmp_path, con
     storage = prepared.study._storage
     sim = optuna.load_study(study_name="s.sim", storage=storage)
     assert len(sim.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))) == 10
-    record = prepared.study.user_attrs[PRESCREEN_ATTR]
+    record = STUDY_PRESCREEN.of(prepared.study)
     picks = record["picks"]
     assert record["sim_trials"] == 10 and 1 <= len(picks) <= 5
     assert any(p["reason"] == "top" for p in picks)
     waiting = prepared.study.get_trials(states=(TrialState.WAITING,))
     assert waiting[0].user_attrs.get("baseline") is True  # vLLM's defaults stay first
     assert [t.system_attrs["fixed_params"] for t in waiting[1:]] == [p["params"] for p in picks]
-    assert [t.user_attrs[PRESCREEN_ATTR] for t in waiting[1:]] == [p["reason"] for p in picks]
+    assert [PRESCREEN.of(t) for t in waiting[1:]] == [p["reason"] for p in picks]
     best_sim = max(goodput(t) for t in sim.trials)
     assert picks[0]["sim_goodput_tok_s"] == pytest.approx(best_sim)
 
@@ -82,7 +83,7 @@ def test_a_second_worker_that_pre_screens_the_same_study_queues_no_pick_twice(tm
     config = make_config(tmp_path, config_only_model)
     prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
     waiting = prepared.study.get_trials(states=(TrialState.WAITING,))
-    prepared.study.set_user_attr(PRESCREEN_ATTR, None)  # as the second worker saw it, before the first's mark
+    STUDY_PRESCREEN.set(prepared.study, None)  # as the second worker saw it, before the first's mark
     o = prepared.objective
     picks = run_prescreen(prepared.study, prepared.study._storage, config, o.space, o.workload, o.model,
                           StepTimeModel(), config.prescreen, logs_dir=tmp_path / "second")

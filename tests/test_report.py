@@ -265,14 +265,15 @@ def test_a_challenger_within_noise_is_not_reported_as_better(tmp_path):
     from optuna.trial import create_trial
 
     from optimizer.search.objective import CONSTRAINT
-    from optimizer.search.study import CONFIG_ATTR, DIRECTIONS
+    from optimizer.search.attrs import STUDY_CONFIG
+    from optimizer.search.study import DIRECTIONS
 
     def pt(rate, tput, ttft):
         return {**synthetic.point(rate, ttft, burst_rps=10.0), "output_throughput_tok_s": float(tput)}
 
     config = synthetic.make_config(tmp_path, "noise")
     study = optuna.create_study(study_name="noise", storage=config.storage_url, directions=DIRECTIONS)
-    study.set_user_attr(CONFIG_ATTR, config.model_dump_json())
+    STUDY_CONFIG.set(study, config.model_dump_json())
     curves = {0: [pt(None, 1000, 900), pt(4.2, 400, 90), pt(4.2, 420, 95), pt(4.2, 440, 99)],
               1: [pt(None, 1000, 900), pt(4.4, 440, 95)],
               2: [pt(None, 1000, 900), pt(7.7, 770, 97)]}
@@ -287,7 +288,7 @@ def test_a_challenger_within_noise_is_not_reported_as_better(tmp_path):
     assert d.best is two and d.ties == []  # #1 is far below #2
     # without #2 the recommendation is #1: its gain is reported, but as within noise
     study2 = optuna.create_study(study_name="noise2", storage=config.storage_url, directions=DIRECTIONS)
-    study2.set_user_attr(CONFIG_ATTR, config.model_copy(update={"study_name": "noise2"}).model_dump_json())
+    STUDY_CONFIG.set(study2, config.model_copy(update={"study_name": "noise2"}).model_dump_json())
     for t in study.get_trials()[:2]:
         study2.add_trial(t)
     d2 = decide(study2, config.model_copy(update={"study_name": "noise2"}))
@@ -304,11 +305,12 @@ def test_a_challenger_inside_the_incumbents_rate_bracket_is_not_better(tmp_path)
     from optuna.trial import create_trial
 
     from optimizer.search.objective import CONSTRAINT
-    from optimizer.search.study import CONFIG_ATTR, DIRECTIONS
+    from optimizer.search.attrs import STUDY_CONFIG
+    from optimizer.search.study import DIRECTIONS
 
     config = synthetic.make_config(tmp_path, "bracket")
     study = optuna.create_study(study_name="bracket", storage=config.storage_url, directions=DIRECTIONS)
-    study.set_user_attr(CONFIG_ATTR, config.model_dump_json())
+    STUDY_CONFIG.set(study, config.model_dump_json())
     p = synthetic.point
     curves = {0: [p(None, 900, 10.0), p(5.0, 200), p(4.0, 90)], 1: [p(None, 900, 10.0), p(4.4, 95)],
               2: [p(None, 900, 10.0), p(5.2, 95)]}

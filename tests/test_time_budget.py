@@ -11,7 +11,7 @@ from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
 from optimizer.core.errors import UsageError
 from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.simulated import SimulatedEngine
-from optimizer.search.fitting import SCALE_ATTR
+from optimizer.search.attrs import STUDY_DEMO_SCALE
 from optimizer.search.progress import clock_text, remaining_s
 from optimizer.search.runner import budget_text, prepare
 from optimizer.search.study import open_study, run_to_budget, storage_for, time_left_for
@@ -104,7 +104,7 @@ def test_the_probe_chooses_a_smaller_demo_on_a_slow_machine(tmp_path, model_cach
     prepared = prepare(config, tmp_path, say=said.append, engine_factory=lambda: SimulatedEngine(big, slow),
                        memory_probe=lambda: None)
     assert prepared.config.model == DEMO_LADDER[-1].name
-    stored = prepared.study.user_attrs[SCALE_ATTR]
+    stored = STUDY_DEMO_SCALE.of(prepared.study)
     assert stored["scale"]["model"] == DEMO_LADDER[-1].name and stored["probe"]["prefill_ms"] > 100
     assert any(s.startswith(f"demo scale: {DEMO_LADDER[-1].name}: ") and "estimated duration ~" in s for s in said)
     # a resume keeps the choice and does not probe again

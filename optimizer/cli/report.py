@@ -14,6 +14,7 @@ from pathlib import Path
 from optimizer.cli.common import add_common_flags, guarded, load_study
 from optimizer.core.errors import UsageError
 from optimizer.core.units import parse_duration_ms
+from optimizer.search.attrs import PRUNED_DETAIL, PRUNED_REASON
 
 
 def cmd_report(argv: list[str]) -> int:
@@ -65,10 +66,10 @@ def _report(ns: argparse.Namespace) -> int:
         chosen = view(decision, trial_no) if trial_no is not None else decision.best
         if trial_no is not None:
             rows = curve_rows(decision, chosen)
-            why = chosen.trial.user_attrs.get("pruned_reason", "no curve stored")
+            why = PRUNED_REASON.of(chosen.trial) or "no curve stored"
             print(format_output(rows, ns.format) if rows or ns.format != "table" else
                   f"trial #{chosen.number} stored no replays: it could not run ({why}: "
-                  f"{chosen.trial.user_attrs.get('pruned_detail', '')})")
+                  f"{PRUNED_DETAIL.of(chosen.trial)})")
             for line in trial_notes(chosen):
                 (print if ns.format == "table" else say)(line)
         if ns.bench_json:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from optimizer.cli.common import add_common_flags, guarded, load_study, positive_int
 from optimizer.core.errors import UsageError
+from optimizer.search.attrs import STUDY_VERIFY
 
 
 def cmd_verify(argv: list[str]) -> int:
@@ -84,7 +85,7 @@ def _verify(ns: argparse.Namespace) -> int:
                "recommended_trial": None if chosen is None else chosen.trial_number,
                "results": [r.to_dict() for r in results]}
     out.write_text(json.dumps(payload, indent=2, default=str))
-    study.set_user_attr("verify", payload)
+    STUDY_VERIFY.set(study, payload)
     if not ns.quiet:
         print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -25,6 +25,7 @@ from optimizer.core.errors import OptimizerError
 from optimizer.core.units import format_ms
 from optimizer.measurement.rerank import rank_curve
 from optimizer.measurement.workload import build_workload
+from optimizer.search.attrs import BASELINE, CURVE, ENGINE_CONFIG, PRUNED_REASON
 
 # Stored curve keys that are already vLLM result keys under another name.
 _SAME_METRIC = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "tpot_p99_ms": "p99_tpot_ms",
@@ -37,9 +38,9 @@ _OPTIONAL = ("mean_ttft_ms", "std_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "s
 
 def chosen_point(trial: FrozenTrial, limit_ms: float) -> dict[str, Any]:
     """The replay the trial is judged by under `limit_ms`: its qualifying point at the highest offered rate."""
-    ranked = rank_curve(trial.user_attrs.get("curve"), limit_ms)
+    ranked = rank_curve(CURVE.of(trial), limit_ms)
     if ranked.point is None:
-        why = trial.user_attrs.get("pruned_reason")
+        why = PRUNED_REASON.of(trial)
         raise OptimizerError(
             f"trial #{trial.number} has no stored replay that meets TTFT P99 <= {format_ms(limit_ms)}"
             + (f" (it could not run: {why})" if why else "")
@@ -74,10 +75,10 @@ def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any],
         # metadata, as `--metadata KEY=VALUE` would add it
         "optimizer_study": config.study_name,
         "optimizer_trial": trial.number,
-        "optimizer_baseline": bool(trial.user_attrs.get("baseline")),
+        "optimizer_baseline": bool(BASELINE.of(trial)),
         "optimizer_ttft_p99_limit_ms": limit_ms,
         "optimizer_sustained": bool(point.get("sustained")),
-        "optimizer_engine_args": trial.user_attrs.get("engine_config", {}),
+        "optimizer_engine_args": ENGINE_CONFIG.of(trial),
         "optimizer_workload": config.workload.model_dump(),
         "request_rate": "inf" if rate is None else rate,
         "burstiness": config.workload.burstiness,  # 1.0: Poisson arrivals, as vLLM's default

@@ -22,6 +22,7 @@ from optimizer.measurement.noise import beats, median, required_gain
 from optimizer.measurement.rerank import Answer, merge_repeats, pareto_front, rank_curve, recommend
 from optimizer.params.deploy import label as deploy_label
 from optimizer.params.parallel import gpus_needed, per_gpu_curve
+from optimizer.search.attrs import CURVE, ENGINE_PARAMS
 from optimizer.search.study import FINISHED
 
 
@@ -97,11 +98,11 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     limit = config.ttft_p99_ms if limit_ms is None else limit_ms
     other = dict(other_limits_ms or {})
     trials = sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number)
-    layouts = {t.number: gpus_needed({**config.engine_args, **(t.user_attrs.get("engine_params") or {})})
+    layouts = {t.number: gpus_needed({**config.engine_args, **ENGINE_PARAMS.of(t)})
                for t in trials}
     per_gpu = len(set(layouts.values())) > 1  # trials use different GPU counts: compare throughput per GPU
-    views = [TrialView(t, rank_curve(per_gpu_curve(t.user_attrs.get("curve") or [], layouts[t.number]) if per_gpu
-                                     else t.user_attrs.get("curve"), limit, other)) for t in trials]
+    views = [TrialView(t, rank_curve(per_gpu_curve(CURVE.of(t), layouts[t.number]) if per_gpu
+                                     else CURVE.of(t), limit, other)) for t in trials]
     by_number = {v.number: v for v in views}
     ranked = {v.number: v.ranked for v in views}
     front = [by_number[n] for n in pareto_front(ranked)]

@@ -19,18 +19,19 @@ from optimizer.core.units import format_ms
 from optimizer.params.open_space import ENV_PREFIX, split_env
 from optimizer.params.parallel import gpus_needed
 from optimizer.params.space import SEARCHABLE
+from optimizer.search.attrs import ENGINE_CONFIG, ENGINE_PARAMS, RESULT
 
 
 def serve_args(trial: FrozenTrial, config: StudyConfig, model: str) -> dict[str, Any]:
     """Engine arguments to deploy: the trial's resolved values of the searched knobs, plus what was fixed."""
-    resolved = trial.user_attrs.get("engine_config", {})
+    resolved = ENGINE_CONFIG.of(trial)
     args: dict[str, Any] = {"model": model}
     args.update({k: v for k, v in config.engine_args.items() if k != "disable_log_stats"})
     if config.dummy_weights:
         args["load_format"] = "dummy"
     args.update({k: v for k, v in config.space.fixed.items() if k not in SEARCHABLE and not k.startswith(ENV_PREFIX)})
     # engine arguments searched beyond the default knobs (an open space), as the trial ran them
-    ran = split_env(trial.user_attrs.get("engine_params", {}))[0]
+    ran = split_env(ENGINE_PARAMS.of(trial))[0]
     args.update({k: v for k, v in ran.items() if k not in SEARCHABLE and k not in args and v is not None})
     args.update({k: resolved[k] for k in SEARCHABLE if k in resolved and resolved[k] is not None})
     return args
@@ -38,7 +39,7 @@ def serve_args(trial: FrozenTrial, config: StudyConfig, model: str) -> dict[str,
 
 def serve_env(trial: FrozenTrial, config: StudyConfig) -> dict[str, str]:
     """vLLM environment variables the trial ran with (`env:NAME` in the space, fixed or searched)."""
-    return {**split_env(config.space.fixed)[1], **split_env(trial.user_attrs.get("engine_params", {}))[1]}
+    return {**split_env(config.space.fixed)[1], **split_env(ENGINE_PARAMS.of(trial))[1]}
 
 
 # Engine arguments that vLLM's CLI declares with `store_true` alone: there is no --no-KEY, and False is the default
@@ -90,7 +91,7 @@ def to_yaml(args: dict[str, Any], header: list[str]) -> str:
 
 
 def header_lines(trial: FrozenTrial, config: StudyConfig) -> list[str]:
-    r = trial.user_attrs.get("result", {})
+    r = RESULT.of(trial)
     w = config.workload
     rate = r.get("rate_rps")
     return [
@@ -110,7 +111,7 @@ def metadata(trial: FrozenTrial, config: StudyConfig) -> dict[str, Any]:
         "trial": trial.number,
         "slo": {"ttft_p99_ms": config.ttft_p99_ms},
         "workload": config.workload.model_dump(),
-        "measured": dict(trial.user_attrs.get("result", {})),
+        "measured": dict(RESULT.of(trial)),
         "device": config.device,
     }
 

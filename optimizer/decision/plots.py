@@ -27,6 +27,7 @@ from optimizer.decision.trial import TrialView
 from optimizer.decision.views import front_rows, summary_lines, title, trial_row
 from optimizer.measurement.rerank import Answer, rate_key_rps
 from optimizer.params.space import SEARCHABLE
+from optimizer.search.attrs import PRUNED_REASON
 
 CURVES_SHOWN = 3
 _PLAIN = LogFormatter(labelOnlyBase=False)  # 20, 50, 100 instead of 2x10^1
@@ -200,8 +201,9 @@ def all_rows(d: Decision) -> list[dict]:
     rows = []
     for v in d.views:
         row = trial_row(d, v, params)
-        if v.trial.user_attrs.get("pruned_reason"):
-            row["answer"] = f"cannot run: {v.trial.user_attrs['pruned_reason']}"
+        reason = PRUNED_REASON.of(v.trial)
+        if reason:
+            row["answer"] = f"cannot run: {reason}"
         rows.append(row)
     return rows
 

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
 from optimizer.decision.tables import format_output
+from optimizer.search.attrs import BASELINE_NOTE, PRUNED_REASON
 
 
 def _row(label: str, v: Any) -> list[str]:
@@ -23,7 +24,7 @@ def _row(label: str, v: Any) -> list[str]:
         return [label, "-", "-", "-", "-", "-"]
     trial = v.trial
     if trial.state == TrialState.PRUNED:
-        return [label, f"#{trial.number}", "cannot run", trial.user_attrs.get("pruned_reason", "?"), "-", "-"]
+        return [label, f"#{trial.number}", "cannot run", PRUNED_REASON.of(trial) or "?", "-", "-"]
     p = v.ranked.point
     if p is None:
         return [label, f"#{trial.number}", "misses limit at every rate", "-", "-", "-"]
@@ -46,8 +47,9 @@ def summary_text(study: optuna.Study, config: StudyConfig) -> str:
     out = [f"TTFT P99 limit {format_ms(config.ttft_p99_ms)}; throughput at the highest rate sustained within it",
            format_output([dict(zip(header, _row(f"vLLM defaults ({d.defaults_of})", d.baseline))),
                           dict(zip(header, _row("recommended", d.best)))], "table")]
-    if d.baseline is not None and d.baseline.trial.user_attrs.get("baseline_note"):
-        out.append(f"note: {d.baseline.trial.user_attrs['baseline_note']}")
+    note = BASELINE_NOTE.of(d.baseline.trial) if d.baseline is not None else None
+    if note:
+        out.append(f"note: {note}")
     if d.best is None:
         out.append("No trial met the limit. Relax --ttft-p99, lower the workload's lengths, or widen the ranges.")
         return "\n".join(out)

@@ -8,6 +8,7 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from optimizer.measurement.rerank import Ranked
+from optimizer.search.attrs import CURVE, ENGINE_CONFIG, ENGINE_PARAMS
 from optimizer.search.study import is_baseline
 
 
@@ -28,8 +29,8 @@ class TrialView:
 
     @property
     def engine_config(self) -> dict[str, Any]:
-        return dict(self.trial.user_attrs.get("engine_config") or self.trial.user_attrs.get("engine_params") or {})
+        return dict(ENGINE_CONFIG.of(self.trial) or ENGINE_PARAMS.of(self.trial))
 
     @property
     def curve(self) -> list[dict[str, Any]]:
-        return list(self.trial.user_attrs.get("curve") or [])
+        return list(CURVE.of(self.trial))

@@ -25,6 +25,7 @@ from optimizer.measurement.metrics import summarize
 from optimizer.measurement.rate_search import CurvePoint
 from optimizer.measurement.replay import replay
 from optimizer.measurement.workload import build_workload
+from optimizer.search.attrs import ENGINE_CONFIG, ENGINE_PARAMS, RESULT
 
 BURSTY_SHAPE = 0.5
 SURGE_FRACTION = 0.3
@@ -90,9 +91,9 @@ async def verify_trial(trial: FrozenTrial, config: StudyConfig, engine_factory: 
                        seeds: int, log_path: Path, clock: Clock | None = None) -> Verified:
     """Start the trial's config once and replay every variant at its recommended rate, cold each time."""
     clock = clock or MonotonicClock()
-    params = dict(trial.user_attrs.get("engine_params", {}))
-    resolved = trial.user_attrs.get("engine_config", {})
-    result = trial.user_attrs.get("result", {})
+    params = dict(ENGINE_PARAMS.of(trial))
+    resolved = ENGINE_CONFIG.of(trial)
+    result = RESULT.of(trial)
     rate = result.get("rate_rps")
     rate_rps = math.inf if rate is None else float(rate)
     common = dict(trial_number=trial.number, throughput_tok_s=float(trial.values[0]), rate_rps=rate,

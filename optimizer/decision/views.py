@@ -13,6 +13,7 @@ from optimizer.decision.tables import FORMATS, format_output
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.rerank import Answer, qualifies
 from optimizer.params.space import SEARCHABLE, distance_to_default
+from optimizer.search.attrs import LIMITED_BY, TELEMETRY
 
 
 def _role(d: Decision, v: TrialView) -> str:
@@ -136,10 +137,10 @@ def trial_notes(v: TrialView) -> list[str]:
     out = []
     point = v.ranked.point
     found = diagnose(point.get("engine"), point.get("ttft_p99_ms")) if point else None
-    line = found.line if found else v.trial.user_attrs.get("limited_by")
+    line = found.line if found else LIMITED_BY.of(v.trial)
     if line:
         out.append(line)
-    tele = v.trial.user_attrs.get("telemetry")
+    tele = TELEMETRY.of(v.trial)
     if tele and tele.get("available"):
         out.append(f"GPU {tele.get('device')}: utilization mean {tele.get('utilization_mean_pct')}% max "
                    f"{tele.get('utilization_max_pct')}%, memory used max {tele.get('memory_used_max_gib')} GiB "

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from optimizer.core.errors import OptimizerError
+from optimizer.search.attrs import ENVIRONMENT_CAUSE
 
 STREAK_LIMIT = 3  # consecutive starts failing with one environment cause
-ENVIRONMENT_CAUSE_ATTR = "environment_cause"
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def environment_cause(text: str) -> EnvironmentCause | None:
 
 def is_environment_failure(trial: Any) -> bool:
     """A trial pruned because its engine could not start on this machine: it measured nothing of its config."""
-    return bool(trial.user_attrs.get(ENVIRONMENT_CAUSE_ATTR))
+    return bool(ENVIRONMENT_CAUSE.of(trial))
 
 
 class EnvironmentBrokenError(OptimizerError):

@@ -14,9 +14,6 @@ from optimizer.core.units import format_ms
 from optimizer.hardware.machine import DtypeChoice, choose_dtype, cpu_info, describe, differences, fingerprint
 from optimizer.measurement.engine import EngineFactory
 
-MACHINE_ATTR = "machine"
-SCALE_ATTR = "demo_scale"
-
 
 def dtype_fixed_by_user(config: StudyConfig) -> str | None:
     """Where the user fixed or searches the dtype ('--space' or engine arguments), if anywhere."""

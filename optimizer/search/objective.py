@@ -36,10 +36,15 @@ from optimizer.params.preflight import (
     VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere, memory_problems, wait_for_memory,
 )
 from optimizer.params.space import Space
-from optimizer.search.breaker import ENVIRONMENT_CAUSE_ATTR, StartFailureBreaker, environment_cause
+from optimizer.search.attrs import (
+    BASELINE, BASELINE_NOTE, CURVE, ENGINE_CONFIG, ENGINE_PARAMS, ENGINE_PIDS, ENGINE_PROCESSES, ENGINE_START_PHASES,
+    ENVIRONMENT_CAUSE, INTERRUPTED, LIMITED_BY, LOG_EXCERPT, LOG_FILE, MEMORY_ESTIMATE_GIB, MEMORY_WAITED_FOR,
+    PRUNED_DETAIL, PRUNED_REASON, RESULT, TELEMETRY, TIMINGS, WORKER,
+)
+from optimizer.search.breaker import StartFailureBreaker, environment_cause
 from optimizer.search.dashboard import set_constraint
 from optimizer.search.records import RecordStore
-from optimizer.search.recovery import INTERRUPTED_ATTR, PROCESSES_ATTR, WORKER_ATTR, worker_identity
+from optimizer.search.recovery import worker_identity
 from optimizer.search.repeats import confirm_best, measure_fixed_load, with_repeats
 
 CONSTRAINT = "ttft_p99_over_limit_ms"
@@ -89,16 +94,16 @@ class Objective:
     gpu_count: int | None = None  # GPUs visible to this process (found on the first trial on cuda)
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
-        trial.set_user_attr(WORKER_ATTR, worker_identity())
+        WORKER.set(trial, worker_identity())
         try:
             return asyncio.run(self.run(trial))
         except KeyboardInterrupt:
             # The engine was shut down on the way out; the trial ends FAIL (not counted) and is queued again.
-            trial.set_user_attr(INTERRUPTED_ATTR, "Ctrl-C or SIGTERM")
+            INTERRUPTED.set(trial, "Ctrl-C or SIGTERM")
             raise
 
     def trial_params(self, trial: optuna.Trial) -> dict[str, Any]:
-        if trial.user_attrs.get("baseline"):
+        if BASELINE.of(trial):
             # vLLM's own defaults for every searched knob; only the user's fixed values apply.
             return {k: v for k, v in self.space.fixed.items() if k != "max_model_len"}
         return self.space.suggest(trial)
@@ -107,17 +112,17 @@ class Objective:
         timings = TrialTimings()
         t0 = time.perf_counter()
         params = self.trial_params(trial)
-        trial.set_user_attr("engine_params", params)
+        ENGINE_PARAMS.set(trial, params)
         problems = self.space.violations(params)
         if problems:
             self._prune(trial, failures.INVALID_CONFIG, "; ".join(problems))
         engine = self.engine_factory()
         log_path = self.logs_dir / f"trial-{trial.number:05d}.log"
-        trial.set_user_attr("log_file", str(log_path))
+        LOG_FILE.set(trial, str(log_path))
         params = await self._preflight(trial, engine, params, log_path)
         try:
             resolved = await self._start(trial, engine, params, log_path, timings)
-            trial.set_user_attr("engine_config", resolved)
+            ENGINE_CONFIG.set(trial, resolved)
             t_replay = time.perf_counter()
             engine_points: list[dict[str, Any] | None] = []  # per replay, in curve order
             telemetry = for_device(self.config.device, self.nvml)
@@ -130,21 +135,21 @@ class Objective:
             except asyncio.TimeoutError:
                 self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
             except EngineDiedError as exc:
-                trial.set_user_attr("log_excerpt", log_tail(log_path))  # what the engine said before it died
+                LOG_EXCERPT.set(trial, log_tail(log_path))  # what the engine said before it died
                 self._prune(trial, failures.ENGINE_DIED, str(exc))
             finally:
-                trial.set_user_attr("telemetry", telemetry.summary())
+                TELEMETRY.set(trial, telemetry.summary())
             timings.replay_s = time.perf_counter() - t_replay
         finally:
             t_stop = time.perf_counter()
             await engine.shutdown()
             timings.shutdown_s = time.perf_counter() - t_stop
             timings.total_s = time.perf_counter() - t0
-            trial.set_user_attr("timings", timings.to_dict())
+            TIMINGS.set(trial, timings.to_dict())
         limit = self.config.ttft_p99_ms
         replays = search.points + search.repeats  # in the order they ran, as engine_points
-        trial.set_user_attr("curve", [{**p.to_dict(), **({"engine": e} if e else {})}
-                                      for p, e in zip(replays, engine_points + [None] * len(replays))])
+        CURVE.set(trial, [{**p.to_dict(), **({"engine": e} if e else {})}
+                          for p, e in zip(replays, engine_points + [None] * len(replays))])
         if search.repeats:  # the trial's numbers at its best rate are the medians of its replays there
             search = with_repeats(search, limit)
         violation = search.violation_ms(limit)
@@ -157,15 +162,15 @@ class Objective:
                    "request_throughput_rps": point.request_throughput_rps,
                    "ttft_p50_ms": point.ttft_p50_ms, "ttft_p99_ms": point.ttft_p99_ms,
                    "tpot_p99_ms": point.tpot_p99_ms}
-        trial.set_user_attr("result", summary)
+        RESULT.set(trial, summary)
         found = _limited_by(replays, engine_points, point)
         if found:
-            trial.set_user_attr("limited_by", found)
+            LIMITED_BY.set(trial, found)
         ttft = point.ttft_p99_ms if math.isfinite(point.ttft_p99_ms) else CANNOT_RUN_MS
         if any(name in self.space.dists for name in LAYOUT_ARGS):  # layouts differ: the sampler compares per GPU
             gpus = gpus_needed({**self.config.engine_args, **params})
             summary["gpus"] = gpus
-            trial.set_user_attr("result", summary)
+            RESULT.set(trial, summary)
             return point.output_throughput_tok_s / gpus, ttft
         return point.output_throughput_tok_s, ttft
 
@@ -188,7 +193,7 @@ class Objective:
         if problems and held_elsewhere(est, self.most_free_bytes, memory.total_bytes):
             # Short only because another process (an earlier trial's engine, still exiting?) holds memory that
             # was free before: not the config's fault. Wait for it; DeviceMemoryHeldError ends the run.
-            trial.set_user_attr("memory_waited_for", "memory held by another process")
+            MEMORY_WAITED_FOR.set(trial, "memory held by another process")
             needed = est.requested_bytes + est.headroom_bytes
             memory = await wait_for_memory(
                 self.memory_probe,
@@ -196,18 +201,18 @@ class Objective:
                 self.clock, self.memory_wait_s, self.memory_poll_s, needed, self.most_free_bytes) or memory
             est = estimate(params, self.model, self.config.device, memory, self.config.workload.mean_total_len)
             problems = memory_problems(est)
-        trial.set_user_attr("memory_estimate_gib", est.to_dict())
+        MEMORY_ESTIMATE_GIB.set(trial, est.to_dict())
         if problems and self._may_fall_back(trial, params):
             fallback = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
-            trial.set_user_attr("baseline_note", _fallback_note("; ".join(problems)))
-            trial.set_user_attr("engine_params", fallback)
+            BASELINE_NOTE.set(trial, _fallback_note("; ".join(problems)))
+            ENGINE_PARAMS.set(trial, fallback)
             return fallback
         if problems:
             self._prune(trial, failures.OUT_OF_MEMORY, "preflight: " + "; ".join(problems))
         return params
 
     def _may_fall_back(self, trial: optuna.Trial, params: dict[str, Any]) -> bool:
-        return bool(trial.user_attrs.get("baseline")) and self.config.device == "cpu" \
+        return bool(BASELINE.of(trial)) and self.config.device == "cpu" \
             and "gpu_memory_utilization" not in params
 
     async def _start(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path,
@@ -225,9 +230,9 @@ class Objective:
                 # vLLM's default memory fraction does not fit beside other processes on this CPU machine:
                 # keep its scheduler defaults and reserve a fraction that fits.
                 await engine.shutdown()
-                trial.set_user_attr("baseline_note", _fallback_note(str(exc)))
+                BASELINE_NOTE.set(trial, _fallback_note(str(exc)))
                 params = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
-                trial.set_user_attr("engine_params", params)
+                ENGINE_PARAMS.set(trial, params)
                 resolved = await asyncio.wait_for(engine.start({**params, **cache}, log_path),
                                                   timeout=self.config.trial_timeout_s)
             self.breaker.observe(None)
@@ -241,7 +246,7 @@ class Objective:
         finally:
             timings.start_s = time.perf_counter() - t
             if log_path.exists():  # compile and CUDA-graph capture apart from the rest of the start
-                trial.set_user_attr("engine_start_phases", start_phases(log_path.read_text(errors="replace")))
+                ENGINE_START_PHASES.set(trial, start_phases(log_path.read_text(errors="replace")))
             recorder.cancel()
             _save_processes(trial, engine)
         raise AssertionError("unreachable")
@@ -263,9 +268,9 @@ class Objective:
         log_text = exc.log_excerpt or (log_path.read_text(errors="replace") if log_path.exists() else "")
         cause = environment_cause(f"{log_text}\n{exc}")
         if cause is not None:
-            trial.set_user_attr(ENVIRONMENT_CAUSE_ATTR, cause.name)
+            ENVIRONMENT_CAUSE.set(trial, cause.name)
         if self.breaker.observe(cause):
-            trial.set_user_attr(INTERRUPTED_ATTR, f"stopped: {cause.what}")  # FAIL: queued again on resume
+            INTERRUPTED.set(trial, f"stopped: {cause.what}")  # FAIL: queued again on resume
             raise self.breaker.error(trial.number, str(log_path), log_text)
         return cause
 
@@ -305,14 +310,14 @@ class Objective:
     def _repeats(self, trial: optuna.Trial) -> int:
         """Replays at the best rate: the study's `repeats`, and at least BASELINE_REPEATS for the baseline, whose
         spread is the study's noise level (optimizer/measurement/noise.py)."""
-        if trial.user_attrs.get("baseline"):
+        if BASELINE.of(trial):
             return max(self.config.repeats, BASELINE_REPEATS)
         return self.config.repeats
 
     @staticmethod
     def _prune(trial: optuna.Trial, reason: str, detail: str) -> None:
-        trial.set_user_attr("pruned_reason", reason)
-        trial.set_user_attr("pruned_detail", detail[:1000])
+        PRUNED_REASON.set(trial, reason)
+        PRUNED_DETAIL.set(trial, detail[:1000])
         set_constraint(trial, CONSTRAINT, CANNOT_RUN_MS)
         raise optuna.TrialPruned(f"{reason}: {detail}")
 
@@ -333,7 +338,7 @@ def _incumbent_rate(trial: optuna.Trial) -> float | None:
     """The highest rate any finished trial of the study sustained within the limit (None before the first)."""
     rates = []
     for t in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        r = t.user_attrs.get("result", {})
+        r = RESULT.of(t)
         if r.get("feasible"):
             rate = r.get("rate_rps")
             rates.append(math.inf if rate is None else float(rate))
@@ -358,9 +363,9 @@ def _fallback_note(why: str) -> str:
 
 def _save_processes(trial: optuna.Trial, engine: Engine) -> list[list[float]]:
     refs = [[r.pid, r.create_time] for r in engine.process_refs]
-    if refs != trial.user_attrs.get(PROCESSES_ATTR, []):
-        trial.set_user_attr(PROCESSES_ATTR, refs)
-        trial.set_user_attr("engine_pids", [int(pid) for pid, _ in refs])
+    if refs != ENGINE_PROCESSES.of(trial):
+        ENGINE_PROCESSES.set(trial, refs)
+        ENGINE_PIDS.set(trial, [int(pid) for pid, _ in refs])
     return refs
 
 

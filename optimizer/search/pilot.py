@@ -32,6 +32,7 @@ from optimizer.config.settings import StudyConfig
 from optimizer.measurement.metrics import RequestRecord, measured_window, summarize
 from optimizer.measurement.stability import effective_fraction, min_requests_for_upper_bound, requests_needed
 from optimizer.measurement.workload import build_workload
+from optimizer.search.attrs import RESULT
 from optimizer.search.objective import Objective
 from optimizer.search.records import RecordStore
 
@@ -40,7 +41,6 @@ PILOT_REQUESTS = 200  # per pilot replay, at least: 20 in the top decile for the
 TOLERANCE = 0.4  # the P99's 95% interval within 40% of it (the end-of-study advice uses the same)
 MAX_AUTO_REQUESTS = 3000
 MAX_REPLAY_S = 300.0  # a replay longer than this at the pilot's rate is capped (a slow model): minutes per trial
-CHOICE_ATTR = "num_requests_choice"  # on the study: the count and the evidence behind it
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def _choice(trial: optuna.trial.FrozenTrial | None, pilot_config: StudyConfig, s
     if trial is None:
         n, _, why = choose_count([], limit=trace_len)
         return RequestsChoice(n, "the pilot could not measure vLLM's defaults; " + why, pilot_n)
-    result = trial.user_attrs.get("result") or {}
+    result = RESULT.of(trial)
     rate = result.get("rate_rps") if result.get("feasible") else None
     replays = store.load(pilot_config.study_name, trial.number)
     spec = pilot_config.workload

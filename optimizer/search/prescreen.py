@@ -34,9 +34,9 @@ from optimizer.engines.simulated import SimulatedEngine
 from optimizer.measurement.workload import Workload
 from optimizer.params.preflight import GIB
 from optimizer.params.space import Space
+from optimizer.search.attrs import BASELINE, PRESCREEN, RESULT, SIM_GOODPUT_TOK_S, STUDY_PRESCREEN
 from optimizer.search.objective import Objective
 
-PRESCREEN_ATTR = "prescreen"  # on the real study: what was queued (set once); on queued trials: "top" / "unsure"
 SIM_SUFFIX = ".sim"
 DEFAULT_DEVICE_MEMORY_BYTES = 24 * GIB
 PERTURB_SIGMA = 0.25  # log-scale spread of each step-time coefficient: the simulator's assumed error
@@ -56,7 +56,7 @@ class Pick:
 
 def goodput(trial: FrozenTrial) -> float:
     """The trial's objective as the study ranks it: output throughput at its best sustained rate, 0 if infeasible."""
-    result = trial.user_attrs.get("result") or {}
+    result = RESULT.of(trial)
     if trial.state != TrialState.COMPLETE or not result.get("feasible") or not trial.values:
         return 0.0
     return float(trial.values[0])
@@ -111,7 +111,7 @@ def choose(trials: Sequence[FrozenTrial], top_k: int, unsure_k: int,
     seen: set[str] = set()
     for t in sorted(trials, key=goodput, reverse=True):
         key = repr(sorted(t.params.items()))
-        if goodput(t) <= 0 or t.user_attrs.get("baseline") or not t.params or key in seen:
+        if goodput(t) <= 0 or BASELINE.of(t) or not t.params or key in seen:
             continue
         seen.add(key)
         ranked.append(t)
@@ -140,7 +140,7 @@ def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, con
     """
     from optimizer.search.study import open_study, run_to_budget, wait_while_running
 
-    if study.user_attrs.get(PRESCREEN_ATTR) is not None:
+    if STUDY_PRESCREEN.of(study) is not None:
         return []
     logs = logs_dir or Path(tempfile.mkdtemp(prefix="prescreen-"))
     sim_config = config.model_copy(update={"study_name": config.study_name + SIM_SUFFIX, "budget": n_trials,
@@ -159,12 +159,12 @@ def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, con
     for pick in picks:
         # skip_if_exists: two workers that start a study together both pre-screen (the same simulated trials,
         # so the same picks); the second finds the first's picks queued and adds none
-        study.enqueue_trial(pick.params, user_attrs={PRESCREEN_ATTR: pick.reason,
-                                                     "sim_goodput_tok_s": round(pick.sim_goodput_tok_s, 1)},
+        study.enqueue_trial(pick.params, user_attrs={**PRESCREEN.item(pick.reason),
+                                                     **SIM_GOODPUT_TOK_S.item(round(pick.sim_goodput_tok_s, 1))},
                             skip_if_exists=True)
-    study.set_user_attr(PRESCREEN_ATTR, {"sim_study": sim_config.study_name, "sim_trials": n_trials,
-                                         "time_model": time_model.to_dict(),
-                                         "picks": [asdict(p) for p in picks]})
+    STUDY_PRESCREEN.set(study, {"sim_study": sim_config.study_name, "sim_trials": n_trials,
+                                "time_model": time_model.to_dict(),
+                                "picks": [asdict(p) for p in picks]})
     best = max((p.sim_goodput_tok_s for p in picks), default=0.0)
     say(f"pre-screen: {n_trials} simulated trials in study {sim_config.study_name!r}; queued {len(picks)} configs "
         f"({sum(p.reason == 'top' for p in picks)} top, {sum(p.reason == 'unsure' for p in picks)} where the "

@@ -35,7 +35,6 @@ from optimizer.measurement.metrics import RequestRecord
 from optimizer.measurement.replay import replay
 from optimizer.measurement.workload import Request, build_workload
 
-PROBE_ATTR = "probe"
 LONE_PROMPTS = 3
 LONE_OUTPUT_TOKENS = 16
 BURST_REQUESTS = 60

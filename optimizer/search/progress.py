@@ -12,26 +12,27 @@ from optuna.trial import FrozenTrial, TrialState
 from tqdm import tqdm
 
 from optimizer.core.units import format_ms
+from optimizer.search.attrs import BASELINE, LIMITED_BY, PRUNED_DETAIL, PRUNED_REASON, RESULT, TIMINGS
 from optimizer.search.score import feasible, recommended
 from optimizer.search.study import finished_count
 
 
 def describe(trial: FrozenTrial) -> str:
     """One line: what the trial measured or why it could not run."""
-    label = "baseline (vLLM defaults)" if trial.user_attrs.get("baseline") else "trial"
+    label = "baseline (vLLM defaults)" if BASELINE.of(trial) else "trial"
     if trial.state == TrialState.PRUNED:
-        return (f"{label} #{trial.number}: cannot run: {trial.user_attrs.get('pruned_reason', '?')}: "
-                f"{str(trial.user_attrs.get('pruned_detail', ''))[:160]}")
-    r = trial.user_attrs.get("result", {})
+        return (f"{label} #{trial.number}: cannot run: {PRUNED_REASON.of(trial) or '?'}: "
+                f"{str(PRUNED_DETAIL.of(trial))[:160]}")
+    r = RESULT.of(trial)
     rate = r.get("rate_rps")
     where = "a burst" if rate is None else f"{rate:.2f} req/s"
     verdict = "meets the limit" if feasible(trial) else (
         "cannot beat the best so far: stopped early" if r.get("stopped_early") else "misses the limit at every rate")
-    t = trial.user_attrs.get("timings", {})
+    t = TIMINGS.of(trial)
     ttft = r.get("ttft_p99_ms", math.nan)
     line = (f"{label} #{trial.number}: {r.get('output_throughput_tok_s', 0):.1f} tok/s at {where}, "
             f"TTFT P99 {format_ms(ttft)} ({verdict}) [{t.get('total_s', 0):.0f}s]")
-    limited = trial.user_attrs.get("limited_by")
+    limited = LIMITED_BY.of(trial)
     return f"{line}\n  {limited}" if limited else line
 
 

@@ -16,11 +16,7 @@ import psutil
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.processes import ProcessRef, end_processes
-
-WORKER_ATTR = "worker"
-PROCESSES_ATTR = "engine_processes"
-INTERRUPTED_ATTR = "interrupted"
-RETRY_ATTR = "retry_of"
+from optimizer.search.attrs import BASELINE, ENGINE_PROCESSES, INTERRUPTED, RETRY_OF, WORKER
 
 
 def worker_identity() -> dict[str, Any]:
@@ -29,14 +25,14 @@ def worker_identity() -> dict[str, Any]:
 
 
 def _worker_dead_here(trial: FrozenTrial) -> bool:
-    w = trial.user_attrs.get(WORKER_ATTR)
+    w = WORKER.of(trial)
     if not w or w.get("host") != socket.gethostname():
         return False
     return ProcessRef(int(w["pid"]), float(w["create_time"])).alive() is None
 
 
 def engine_processes(trial: FrozenTrial) -> list[ProcessRef]:
-    return [ProcessRef(int(pid), float(ct)) for pid, ct in trial.user_attrs.get(PROCESSES_ATTR, [])]
+    return [ProcessRef(int(pid), float(ct)) for pid, ct in ENGINE_PROCESSES.of(trial)]
 
 
 def recover(study: optuna.Study) -> tuple[list[int], list[int]]:
@@ -49,7 +45,7 @@ def recover(study: optuna.Study) -> tuple[list[int], list[int]]:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _worker_dead_here(trial):
             ended += end_processes(engine_processes(trial))
-            storage.set_trial_user_attr(trial._trial_id, INTERRUPTED_ATTR, "its optimize process died")
+            storage.set_trial_user_attr(trial._trial_id, INTERRUPTED.key, "its optimize process died")
             try:
                 storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
             except optuna.exceptions.UpdateFinishedTrialError:
@@ -63,13 +59,13 @@ def recover(study: optuna.Study) -> tuple[list[int], list[int]]:
 def requeue_interrupted(study: optuna.Study) -> list[int]:
     """Queue once more the parameters of every interrupted trial that has not been queued again yet."""
     trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs.get(RETRY_ATTR) for t in trials} | {t.system_attrs.get("failed_trial") for t in trials}
+    retried = {RETRY_OF.of(t) for t in trials} | {t.system_attrs.get("failed_trial") for t in trials}
     queued = []
     for t in trials:
-        if t.state == TrialState.FAIL and t.user_attrs.get(INTERRUPTED_ATTR) and t.number not in retried:
-            attrs: dict[str, Any] = {RETRY_ATTR: t.number}
-            if t.user_attrs.get("baseline"):
-                attrs["baseline"] = True
+        if t.state == TrialState.FAIL and INTERRUPTED.of(t) and t.number not in retried:
+            attrs: dict[str, Any] = RETRY_OF.item(t.number)
+            if BASELINE.of(t):
+                attrs.update(BASELINE.item(True))
             study.enqueue_trial(t.params, user_attrs=attrs, skip_if_exists=False)
             queued.append(t.number)
     return queued

@@ -18,7 +18,10 @@ from optimizer.measurement.engine import EngineFactory
 from optimizer.measurement.workload import build_workload
 from optimizer.params.preflight import DeviceMemory
 from optimizer.params.space import resolve
-from optimizer.search.fitting import MACHINE_ATTR, SCALE_ATTR, machine_warning, served_dtype, size_demo
+from optimizer.search.attrs import (
+    RESULT, STUDY_DEMO_SCALE, STUDY_MACHINE, STUDY_P99_STABILITY, STUDY_REQUESTS_CHOICE, TIMINGS,
+)
+from optimizer.search.fitting import machine_warning, served_dtype, size_demo
 from optimizer.search.objective import Objective
 from optimizer.search.progress import Progress, clock_text
 from optimizer.search.records import RecordStore
@@ -117,13 +120,11 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         for key, value in fitted.items():
             study.set_user_attr(key, value)
     else:
-        warning = machine_warning(study.user_attrs.get(MACHINE_ATTR), config.device)
+        warning = machine_warning(STUDY_MACHINE.of(study), config.device)
         if warning:
             say(warning)
     if choice is not None:
-        from optimizer.search.pilot import CHOICE_ATTR
-
-        study.set_user_attr(CHOICE_ATTR, choice.to_dict())
+        STUDY_REQUESTS_CHOICE.set(study, choice.to_dict())
     if config.prescreen and (config.budget is None or finished_count(study) < config.budget):
         prescreen(config, study, storage, objective, studies_dir, say)
     say(f"study {config.study_name!r}: TTFT P99 <= {format_ms(config.ttft_p99_ms)}, budget {budget_text(config)}, "
@@ -151,12 +152,12 @@ def fit_to_machine(config: StudyConfig, info: ModelInfo, engine_factory: EngineF
     say(f"machine: {describe(machine)}")
     config, line = served_dtype(config, info.dtype)
     say(line)
-    fitted: dict[str, Any] = {MACHINE_ATTR: machine}
+    fitted: dict[str, Any] = STUDY_MACHINE.item(machine)
     if config.demo_probe:
         factory = engine_factory or factory_for(config, model_path(config))
         config, scale = size_demo(config, info, factory, logs_dir, say)
         if scale is not None:
-            fitted[SCALE_ATTR] = scale
+            fitted.update(STUDY_DEMO_SCALE.item(scale))
     return config, fitted
 
 
@@ -190,10 +191,10 @@ def trial_estimate(prepared: Prepared) -> Callable[[], float | None]:
 
     def estimate() -> float | None:
         done = [t for t in prepared.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if t.user_attrs.get("timings", {}).get("total_s")]
+                if TIMINGS.of(t).get("total_s")]
         if done:
-            return float(statistics.median(t.user_attrs["timings"]["total_s"] for t in done))
-        scale = prepared.study.user_attrs.get(SCALE_ATTR)
+            return float(statistics.median(TIMINGS.of(t)["total_s"] for t in done))
+        scale = STUDY_DEMO_SCALE.of(prepared.study)
         if scale:
             return float(scale["scale"]["estimated_s"]) / max(prepared.config.budget or 40, 1)
         return None
@@ -229,15 +230,15 @@ def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
     store = prepared.objective.records
     if best is None or store is None:
         return None
-    rate = (best.user_attrs.get("result") or {}).get("rate_rps")
+    rate = RESULT.of(best).get("rate_rps")
     target = math.inf if rate is None else float(rate)
     replays = [recs for r, recs in store.load(prepared.config.study_name, best.number) if math.isclose(r, target)]
     ttft = [1000 * r.ttft_s for r in (replays[-1] if replays else []) if r.ok and r.ttft_s is not None]
     if len(ttft) < 10:
         return None
     s = p99_stability(ttft, tolerance)
-    prepared.study.set_user_attr("p99_stability", {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
-                                                   for k, v in s.__dict__.items()})
+    STUDY_P99_STABILITY.set(prepared.study, {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+                                             for k, v in s.__dict__.items()})
     high = "open above" if not math.isfinite(s.high_ms) else f"{s.high_ms:.0f} ms"
     line = (f"TTFT P99 of the recommendation over {s.n} requests: {s.p99_ms:.0f} ms, 95% interval "
             f"[{s.low_ms:.0f} ms, {high}]")

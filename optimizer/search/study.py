@@ -22,10 +22,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import UsageError
+from optimizer.search.attrs import BASELINE, STUDY_CONFIG, WORKER
 from optimizer.search.breaker import is_environment_failure
-from optimizer.search.recovery import WORKER_ATTR, recover
+from optimizer.search.recovery import recover
 
-CONFIG_ATTR = "optimizer_config"
 # A worker that stops beating for HEARTBEAT_GRACE_S has its trial failed and queued again (by any worker).
 HEARTBEAT_INTERVAL_S = 10
 HEARTBEAT_GRACE_S = 60
@@ -109,7 +109,7 @@ def stored_config(storage: optuna.storages.BaseStorage, study_name: str) -> Stud
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
         return None
-    raw = study.user_attrs.get(CONFIG_ATTR)
+    raw = STUDY_CONFIG.of(study)
     if raw is None:
         raise UsageError(f"study {study_name!r} exists but was not made by optimize: choose another --study name")
     return StudyConfig.model_validate(json.loads(raw))
@@ -154,12 +154,12 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage) -> opt
         with warnings.catch_warnings():  # stable in practice; Optuna only marks it experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(METRIC_NAMES)
-        study.set_user_attr(CONFIG_ATTR, _stored_form(config))
-        study.enqueue_trial({}, user_attrs={"baseline": True}, skip_if_exists=False)  # only the creator queues it
+        STUDY_CONFIG.set(study, _stored_form(config))
+        study.enqueue_trial({}, user_attrs=BASELINE.item(True), skip_if_exists=False)  # only the creator queues it
         return study
     else:
         refuse_parallel_sqlite(study, config.storage_url)
-        study.set_user_attr(CONFIG_ATTR, _stored_form(config))  # a larger budget is the only change allowed
+        STUDY_CONFIG.set(study, _stored_form(config))  # a larger budget is the only change allowed
     requeued, ended = recover(study)
     if requeued or ended:
         warnings.warn(f"recovered from an earlier run: trials {requeued} queued again, "
@@ -178,7 +178,7 @@ def refuse_parallel_sqlite(study: optuna.Study, url: str) -> None:
     if not url.startswith("sqlite"):
         return
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        w = t.user_attrs.get(WORKER_ATTR)
+        w = WORKER.of(t)
         if w and w.get("pid") != os.getpid() and not _dead_or_elsewhere(w):
             raise UsageError(
                 f"another optimize process (pid {w['pid']}) is running study {study.study_name!r} on this SQLite "
@@ -198,7 +198,7 @@ def _dead_or_elsewhere(worker: dict[str, Any]) -> bool:
 def is_baseline(trial: FrozenTrial) -> bool:
     """vLLM's defaults, measured or pruned for their config; not a start the machine broke
     (optimizer/search/breaker.py), which measured nothing: the baseline is queued again after it."""
-    return bool(trial.user_attrs.get("baseline")) and not is_environment_failure(trial)
+    return bool(BASELINE.of(trial)) and not is_environment_failure(trial)
 
 
 def ensure_baseline(study: optuna.Study) -> None:
@@ -212,7 +212,7 @@ def ensure_baseline(study: optuna.Study) -> None:
     if any(t.state in (*FINISHED, TrialState.WAITING, TrialState.RUNNING) for t in baselines):
         return
     if baselines or any(t.state in FINISHED for t in trials):
-        study.enqueue_trial({}, user_attrs={"baseline": True}, skip_if_exists=False)
+        study.enqueue_trial({}, user_attrs=BASELINE.item(True), skip_if_exists=False)
 
 
 def finished_count(study: optuna.Study) -> int:
