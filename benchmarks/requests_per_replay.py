@@ -41,8 +41,9 @@ from optimizer.measurement.metrics import summarize  # noqa: E402
 from optimizer.measurement.workload import build_workload  # noqa: E402
 from optimizer.params.space import resolve  # noqa: E402
 from optimizer.search.attrs import BASELINE, ENGINE_PARAMS, RESULT  # noqa: E402
-from optimizer.search.prescreen import evaluate, goodput, sim_objective  # noqa: E402
+from optimizer.search.prescreen import evaluate, sim_objective  # noqa: E402
 from optimizer.search.runner import model_path, prepare, run  # noqa: E402
+from optimizer.search.score import goodput  # noqa: E402
 from optimizer.search.score import recommended  # noqa: E402
 
 VARIANTS = ("120", "1000", "auto")

@@ -54,7 +54,8 @@ from optimizer.engines.simulated import SimulatedEngine  # noqa: E402
 from optimizer.measurement.workload import Workload, build_workload  # noqa: E402
 from optimizer.params.space import Space, resolve  # noqa: E402
 from optimizer.search.attrs import BASELINE, RESULT, TIMINGS  # noqa: E402
-from optimizer.search.prescreen import evaluate, goodput, run_prescreen, sim_objective  # noqa: E402
+from optimizer.search.prescreen import evaluate, run_prescreen, sim_objective  # noqa: E402
+from optimizer.search.score import goodput  # noqa: E402
 from optimizer.search.study import open_study, run_to_budget  # noqa: E402
 
 FRACTIONS = (0.95, 0.97, 0.99)

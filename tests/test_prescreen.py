@@ -11,7 +11,8 @@ from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.simulated import SimulatedEngine
 from optimizer.search.attrs import PRESCREEN, STUDY_PRESCREEN
-from optimizer.search.prescreen import choose, goodput, perturbed
+from optimizer.search.prescreen import choose, perturbed
+from optimizer.search.score import goodput
 from optimizer.search.runner import prepare, run
 
 

@@ -8,8 +8,8 @@ from optimizer.config.settings import Choice, FloatRange, IntRange, StudyConfig
 from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
 from optimizer.engines.simulated import SimulatedEngine
 from optimizer.params.space import Space
-from optimizer.search.prescreen import goodput
 from optimizer.search.runner import prepare, run
+from optimizer.search.score import goodput
 from optimizer.search.score import recommended
 from tests.conftest import REPO
 

@@ -48,14 +48,14 @@ def _verify(ns: argparse.Namespace) -> int:
     from optimizer.decision.tables import format_output
     from optimizer.core.errors import OptimizerError
     from optimizer.config.model import inspect_model
-    from optimizer.search.score import feasible
+    from optimizer.search.score import best_first
     from optimizer.search.runner import factory_for, model_path
     from optimizer.decision.verify import report_rows, robust_choice, verify_trial
 
     top, seeds = positive_int(ns.top, "--top"), positive_int(ns.seeds, "--seeds")
     margin = _percent(ns.margin, "--margin")
     config, study = load_study(ns)
-    ranked = sorted((t for t in study.get_trials(deepcopy=False) if feasible(t)), key=lambda t: -t.values[0])
+    ranked = best_first(study)  # the one score (search/score.py), best first
     if not ranked:
         raise OptimizerError(f"study {ns.study!r} has no trial that meets its limit: nothing to verify. Relax the "
                              f"limit or run more trials first.")

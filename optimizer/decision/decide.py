@@ -2,7 +2,7 @@
 (throughput vs TTFT P99), the recommendation against vLLM's defaults, and what drove throughput.
 
 The limit defaults to the one the study searched with; any other limit is answered from the stored curves
-(optimizer.rerank), with the caveats the stored points impose.
+(optimizer.measurement.rerank), with the caveats the stored points impose.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from optimizer.core.units import format_ms
 from optimizer.decision.importance import param_importances
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import beats, median, required_gain
-from optimizer.measurement.rerank import Answer, merge_repeats, pareto_front, rank_curve, recommend
+from optimizer.measurement.rerank import Answer, merge_repeats, pareto_front, recommend
 from optimizer.params.deploy import label as deploy_label
-from optimizer.params.parallel import gpus_needed, per_gpu_curve
-from optimizer.search.attrs import CURVE, ENGINE_PARAMS
+from optimizer.search.score import compared_per_gpu, rank_trials
 from optimizer.search.study import FINISHED
 
 
@@ -98,13 +97,9 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     limit = config.ttft_p99_ms if limit_ms is None else limit_ms
     other = dict(other_limits_ms or {})
     trials = sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number)
-    layouts = {t.number: gpus_needed({**config.engine_args, **ENGINE_PARAMS.of(t)})
-               for t in trials}
-    per_gpu = len(set(layouts.values())) > 1  # trials use different GPU counts: compare throughput per GPU
-    views = [TrialView(t, rank_curve(per_gpu_curve(CURVE.of(t), layouts[t.number]) if per_gpu
-                                     else CURVE.of(t), limit, other)) for t in trials]
+    ranked = rank_trials(trials, config.engine_args, limit, other)  # the one score (search/score.py)
+    views = [TrialView(t, ranked[t.number]) for t in trials]
     by_number = {v.number: v for v in views}
-    ranked = {v.number: v.ranked for v in views}
     front = [by_number[n] for n in pareto_front(ranked)]
     best_n = recommend(ranked)
     best = by_number[best_n] if best_n is not None else None
@@ -113,7 +108,7 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note,
                         other_limits_ms=other, noise_cv=study_noise_cv(views),
                         arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as))
-    if per_gpu:
+    if compared_per_gpu(trials, config.engine_args):
         decision.notes.append("trials use different numbers of GPUs (tensor x pipeline x data parallel): output "
                               "throughput is compared per GPU")
     missing = sorted({k for k in other for v in views for p in v.curve if k not in p})

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from optimizer.config.model import ModelInfo
 from optimizer.config.settings import StudyConfig
@@ -34,8 +34,9 @@ from optimizer.engines.simulated import SimulatedEngine
 from optimizer.measurement.workload import Workload
 from optimizer.params.preflight import GIB
 from optimizer.params.space import Space
-from optimizer.search.attrs import BASELINE, PRESCREEN, RESULT, SIM_GOODPUT_TOK_S, STUDY_PRESCREEN
+from optimizer.search.attrs import BASELINE, PRESCREEN, SIM_GOODPUT_TOK_S, STUDY_PRESCREEN
 from optimizer.search.objective import Objective
+from optimizer.search.score import goodput
 
 SIM_SUFFIX = ".sim"
 DEFAULT_DEVICE_MEMORY_BYTES = 24 * GIB
@@ -52,14 +53,6 @@ class Pick:
     sim_goodput_tok_s: float  # on the pre-screen's time model
     optimistic_tok_s: float | None = None  # mean + std over perturbed time models ("unsure" candidates only)
     spread: float | None = None  # std / mean over perturbed time models
-
-
-def goodput(trial: FrozenTrial) -> float:
-    """The trial's objective as the study ranks it: output throughput at its best sustained rate, 0 if infeasible."""
-    result = RESULT.of(trial)
-    if trial.state != TrialState.COMPLETE or not result.get("feasible") or not trial.values:
-        return 0.0
-    return float(trial.values[0])
 
 
 def sim_objective(config: StudyConfig, space: Space, workload: Workload, model: ModelInfo,

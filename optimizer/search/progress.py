@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from optimizer.core.units import format_ms
 from optimizer.search.attrs import BASELINE, LIMITED_BY, PRUNED_DETAIL, PRUNED_REASON, RESULT, TIMINGS
-from optimizer.search.score import feasible, recommended
+from optimizer.search.score import feasible, scored_best_first
 from optimizer.search.study import finished_count
 
 
@@ -76,10 +76,12 @@ class Progress:
         """'elapsed 3m12s, ~25m00s left, best: 731.0 tok/s (#19)'."""
         now = self._now()
         left = remaining_s(self._budget, finished_count(study), self._estimate(), self._deadline, now)
-        best = recommended(study)
+        scored = scored_best_first(study)
+        best = scored[0] if scored else None
         parts = [f"elapsed {clock_text(now - self._started)}",
                  "time left unknown" if left is None else f"~{clock_text(left)} left",
-                 "best: none feasible yet" if best is None else f"best: {best.values[0]:.1f} tok/s (#{best.number})"]
+                 "best: none feasible yet" if best is None else
+                 f"best: {best[1].output_throughput_tok_s:.1f} tok/s (#{best[0].number})"]
         return ", ".join(parts)
 
     def _update(self, study: optuna.Study) -> None:

@@ -1,31 +1,106 @@
-"""One definition of a trial's score and of the recommendation, read from the values Optuna stores."""
+"""One definition of a trial's score and of the recommendation.
+
+A trial's score, for a TTFT P99 limit, is the output throughput of the highest-rate point of its stored curve
+that meets the limit (repeats merged into their medians, per GPU where the study's trials use different GPU
+counts): `measurement/rerank.py` ranks one curve, this module ranks a study's trials with it. The recommendation
+is the best-scored trial at the study's own limit (ties: lower TTFT P99, then the earlier trial). Export, verify,
+the progress bar, the pre-screen, the end-of-run table and `optimize report` all read these, so they never
+disagree on which trial is best; `optimize report --ttft-p99` asks the same question for another limit.
+"""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.search.study import is_baseline
+from optimizer.measurement.rerank import Ranked, rank_curve
+from optimizer.params.parallel import gpus_needed, per_gpu_curve
+from optimizer.search.attrs import CURVE, ENGINE_PARAMS, RESULT, STUDY_CONFIG
+from optimizer.search.study import FINISHED, is_baseline
+
+
+def _layouts(trials: Sequence[FrozenTrial], engine_args: Mapping[str, Any]) -> dict[int, int]:
+    return {t.number: gpus_needed({**engine_args, **ENGINE_PARAMS.of(t)}) for t in trials}
+
+
+def compared_per_gpu(trials: Sequence[FrozenTrial], engine_args: Mapping[str, Any]) -> bool:
+    """True when the trials need different GPU counts (tensor x pipeline x data parallel): scores are per GPU."""
+    return len(set(_layouts(trials, engine_args).values())) > 1
+
+
+def rank_trials(trials: Sequence[FrozenTrial], engine_args: Mapping[str, Any], limit_ms: float,
+                other_limits_ms: Mapping[str, float] | None = None) -> dict[int, Ranked]:
+    """Each trial's curve ranked for `limit_ms` (and any other latency limits), by trial number. When the trials
+    need different GPU counts (tensor/pipeline/data parallelism), throughput is compared per GPU."""
+    layouts = _layouts(trials, engine_args)
+    per_gpu = len(set(layouts.values())) > 1
+    return {t.number: rank_curve(per_gpu_curve(CURVE.of(t), layouts[t.number]) if per_gpu else CURVE.of(t),
+                                 limit_ms, other_limits_ms) for t in trials}
+
+
+def score_tok_s(trial: FrozenTrial, limit_ms: float) -> float:
+    """The trial's score alone (one GPU layout): output tokens/s within `limit_ms`, 0 when no point meets it."""
+    ranked = rank_curve(CURVE.of(trial), limit_ms)
+    return ranked.output_throughput_tok_s if ranked.answerable else 0.0
+
+
+def goodput(trial: FrozenTrial) -> float:
+    """The score its objective stored for the study's own limit: output tokens/s at its best sustained rate, 0
+    when infeasible. The same number `score_tok_s(trial, limit)` ranks from its curve (tests/search/test_score.py
+    holds them equal); the sampler learns from this one, and the pre-screen and benchmarks read it."""
+    if trial.state != TrialState.COMPLETE or not RESULT.of(trial).get("feasible") or not trial.values:
+        return 0.0
+    return float(trial.values[0])
+
+
+def study_limit_ms(study: optuna.Study) -> float:
+    """The TTFT P99 limit the study searched with, from its stored config."""
+    raw = STUDY_CONFIG.of(study)
+    if raw is None:
+        raise ValueError(f"study {study.study_name!r} has no stored config: it was not made by optimize")
+    return float(json.loads(raw)["ttft_p99_ms"])
+
+
+def _engine_args(study: optuna.Study) -> dict[str, Any]:
+    raw = STUDY_CONFIG.of(study)
+    return dict(json.loads(raw).get("engine_args") or {}) if raw else {}
+
+
+def scored_best_first(study: optuna.Study, limit_ms: float | None = None) -> list[tuple[FrozenTrial, Ranked]]:
+    """The finished trials that meet the limit (default: the study's own) with their ranked points, best first."""
+    limit = study_limit_ms(study) if limit_ms is None else limit_ms
+    trials = sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number)
+    ranked = rank_trials(trials, _engine_args(study), limit)
+    by_number = {t.number: t for t in trials}
+    order = sorted((n for n, r in ranked.items() if r.answerable),
+                   key=lambda n: (-ranked[n].output_throughput_tok_s, ranked[n].ttft_p99_ms, n))
+    return [(by_number[n], ranked[n]) for n in order]
+
+
+def best_first(study: optuna.Study, limit_ms: float | None = None) -> list[FrozenTrial]:
+    """The finished trials that meet the limit (default: the study's own), best score first."""
+    return [t for t, _ in scored_best_first(study, limit_ms)]
+
+
+def recommended(study: optuna.Study, limit_ms: float | None = None) -> FrozenTrial | None:
+    """The recommendation: the best-scored trial at the study's own limit (or `limit_ms`), None when no trial
+    meets it. The same trial `pareto_front` puts first."""
+    trials = best_first(study, limit_ms)
+    return trials[0] if trials else None
 
 
 def feasible(trial: FrozenTrial) -> bool:
+    """The trial as Optuna stored its verdict: complete, every constraint met (what the sampler learned from)."""
     return trial.state == TrialState.COMPLETE and all(v <= 0 for v in trial.constraints.values())
 
 
-def throughput(trial: FrozenTrial) -> float:
-    return float(trial.values[0]) if trial.values else float("nan")
-
-
-def recommended(study: optuna.Study) -> FrozenTrial | None:
-    """The feasible trial with the highest output throughput (ties: lower TTFT P99)."""
-    candidates = [t for t in study.get_trials(deepcopy=False) if feasible(t)]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda t: (t.values[0], -t.values[1]))
-
-
 def baseline(study: optuna.Study) -> FrozenTrial | None:
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+    for t in study.get_trials(deepcopy=False, states=FINISHED):
         if is_baseline(t):
             return t
     return None
+
