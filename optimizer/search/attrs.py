@@ -41,7 +41,8 @@ class Attr(Generic[T]):
 
     def of(self, holder: HasUserAttrs) -> T:
         """The stored value, or a fresh copy of the default where the key is missing."""
-        return holder.user_attrs.get(self.key, copy.copy(self.default))
+        stored = holder.user_attrs
+        return stored[self.key] if self.key in stored else copy.copy(self.default)
 
     def set(self, holder: HasUserAttrs, value: T) -> None:
         holder.set_user_attr(self.key, value)
