@@ -21,7 +21,7 @@ def test_workers_opening_an_empty_database_together_all_succeed():
     admin.autocommit = True
     admin.cursor().execute(f"CREATE DATABASE {name}")
     url = URL.rsplit("/", 1)[0] + "/" + name
-    code = ("from optimizer.study import storage_for; from optimizer.records import RecordStore; "
+    code = ("from optimizer.search.study import storage_for; from optimizer.search.records import RecordStore; "
             f"storage_for({url!r}); RecordStore({url!r})")
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True)
              for _ in range(4)]

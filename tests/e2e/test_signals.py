@@ -133,7 +133,7 @@ LEAKS_SHARED_MEMORY = """
 import sys
 from multiprocessing import shared_memory
 if sys.argv[1] == "quiet":
-    from optimizer.signals import quiet_resource_tracker
+    from optimizer.core.signals import quiet_resource_tracker
     quiet_resource_tracker()
 shm = shared_memory.SharedMemory(create=True, size=64)  # left registered, as by an engine a stop ended
 print(shm.name)

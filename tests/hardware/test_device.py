@@ -22,7 +22,7 @@ def test_the_cli_detects_the_device_without_importing_torch(tmp_path):
     cannot have been initialized in the parent of vLLM's engine core), and on this GPU-less host it picks cpu."""
     code = (
         "import sys\n"
-        "from optimizer.cli import build_parser, resolve_config\n"
+        "from optimizer.cli.run import build_parser, resolve_config\n"
         f"ns = build_parser().parse_args(['--ttft-p99', '150ms', '--studies-dir', {str(tmp_path)!r}])\n"
         "config, stored = resolve_config(ns)\n"
         "print(config.device, 'torch' in sys.modules)\n"
@@ -37,7 +37,7 @@ def test_detection_leaves_cuda_uninitialized():
     """With torch imported afterwards, CUDA is still uninitialized: detection went through NVML alone."""
     code = (
         "import sys\n"
-        "from optimizer.device import detect_device\n"
+        "from optimizer.hardware.device import detect_device\n"
         "detect_device()\n"
         "assert 'torch' not in sys.modules\n"
         "import torch\n"

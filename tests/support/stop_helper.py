@@ -2,7 +2,7 @@
 
     python -m tests.support.stop_helper STUDIES_DIR MODEL_DIR
 
-It handles a stop as `optimize` does (optimizer.signals): one line, exit code 130 or 143.
+It handles a stop as `optimize` does (optimizer/core/signals.py): one line, exit code 130 or 143.
 """
 
 import asyncio
