@@ -1,0 +1,142 @@
+"""Bad input ends in a one-line message naming the fix, exit code 2, and no study created or changed."""
+
+import json
+
+import optuna
+import pytest
+
+from optimizer.config.settings import StudyConfig
+from optimizer.search.study import open_study, storage_for
+from tests.support.fakes import run_cli
+
+
+@pytest.mark.parametrize("slo", ["150", "150 parsecs", "-5ms", "fast", "0ms"])
+def test_bad_slo(tmp_path, capsys, slo):
+    code, err = run_cli(capsys, "--ttft-p99", slo, "--studies-dir", str(tmp_path))
+    assert code == 2 and err.startswith("error: --ttft-p99") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("budget", ["0", "-3", "many"])
+def test_bad_budget(tmp_path, capsys, budget):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--budget", budget, "--studies-dir", str(tmp_path))
+    assert code == 2 and "--budget" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("repeats", ["0", "-1", "twice"])
+def test_bad_repeats(tmp_path, capsys, repeats):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--repeats", repeats, "--studies-dir", str(tmp_path))
+    assert code == 2 and "--repeats" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv,hint", [
+    (["--repeats", "0"], "--repeats"), (["--validate", "7"], "--validate"),
+    (["--model", "/no/such/model"], "does not exist"),
+])
+def test_bad_calibrate_input(tmp_path, capsys, argv, hint):
+    out = tmp_path / "cal.json"
+    code, err = run_cli(capsys, "calibrate", "--out", str(out), *argv)
+    assert code == 2 and hint in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_missing_slo_for_a_new_study(tmp_path, capsys):
+    code, err = run_cli(capsys, "--budget", "3", "--studies-dir", str(tmp_path))
+    assert code == 2 and "--ttft-p99 is required" in err
+
+
+@pytest.mark.parametrize("space,hint", [
+    ("max_num_sequences: {min: 1, max: 8}\n", "unknown parameter"),
+    ("max_num_seqs: {min: 16, max: 4}\n", "min 16 > max 4"),
+    ("max_num_seqs: [\n", "not valid YAML"),
+])
+def test_bad_space_file(tmp_path, capsys, config_only_model, space, hint):
+    f = tmp_path / "space.yaml"
+    f.write_text(space)
+    out = tmp_path / "studies"
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--model", str(config_only_model), "--dummy-weights",
+                        "--space", str(f), "--studies-dir", str(out))
+    assert code == 2 and hint in err, err
+    assert not out.exists()
+
+
+def test_missing_model_path(tmp_path, capsys):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--model", str(tmp_path / "nope"),
+                        "--studies-dir", str(tmp_path / "s"))
+    assert code == 2 and "does not exist" in err and not (tmp_path / "s").exists()
+
+
+def test_directory_that_is_not_a_model(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--model", str(tmp_path / "empty"),
+                        "--studies-dir", str(tmp_path / "s"))
+    assert code == 2 and "no config.json" in err
+
+
+def test_config_without_weights_needs_dummy_flag(tmp_path, capsys, config_only_model):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--model", str(config_only_model),
+                        "--studies-dir", str(tmp_path / "s"))
+    assert code == 2 and "--dummy-weights" in err
+
+
+def test_workload_longer_than_context(tmp_path, capsys, config_only_model):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--model", str(config_only_model), "--dummy-weights",
+                        "--input-len", "64:1000", "--output-len", "100:300", "--studies-dir", str(tmp_path / "s"))
+    assert code == 2 and "exceeds the model's context of 1024" in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_bad_length_range(tmp_path, capsys):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--input-len", "512:64", "--studies-dir", str(tmp_path))
+    assert code == 2 and "MIN <= MAX" in err
+
+
+def test_another_slo_on_an_existing_study_is_refused_and_nothing_changes(tmp_path, capsys, config_only_model):
+    url = f"sqlite:///{tmp_path}/mine.db"
+    config = StudyConfig(study_name="mine", storage_url=url, ttft_p99_ms=150.0, budget=3,
+                         model=str(config_only_model), dummy_weights=True)
+    open_study(config, storage_for(url))
+    before = (tmp_path / "mine.db").read_bytes()
+    code, err = run_cli(capsys, "--study", "mine", "--ttft-p99", "300ms", "--studies-dir", str(tmp_path))
+    assert code == 2 and "already exists with other settings (ttft_p99_ms)" in err and "--study NEW_NAME" in err
+    assert (tmp_path / "mine.db").read_bytes() == before
+    stored = json.loads(optuna.load_study(study_name="mine", storage=url).user_attrs["optimizer_config"])
+    assert stored["ttft_p99_ms"] == 150.0
+
+
+def test_export_of_a_missing_study(tmp_path, capsys):
+    code, err = run_cli(capsys, "export", "--study", "ghost", "--studies-dir", str(tmp_path))
+    assert code == 2 and "no study 'ghost'" in err
+
+
+def test_malformed_storage_url_hides_the_password(tmp_path, capsys):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--storage", "postgresql://bob:s3cret@127.0.0.1:1/db",
+                        "--studies-dir", str(tmp_path))
+    assert code == 2 and "s3cret" not in err and "cannot open storage" in err
+
+
+def test_malformed_storage_url(tmp_path, capsys):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--storage", "not a url", "--studies-dir", str(tmp_path))
+    assert code == 2 and "cannot open storage" in err and "sqlite:///" in err
+
+
+def test_locked_sqlite_file_is_a_clear_error_and_changes_nothing(tmp_path, capsys, config_only_model):
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path}/locked.db"
+    config = StudyConfig(study_name="locked", storage_url=url, ttft_p99_ms=150.0, budget=3,
+                         model=str(config_only_model), dummy_weights=True)
+    open_study(config, storage_for(url))
+    before = (tmp_path / "locked.db").read_bytes()
+    holder = sqlite3.connect(tmp_path / "locked.db", timeout=0)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        code, err = run_cli(capsys, "--study", "locked", "--studies-dir", str(tmp_path))
+    finally:
+        holder.rollback()
+        holder.close()
+    assert code == 2 and "locked" in err and "another process" in err, err
+    assert (tmp_path / "locked.db").read_bytes() == before

@@ -1,0 +1,124 @@
+"""`optimize export`: the serve command and YAML as before, plus engine-kwargs JSON and a compose service."""
+
+import json
+
+import pytest
+import yaml
+
+from optimizer.cli.main import main
+from optimizer.core.errors import OptimizerError
+from optimizer.decision.export import export, export_all, serve_args
+from optimizer.search.score import recommended
+from tests.support import synthetic
+
+
+EXPECTED_ARGS = {  # trial #2 of the synthetic study, with the fixed engine args and dummy weights
+    "enforce_eager": True, "load_format": "dummy", "max_num_seqs": 128, "max_num_batched_tokens": 2048,
+    "gpu_memory_utilization": 0.9, "enable_chunked_prefill": True,
+}
+
+
+def test_export_writes_every_format_from_the_same_arguments(syn):
+    study, config, tmp_path = syn
+    trial = recommended(study)
+    assert trial.number == 2
+    done = export_all(trial, config, tmp_path / "out", config.model)
+    args = serve_args(trial, config, config.model)
+    assert args == {"model": config.model, **EXPECTED_ARGS}
+
+    assert done.command.startswith(f"vllm serve {config.model} ") and "--max-num-seqs 128" in done.command
+    assert yaml.safe_load(done.yaml_path.read_text()) == {k.replace("_", "-"): v for k, v in args.items()}
+
+    doc = json.loads(done.json_path.read_text())
+    assert doc["engine_args"] == args
+    meta = doc["metadata"]
+    assert meta["slo"] == {"ttft_p99_ms": 100.0} and meta["trial"] == 2
+    assert meta["workload"]["num_requests"] == 40 and meta["workload"]["arrivals"] == "poisson"
+    assert meta["measured"]["output_throughput_tok_s"] == pytest.approx(770)
+
+    text = done.compose_path.read_text()
+    service = yaml.safe_load(text)["services"]["vllm"]
+    assert service["entrypoint"] == ["vllm", "serve"]
+    assert service["command"][0] == config.model
+    assert service["command"][service["command"].index("--max-num-seqs") + 1] == "128"
+    assert "--enable-chunked-prefill" in service["command"]
+    assert service["labels"]["optimize.slo.ttft_p99_ms"] == "100.0"
+    assert service["labels"]["optimize.measured.output_throughput_tok_s"] == "770.00"
+    assert service["labels"]["optimize.workload"].startswith("poisson, 40 requests, inputs 64-256")
+    assert service["volumes"] == [f"{config.model}:{config.model}:ro"]  # a local model directory is mounted
+    assert "deploy" not in service  # measured on the CPU build: no GPU reservation
+    for header in (done.yaml_path.read_text(), text):
+        assert "# SLO: TTFT P99 <= 100ms." in header and "# Workload: Poisson arrivals, 40 requests" in header
+        assert "# Measured: 770.0 output tok/s at 7.70 req/s" in header
+
+
+def test_a_cuda_study_reserves_a_gpu_in_compose(tmp_path):
+    study, config = synthetic.build(tmp_path, device="cuda")
+    done = export_all(recommended(study), config, tmp_path, config.model)
+    service = yaml.safe_load(done.compose_path.read_text())["services"]["vllm"]
+    assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+def test_the_engine_json_builds_vllm_engine_args(syn):
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+    except Exception as exc:  # noqa: BLE001 - a broken vLLM install raises more than ImportError
+        pytest.skip(f"vLLM not importable: {exc}")
+    study, config, tmp_path = syn
+    done = export_all(recommended(study), config, tmp_path, config.model)
+    engine_args = AsyncEngineArgs(**json.loads(done.json_path.read_text())["engine_args"])
+    assert engine_args.max_num_seqs == 128 and engine_args.gpu_memory_utilization == 0.9
+    assert engine_args.enforce_eager is True and engine_args.model == config.model
+
+
+def test_export_keeps_its_old_contract(syn):
+    study, config, tmp_path = syn
+    command, path = export(recommended(study), config, tmp_path, config.model)
+    assert command.startswith("vllm serve ") and path == tmp_path / "syn.recommended.yaml"
+    with pytest.raises(OptimizerError, match="Relax the limit"):
+        export(None, config, tmp_path, config.model)
+
+
+def test_cli_export_prints_the_command_and_names_every_file(syn, capsys):
+    _, _, tmp_path = syn
+    rc = main(["export", "--study", "syn", "--studies-dir", str(tmp_path), "--out", str(tmp_path / "x")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert out.startswith("vllm serve ")
+    for name in ("syn.recommended.yaml", "syn.engine_args.json", "syn.compose.yaml"):
+        assert (tmp_path / "x" / name).exists() and name in err
+
+
+def test_the_exported_compose_listens_on_loopback_and_takes_an_api_key_from_the_environment(syn):
+    from tests.repo.test_docker_files import interpolate
+
+    study, config, tmp_path = syn
+    done = export_all(recommended(study), config, tmp_path, config.model)
+    text = done.compose_path.read_text()
+    service = yaml.safe_load(text)["services"]["vllm"]
+    # as compose resolves it: loopback unless the deployer names an address
+    assert interpolate(service["ports"], {}) == ["127.0.0.1:8000:8000"]
+    assert interpolate(service["ports"], {"VLLM_BIND_ADDRESS": "0.0.0.0"}) == ["0.0.0.0:8000:8000"]
+    assert all(not p.startswith("8000") for p in interpolate(service["ports"], {}))
+    # a bare name in `environment` passes the host's value through when it is set, and nothing when it is not
+    assert service["environment"] == ["VLLM_API_KEY"]
+    assert "--api-key" not in service["command"]  # the key never sits in the file
+    assert "set VLLM_API_KEY" in text and "127.0.0.1:8000 only" in text
+
+
+def test_vllm_serve_reads_the_api_key_variable_the_compose_passes():
+    try:
+        import vllm.envs as envs
+    except Exception as exc:  # noqa: BLE001 - a broken vLLM install raises more than ImportError
+        pytest.skip(f"vLLM not importable: {exc}")
+    import os
+
+    old = os.environ.get("VLLM_API_KEY")
+    os.environ["VLLM_API_KEY"] = "k-123"
+    try:
+        assert envs.VLLM_API_KEY == "k-123"
+    finally:
+        if old is None:
+            del os.environ["VLLM_API_KEY"]
+        else:
+            os.environ["VLLM_API_KEY"] = old

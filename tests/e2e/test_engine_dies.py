@@ -1,0 +1,150 @@
+"""The engine dies mid-replay, on the real CPU engine: SIGKILL its engine core while a trial replays.
+
+The trial ends PRUNED as `engine_died` with the engine log's tail; none of its processes is left; the next trial
+starts its own engine and runs normally; the study ends with its budget and exit code 0.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+from sqlalchemy.exc import SQLAlchemyError
+
+from optimizer.core import failures
+from optimizer.core.errors import EngineDiedError
+from optimizer.decision.report import summary_text
+from optimizer.search.objective import log_tail
+from tests.conftest import REPO, alive_pids, subprocess_env
+from tests.support.fakes import SimEngine, load, make_config, run_study
+
+ARGS = ["--num-requests", "40", "--input-len", "16:96", "--output-len", "16:32", "--ttft-p99", "150ms",
+        "--budget", "2"]
+
+
+def engine_core(pids):
+    """The engine core among a trial's recorded processes (vLLM names it EngineCore)."""
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()):
+                return pid
+        except psutil.NoSuchProcess:
+            pass
+    return None
+
+
+@pytest.mark.engine
+def test_sigkill_of_the_engine_core_mid_replay_prunes_the_trial_and_the_study_goes_on(tmp_path, model_cache,
+                                                                                      tiny_model):
+    proc = subprocess.Popen([sys.executable, "-m", "optimizer", *ARGS, "--studies-dir", str(tmp_path)], cwd=REPO,
+                            env=subprocess_env(model_cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        killed = None
+        while time.monotonic() < deadline and killed is None:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            try:
+                trials = load(tmp_path).get_trials(deepcopy=False) if (tmp_path / "default.db").exists() else []
+            except (KeyError, optuna.exceptions.StorageInternalError, SQLAlchemyError):
+                trials = []  # not created yet, or this poll raced its creation
+            for t in trials:
+                # replaying: the engine has started (its resolved config is stored) and the warm-up is done
+                if t.number == 0 and t.state == TrialState.RUNNING and t.user_attrs.get("engine_config"):
+                    time.sleep(2.0)
+                    pids = [int(p) for p, _ in t.user_attrs["engine_processes"]]
+                    killed = engine_core(pids)
+                    assert killed is not None, f"no EngineCore among {pids}"
+                    os.kill(killed, signal.SIGKILL)
+                    break
+            time.sleep(0.2)
+        assert killed is not None, "trial 0 never reached its replays"
+        out, err = proc.communicate(timeout=900)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    study = load(tmp_path)
+    died, after = study.trials[0], study.trials[1]
+    assert died.state == TrialState.PRUNED, err[-3000:]
+    assert died.user_attrs["pruned_reason"] == failures.ENGINE_DIED
+    assert "the engine died during the replay" in died.user_attrs["pruned_detail"]
+    assert str(killed) in died.user_attrs["pruned_detail"]  # names the process that is gone
+    assert died.user_attrs["log_excerpt"].strip(), "the engine log's tail is stored with the trial"
+    assert not alive_pids([int(p) for p, _ in died.user_attrs["engine_processes"]]), "a process of it is left"
+    # the next trial started its own engine and measured normally
+    assert after.state == TrialState.COMPLETE and after.user_attrs.get("engine_config")
+    assert after.user_attrs["curve"] and after.values[0] > 0
+    assert not set(after.user_attrs["engine_processes"][0][:1]) & {killed}
+    finished = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert len(finished) == 2 and not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING, TrialState.FAIL))
+    assert not alive_pids([int(p) for t in study.trials for p, _ in t.user_attrs.get("engine_processes", [])])
+    assert "Traceback" not in out + err, (out + err)[-3000:]  # vLLM's own traceback went to the trial's log
+    assert "engine_died" in err  # the trial's line says why it could not run
+    print(f"trials finished before the kill: 0, after: {len(finished)}; engine core {killed} killed")
+
+
+class DiesInTheBaseline(SimEngine):
+    """The baseline's engine dies in its first replay, after writing to its log (as vLLM's engine core does)."""
+
+    def simulate_replay(self, requests, arrivals_s):
+        if len(requests) > 10 and DiesInTheBaseline.deaths == 0:  # the first measured replay (not the warm-up)
+            DiesInTheBaseline.deaths += 1
+            raise EngineDiedError("the engine died during the replay: EngineCore gone; engine process 4242 gone")
+        return super().simulate_replay(requests, arrivals_s)
+
+    async def start(self, params, log_path=None):
+        resolved = await super().start(params, log_path)
+        if log_path is not None:
+            with log_path.open("a") as f:
+                f.write("INFO engine core started\nINFO step 1\n")
+        return resolved
+
+    deaths = 0
+
+
+def test_an_engine_death_prunes_the_trial_with_its_log_and_the_study_goes_on(tmp_path, config_only_model):
+    """The same on the simulator, fast: the baseline's engine dies; the study still ends with its budget, and the
+    end-of-run summary copes with a baseline that could not be measured."""
+    DiesInTheBaseline.deaths = 0
+    config = make_config(tmp_path, config_only_model, budget=3)
+    study = run_study(tmp_path, config, engine=DiesInTheBaseline)
+    died = study.trials[0]
+    assert died.state == TrialState.PRUNED and died.user_attrs["pruned_reason"] == failures.ENGINE_DIED
+    assert "engine process 4242 gone" in died.user_attrs["pruned_detail"]
+    assert "INFO step 1" in died.user_attrs["log_excerpt"]
+    assert [t.state for t in study.trials[1:]] == [TrialState.COMPLETE] * 2
+    assert len(study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))) == 3
+    text = summary_text(study, config)
+    assert text.strip()
+
+
+def test_log_tail_keeps_whole_lines_from_the_end(tmp_path):
+    log = tmp_path / "trial.log"
+    log.write_text("".join(f"line {i}\n" for i in range(1000)))
+    tail = log_tail(log, max_chars=100)
+    assert tail.endswith("line 999\n") and tail.startswith("line ") and len(tail) <= 100
+    assert log_tail(tmp_path / "missing.log") == ""
+
+
+def test_vllm_front_end_errors_go_to_the_trial_log_while_the_engine_runs(tmp_path):
+    import logging
+
+    from optimizer.engines.vllm_engine import FrontEndLog
+
+    vllm_logger = logging.getLogger("vllm")
+    before = list(vllm_logger.handlers)
+    log = tmp_path / "trial.log"
+    redirect = FrontEndLog(log)
+    try:
+        raise RuntimeError("engine core gone")
+    except RuntimeError:
+        logging.getLogger("vllm.v1.engine.async_llm").exception("AsyncLLM output_handler failed.")
+    redirect.close()
+    text = log.read_text()
+    assert "AsyncLLM output_handler failed." in text and "Traceback" in text and "engine core gone" in text
+    assert vllm_logger.handlers == before  # the terminal gets vLLM's messages back after the trial

