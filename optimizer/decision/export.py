@@ -43,7 +43,7 @@ def serve_env(trial: FrozenTrial, config: StudyConfig) -> dict[str, str]:
 
 
 # Engine arguments that vLLM's CLI declares with `store_true` alone: there is no --no-KEY, and False is the default
-# (the rest are BooleanOptionalAction; tests/test_serve_yaml.py checks both against `vllm serve`'s own parser).
+# (the rest are BooleanOptionalAction; tests/decision/test_serve_yaml.py checks both against `vllm serve`'s own parser).
 STORE_TRUE_ONLY = frozenset({"aggregate_engine_logging", "data_parallel_multi_port_external_lb", "disable_log_stats"})
 
 
