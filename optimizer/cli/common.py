@@ -36,6 +36,11 @@ def add_common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="print only the result")
 
 
+def add_format_flag(p: argparse.ArgumentParser) -> None:
+    """`--format`: how rows are printed, by the one renderer (decision/tables.py), which checks the name."""
+    p.add_argument("--format", default="table", help="table, json or csv (default: %(default)s)")
+
+
 def positive_int(text: str | None, what: str) -> int | None:
     if text is None:
         return None

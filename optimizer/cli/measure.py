@@ -12,7 +12,7 @@ import math
 import sys
 from typing import Any
 
-from optimizer.cli.common import add_workload_flags, guarded, positive_int, workload_settings
+from optimizer.cli.common import add_format_flag, add_workload_flags, guarded, positive_int, workload_settings
 from optimizer.core.errors import UsageError
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=str, help="vocabulary size of the served model, for the prompts' token ids "
                    "(default: read from the model's config.json when the server's model path is readable here)")
     p.add_argument("--wait", default="10s", help="how long to wait for /health (default: %(default)s)")
-    p.add_argument("--format", default="table", help="table, json or csv (default: %(default)s)")
+    add_format_flag(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--quiet", action="store_true", help="print only the result")
     return p
@@ -80,12 +80,11 @@ def _vocab_size(ns: argparse.Namespace, model_root: str) -> int:
 
 
 def _measure(ns: argparse.Namespace) -> int:
-    from optimizer.decision.tables import FORMATS, format_output
+    from optimizer.decision.tables import check_format, format_output
     from optimizer.engines.http_engine import RemoteEngine, check_url
     from optimizer.core.units import parse_duration_ms
 
-    if ns.format not in FORMATS:
-        raise UsageError(f"--format {ns.format!r} is not one of {', '.join(FORMATS)}")
+    check_format(ns.format)
     rates = parse_rates(ns.rate)
     fields = _workload_fields(ns)
     wait_s = parse_duration_ms(ns.wait, "--wait") / 1000

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from optimizer.cli.common import add_common_flags, guarded, load_study
+from optimizer.cli.common import add_common_flags, add_format_flag, guarded, load_study
 from optimizer.core.errors import UsageError
 from optimizer.core.units import parse_duration_ms
 from optimizer.search.attrs import PRUNED_DETAIL, PRUNED_REASON
@@ -27,7 +27,7 @@ def cmd_report(argv: list[str]) -> int:
         epilog="Examples: optimize report --study s; optimize report --study s --ttft-p99 300ms --format csv; "
                "optimize report --study s --trial 3 --bench-json s-3.json")
     add_common_flags(p)
-    p.add_argument("--format", default="table", help="table, json or csv (default: %(default)s)")
+    add_format_flag(p)
     p.add_argument("--out", help="folder for the PNG and HTML report (default: the studies dir)")
     p.add_argument("--ttft-p99", help="re-rank for this TTFT P99 limit from the stored replays, e.g. 300ms "
                    "(default: the study's own limit)")
@@ -42,12 +42,11 @@ def cmd_report(argv: list[str]) -> int:
 
 
 def _report(ns: argparse.Namespace) -> int:
-    from optimizer.decision.tables import FORMATS, format_output
+    from optimizer.decision.tables import check_format, format_output
     from optimizer.decision.views import curve_rows, render, trial_notes
     from optimizer.decision.decide import decide, view
 
-    if ns.format not in FORMATS:
-        raise UsageError(f"--format {ns.format!r} is not one of {', '.join(FORMATS)}")
+    check_format(ns.format)
     limit_ms = parse_duration_ms(ns.ttft_p99, "--ttft-p99") if ns.ttft_p99 is not None else None
     trial_no = None
     if ns.trial is not None:

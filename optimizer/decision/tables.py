@@ -12,7 +12,14 @@ from typing import Any
 from optimizer.core.errors import UsageError
 
 
-FORMATS = ("table", "json", "csv")
+FORMATS = ("table", "json", "csv")  # what `--format` offers; "html" is the report page's own
+
+
+def check_format(fmt: str) -> str:
+    """`fmt` when it is one of FORMATS; else the UsageError every `--format` gives."""
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    return fmt
 
 
 def _cell(value: Any) -> str:
@@ -29,8 +36,8 @@ def _json_safe(value: Any) -> Any:
 
 def format_output(rows: list[dict[str, Any]], fmt: str) -> str:
     """Rows of scalars as `table` (aligned text), `json`, `csv`, or `html` (a <table>): the one formatter."""
-    if fmt not in (*FORMATS, "html"):
-        raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt != "html":
+        check_format(fmt)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     if fmt == "json":
         return json.dumps([{k: _json_safe(row.get(k)) for k in columns} for row in rows], indent=2)

@@ -6,10 +6,9 @@ import json
 import math
 from typing import Any
 
-from optimizer.core.errors import UsageError
 from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision, rate_text, resolution
-from optimizer.decision.tables import FORMATS, format_output
+from optimizer.decision.tables import check_format, format_output
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.rerank import Answer, qualifies
 from optimizer.params.space import SEARCHABLE, distance_to_default
@@ -152,8 +151,7 @@ def trial_notes(v: TrialView) -> list[str]:
 
 def render(d: Decision, fmt: str) -> tuple[str, list[str]]:
     """What `optimize report` prints: (stdout, lines for stderr). Machine formats keep stdout to the rows."""
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    check_format(fmt)
     if fmt != "table":
         return format_output(front_rows(d), fmt), [title(d), *summary_lines(d)]
     parts = [title(d), format_output(front_rows(d, with_params=False), "table") if d.front else "(no trial)"]
