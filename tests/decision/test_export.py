@@ -7,7 +7,7 @@ import yaml
 
 from optimizer.cli.main import main
 from optimizer.core.errors import OptimizerError
-from optimizer.decision.export import export, export_all, serve_args
+from optimizer.decision.export import export_all, serve_args
 from optimizer.search.score import recommended
 from tests.support import synthetic
 
@@ -71,12 +71,14 @@ def test_the_engine_json_builds_vllm_engine_args(syn):
     assert engine_args.enforce_eager is True and engine_args.model == config.model
 
 
-def test_export_keeps_its_old_contract(syn):
+def test_export_names_what_it_wrote_and_refuses_a_study_with_no_feasible_trial(syn):
     study, config, tmp_path = syn
-    command, path = export(recommended(study), config, tmp_path, config.model)
-    assert command.startswith("vllm serve ") and path == tmp_path / "syn.recommended.yaml"
+    done = export_all(recommended(study), config, tmp_path, config.model)
+    assert done.command.startswith("vllm serve ") and done.yaml_path == tmp_path / "syn.recommended.yaml"
+    assert done.yaml_path.is_file() and done.json_path.is_file() and done.compose_path.is_file()
     with pytest.raises(OptimizerError, match="Relax the limit"):
-        export(None, config, tmp_path, config.model)
+        export_all(None, config, tmp_path / "none", config.model)
+    assert not (tmp_path / "none").exists() or not any((tmp_path / "none").iterdir())  # nothing half-written
 
 
 def test_cli_export_prints_the_command_and_names_every_file(syn, capsys):

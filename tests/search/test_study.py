@@ -15,7 +15,7 @@ from optimizer.config.settings import FloatRange, SpaceSpec
 from optimizer.core import failures
 from optimizer.core.errors import OptimizerError
 from optimizer.decision.decide import decide
-from optimizer.decision.export import export
+from optimizer.decision.export import export_all
 from optimizer.decision.report import summary_text
 from optimizer.params.space import SEARCHABLE
 from optimizer.search.dashboard import set_constraint
@@ -94,7 +94,7 @@ def test_an_impossible_limit_leaves_no_recommendation(tmp_path, config_only_mode
     assert recommended(study) is None
     assert "No trial met the limit" in summary_text(study, config)
     with pytest.raises(OptimizerError, match="Relax the limit"):
-        export(None, config, tmp_path, str(config_only_model))
+        export_all(None, config, tmp_path, str(config_only_model))
 
 
 def test_summary_names_gain_and_changes(tmp_path, config_only_model):
