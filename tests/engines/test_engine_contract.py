@@ -16,6 +16,7 @@ from optimizer.engines.server import free_port
 from optimizer.measurement.engine import Engine
 from optimizer.measurement.workload import build_workload
 from optimizer.search.fitting import cpu_engine_args
+from tests.support.fakes import FakeServer
 
 WORKLOAD = build_workload(WorkloadSpec(num_requests=10, warmup_requests=0, input_len_min=8, input_len_max=40,
                                        output_len_min=3, output_len_max=7, seed=3), 16000)
@@ -28,8 +29,6 @@ START_PARAMS = {"max_num_seqs": 4, "gpu_memory_utilization": 0.2}
 @pytest.fixture
 def running_server():
     """A fake vLLM OpenAI server on its own thread and event loop, as a deployment would be: its URL."""
-    from tests.test_http_engine import FakeServer
-
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(FakeServer().app)
     port = free_port()

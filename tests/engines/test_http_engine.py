@@ -23,6 +23,7 @@ from optimizer.measurement.engine import Engine
 from optimizer.measurement.workload import Request, build_workload
 from optimizer.search.fitting import cpu_engine_args
 from tests.conftest import REPO
+from tests.support.fakes import FakeServer
 
 KINDS = {"--enable-prefix-caching": BOOL_BOTH, "--enable-chunked-prefill": BOOL_BOTH,
          "--disable-log-stats": BOOL_TRUE_ONLY}
@@ -97,52 +98,6 @@ def test_measure_command_bad_input_exits_2_with_the_fix(args, expected):
 
 
 # --- the client against a fake server: aiohttp.web speaking the completions stream of vLLM ---
-
-class FakeServer:
-    """Streams `n` tokens per request in SSE chunks of `per_chunk`; optionally without token_ids, or dropping."""
-
-    def __init__(self, token_ids=True, per_chunk=2, reset=True, drop_after=None, hang_up_first=False):
-        self.token_ids, self.per_chunk, self.reset, self.drop_after = token_ids, per_chunk, reset, drop_after
-        self.hang_up_first = hang_up_first
-        self.payloads, self.resets = [], 0
-        self.app = web.Application()
-        self.app.router.add_get("/health", lambda r: web.Response())
-        self.app.router.add_get("/v1/models", lambda r: web.json_response(
-            {"data": [{"id": "fake", "root": "/nowhere/fake", "max_model_len": 512}]}))
-        self.app.router.add_post("/v1/completions", self.completions)
-        if reset:
-            self.app.router.add_post("/reset_prefix_cache", self.reset_cache)
-
-    async def reset_cache(self, request):
-        self.resets += 1
-        return web.json_response({"success": self.resets > 1})  # the first try finds blocks still held
-
-    async def completions(self, request):
-        payload = await request.json()
-        self.payloads.append(payload)
-        if self.hang_up_first and len(self.payloads) == 1:
-            request.transport.close()  # what a kept-alive connection closed by the server looks like to a client
-            return web.Response()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        left, sent = payload["max_tokens"], 0
-        while left:
-            n = min(self.per_chunk, left)
-            choice = {"index": 0, "text": " w5" * n, "finish_reason": None if left > n else "length"}
-            if self.token_ids:
-                choice["token_ids"] = [5] * n
-            data = f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
-            for i in range(0, len(data), 7):  # split mid-message: the client must reassemble
-                await resp.write(data[i:i + 7])
-            left, sent = left - n, sent + 1
-            if self.drop_after is not None and sent >= self.drop_after:
-                request.transport.close()
-                return resp
-            await asyncio.sleep(0.001)
-        usage = {"completion_tokens": payload["max_tokens"], "prompt_tokens": len(payload["prompt"])}
-        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
-        return resp
-
 
 async def _with_fake(fake, scenario):
     runner = web.AppRunner(fake.app)

@@ -2,12 +2,17 @@
 
 `SimEngine`: the simulator (optimizer/engines/simulated.py) for the architecture of the `config_only_model`
 fixture; `make_config`: a short study on it; `run_study`: prepare and run it to its budget; `run_cli`: the CLI
-in-process, with its exit code and stderr; `load`: a study of a SQLite file that `optimize` wrote.
+in-process, with its exit code and stderr; `load`: a study of a SQLite file that `optimize` wrote; `FakeServer`: vLLM's OpenAI completions stream, as
+aiohttp.web serves it, for the HTTP client and the measure-only engine.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import optuna
+from aiohttp import web
 
 from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
 from optimizer.config.settings import StudyConfig
@@ -49,3 +54,49 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
 def load(studies, name: str = "default") -> optuna.Study:
     """Study `name` of `studies/<name>.db`, as `optimize --studies-dir STUDIES` writes it."""
     return optuna.load_study(study_name=name, storage=f"sqlite:///{studies}/{name}.db")
+
+
+class FakeServer:
+    """Streams `n` tokens per request in SSE chunks of `per_chunk`; optionally without token_ids, or dropping."""
+
+    def __init__(self, token_ids=True, per_chunk=2, reset=True, drop_after=None, hang_up_first=False):
+        self.token_ids, self.per_chunk, self.reset, self.drop_after = token_ids, per_chunk, reset, drop_after
+        self.hang_up_first = hang_up_first
+        self.payloads, self.resets = [], 0
+        self.app = web.Application()
+        self.app.router.add_get("/health", lambda r: web.Response())
+        self.app.router.add_get("/v1/models", lambda r: web.json_response(
+            {"data": [{"id": "fake", "root": "/nowhere/fake", "max_model_len": 512}]}))
+        self.app.router.add_post("/v1/completions", self.completions)
+        if reset:
+            self.app.router.add_post("/reset_prefix_cache", self.reset_cache)
+
+    async def reset_cache(self, request):
+        self.resets += 1
+        return web.json_response({"success": self.resets > 1})  # the first try finds blocks still held
+
+    async def completions(self, request):
+        payload = await request.json()
+        self.payloads.append(payload)
+        if self.hang_up_first and len(self.payloads) == 1:
+            request.transport.close()  # what a kept-alive connection closed by the server looks like to a client
+            return web.Response()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        left, sent = payload["max_tokens"], 0
+        while left:
+            n = min(self.per_chunk, left)
+            choice = {"index": 0, "text": " w5" * n, "finish_reason": None if left > n else "length"}
+            if self.token_ids:
+                choice["token_ids"] = [5] * n
+            data = f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+            for i in range(0, len(data), 7):  # split mid-message: the client must reassemble
+                await resp.write(data[i:i + 7])
+            left, sent = left - n, sent + 1
+            if self.drop_after is not None and sent >= self.drop_after:
+                request.transport.close()
+                return resp
+            await asyncio.sleep(0.001)
+        usage = {"completion_tokens": payload["max_tokens"], "prompt_tokens": len(payload["prompt"])}
+        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+        return resp
