@@ -57,24 +57,25 @@ def goodput(trial: FrozenTrial) -> float:
     return float(trial.values[0])
 
 
-def study_limit_ms(study: optuna.Study) -> float:
-    """The TTFT P99 limit the study searched with, from its stored config."""
+def _stored_config(study: optuna.Study) -> dict[str, Any]:
+    """The study's stored config as a dict (one read of the study's attributes: a storage query)."""
     raw = STUDY_CONFIG.of(study)
     if raw is None:
         raise ValueError(f"study {study.study_name!r} has no stored config: it was not made by optimize")
-    return float(json.loads(raw)["ttft_p99_ms"])
+    return json.loads(raw)
 
 
-def _engine_args(study: optuna.Study) -> dict[str, Any]:
-    raw = STUDY_CONFIG.of(study)
-    return dict(json.loads(raw).get("engine_args") or {}) if raw else {}
+def study_limit_ms(study: optuna.Study) -> float:
+    """The TTFT P99 limit the study searched with, from its stored config."""
+    return float(_stored_config(study)["ttft_p99_ms"])
 
 
 def scored_best_first(study: optuna.Study, limit_ms: float | None = None) -> list[tuple[FrozenTrial, Ranked]]:
     """The finished trials that meet the limit (default: the study's own) with their ranked points, best first."""
-    limit = study_limit_ms(study) if limit_ms is None else limit_ms
+    stored = _stored_config(study)
+    limit = float(stored["ttft_p99_ms"]) if limit_ms is None else limit_ms
     trials = sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number)
-    ranked = rank_trials(trials, _engine_args(study), limit)
+    ranked = rank_trials(trials, stored.get("engine_args") or {}, limit)
     by_number = {t.number: t for t in trials}
     order = sorted((n for n, r in ranked.items() if r.answerable),
                    key=lambda n: (-ranked[n].output_throughput_tok_s, ranked[n].ttft_p99_ms, n))
