@@ -29,8 +29,12 @@ def _export(ns: argparse.Namespace) -> int:
     from optimizer.search.score import recommended
     from optimizer.search.runner import model_path
 
+    from optimizer.search.confirm import confirmed_numbers
+
     config, study = load_study(ns)
-    done = export_all(recommended(study), config, Path(ns.out or ns.studies_dir), model_path(config))
+    best = recommended(study)
+    confirmed = confirmed_numbers(study, best.number) if best is not None else None
+    done = export_all(best, config, Path(ns.out or ns.studies_dir), model_path(config), confirmed)
     print(done.command)
     print(f"wrote {done.yaml_path} (use: vllm serve --config {done.yaml_path})", file=sys.stderr)
     print(f"wrote {done.json_path} (use: AsyncEngineArgs(**json.load(f)['engine_args']))", file=sys.stderr)

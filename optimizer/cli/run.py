@@ -48,6 +48,10 @@ def build_parser(epilog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--trial-timeout", help="wall-clock limit of one trial, e.g. 30min (default 30min)")
     p.add_argument("--repeats", type=str, help="replays at each trial's best rate, whose medians are its numbers "
                    "(default 1; the baseline always runs 3: their spread is the study's noise level)")
+    p.add_argument("--confirm", metavar="N", help="after the search, measure vLLM's defaults, the recommendation and "
+                   "its closest rival again in N alternating rounds, each on a fresh engine with the rate bisected to "
+                   "within 3%%, and choose from those numbers, with 95%% intervals (default 3, taking at most a "
+                   "quarter of a trial budget; the runs come out of --budget; 0: none)")
     p.add_argument("--prescreen", type=str, help="first run N trials on the simulated engine (study NAME.sim, "
                    "seconds, no engine starts) and queue their best and least certain configs before the real ones")
     p.add_argument("--calibration", help="step-time model written by `optimize calibrate`, for the simulator "
@@ -76,6 +80,8 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
     out.update(budget_settings(ns.budget or []))
     if ns.repeats is not None:
         out["repeats"] = positive_int(ns.repeats, "--repeats")
+    if ns.confirm is not None:
+        out["confirm"] = 0 if ns.confirm.strip() == "0" else positive_int(ns.confirm, "--confirm")
     if ns.trial_timeout is not None:
         out["trial_timeout_s"] = parse_duration_ms(ns.trial_timeout, "--trial-timeout") / 1000
     if ns.prescreen is not None:
@@ -220,6 +226,9 @@ def run_study(ns: argparse.Namespace) -> int:
 
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
     config, stored = resolve_config(ns)
+    from optimizer.search.confirm import plan
+
+    plan(config.budget, config.confirm)  # a --confirm the budget cannot hold fails here, before anything is written
     prepared = prepare(config, Path(ns.studies_dir), say)
     config = prepared.config  # with the count a pilot chose (--num-requests auto)
     if stored is not None:

@@ -87,6 +87,9 @@ class StudyConfig(StrictModel):
         default_factory=dict, description="Extra AsyncEngineArgs fixed for every trial (e.g. dtype)."
     )
     trial_timeout_s: float = Field(1800, gt=0, description="Wall-clock limit of one trial.")
+    confirm: int | None = Field(None, ge=0, description="Confirmation rounds after the search (search/confirm.py): "
+                                                        "None is the default (3, at most a quarter of a trial "
+                                                        "budget); 0: none.")
     repeats: int = Field(1, ge=1, description="Replays at each trial's best rate (1 + repeats - 1 again); the "
                                               "trial's values are their medians. The baseline runs at least 3.")
     backend: Literal["inprocess", "http"] = Field(

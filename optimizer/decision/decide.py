@@ -18,11 +18,11 @@ from optimizer.core.errors import UsageError
 from optimizer.core.units import format_ms
 from optimizer.decision.importance import param_importances
 from optimizer.decision.trial import TrialView
-from optimizer.measurement.noise import beats, median, required_gain
-from optimizer.measurement.rerank import Answer, merge_repeats, pareto_front, recommend
+from optimizer.measurement.noise import beats, required_gain
+from optimizer.measurement.rerank import Answer, pareto_front, recommend
 from optimizer.params.deploy import label as deploy_label
-from optimizer.search.score import compared_per_gpu, rank_trials
-from optimizer.search.study import FINISHED
+from optimizer.search.score import Confirmation, compared_per_gpu, confirmation, noise_cv, rank_trials, tied_with
+from optimizer.search.study import search_trials
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,12 @@ class Decision:
     noise_cv: float = math.nan  # the study's noise level: CV of throughput over repeated replays at one rate
     arrivals: str = "poisson"  # the workload's arrivals (the burst aside): poisson, constant, closed_loop
     defaults_of: str = "vllm serve"  # whose defaults the baseline is (optimizer/params/deploy.py)
+    confirmation: Confirmation | None = None  # the configs measured again after the search (at the study's limit)
+
+    @property
+    def confirmed(self) -> bool:
+        """True when the recommendation and the gain come from the confirmation's rounds."""
+        return self.confirmation is not None and self.confirmation.usable
 
     def required_gain(self, a: TrialView, b: TrialView) -> float:
         """The relative gain `a` needs over `b` to count as better: the larger of the replays' noise (Z standard
@@ -57,10 +63,18 @@ class Decision:
 
     @property
     def ties(self) -> list[TrialView]:
-        """Front trials the recommendation does not beat beyond noise: as good as it, as far as we can measure."""
+        """Trials the measurements do not rank apart from the recommendation: confirmed configs whose interval
+        overlaps its interval; without a confirmation, front trials whose bracket (the rate passed to the rate
+        failed, widened by the study's noise) overlaps its bracket."""
         if self.best is None:
             return []
-        return [v for v in self.front if v is not self.best and not self.beyond_noise(self.best, v)]
+        by_number = {v.number: v for v in self.views}
+        if self.confirmed:
+            assert self.confirmation is not None
+            return [by_number[c.number] for c in self.confirmation.configs if self.confirmation.tied(c)]
+        tied = set(tied_with(self.best.ranked, {v.number: v.ranked for v in self.front if v is not self.best},
+                             self.noise_cv))
+        return [v for v in self.front if v.number in tied]
 
     @property
     def reranked(self) -> bool:
@@ -68,11 +82,29 @@ class Decision:
 
     @property
     def gain_pct(self) -> float | None:
-        """Throughput gain of the recommendation over vLLM's defaults, when both meet the limit."""
+        """Throughput gain of the recommendation over vLLM's defaults, when both meet the limit: the median of the
+        confirmation's per-round gains when confirmed, else the ratio of the two search trials' numbers."""
+        if self.confirmed and self.best is not None and self.baseline is not None:
+            assert self.confirmation is not None
+            if self.best is self.baseline:
+                return 0.0
+            gain = self.confirmation.gain(self._confirmed(self.best))
+            return gain.median * 100 if gain is not None and gain.n else None
         if self.best is None or self.baseline is None or not self.baseline.ranked.answerable:
             return None
         base = self.baseline.ranked.output_throughput_tok_s
         return (self.best.ranked.output_throughput_tok_s / base - 1) * 100 if base > 0 else None
+
+    def _confirmed(self, v: TrialView) -> Any:
+        assert self.confirmation is not None
+        return next(c for c in self.confirmation.configs if c.number == v.number)
+
+    def confirmed_of(self, v: TrialView) -> Any:
+        """`v`'s confirmation (a search.score.Confirmed), None where it was not measured again."""
+        if not self.confirmed:
+            return None
+        assert self.confirmation is not None
+        return next((c for c in self.confirmation.configs if c.number == v.number), None)
 
     def history(self) -> list[tuple[int, float | None, float | None]]:
         """(trial number, its throughput within the limit or None, best so far or None), by trial number."""
@@ -96,18 +128,23 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     other latency limits (TPOT, ITL, E2E P99), from the stored curves."""
     limit = config.ttft_p99_ms if limit_ms is None else limit_ms
     other = dict(other_limits_ms or {})
-    trials = sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number)
+    trials = sorted(search_trials(study), key=lambda t: t.number)  # confirmation runs are not search trials
     ranked = rank_trials(trials, config.engine_args, limit, other)  # the one score (search/score.py)
     views = [TrialView(t, ranked[t.number]) for t in trials]
     by_number = {v.number: v for v in views}
     front = [by_number[n] for n in pareto_front(ranked)]
     best_n = recommend(ranked)
+    own_limit = math.isclose(limit, config.ttft_p99_ms) and not other
+    confirmed = confirmation(study) if own_limit else None  # measured at the study's limit only
+    if confirmed is not None and confirmed.best is not None and confirmed.best.number in by_number:
+        best_n = confirmed.best.number  # chosen from the confirmed numbers (search/score.py::recommended)
     best = by_number[best_n] if best_n is not None else None
     base = next((v for v in views if v.baseline), None)
     importances, note = param_importances(views)
     decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note,
-                        other_limits_ms=other, noise_cv=study_noise_cv(views),
-                        arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as))
+                        other_limits_ms=other, noise_cv=noise_cv(trials),
+                        arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as),
+                        confirmation=confirmed)
     if compared_per_gpu(trials, config.engine_args):
         decision.notes.append("trials use different numbers of GPUs (tensor x pipeline x data parallel): output "
                               "throughput is compared per GPU")
@@ -126,13 +163,6 @@ def _arrivals_label(w: Any) -> str:
     if w.arrivals == "poisson" and w.burstiness != 1.0:
         return "gamma"
     return "trace" if w.trace and w.trace_timing == "original" else w.arrivals
-
-
-def study_noise_cv(views: list[TrialView]) -> float:
-    """Median CV of throughput over every rate replayed more than once (the baseline's repeats at least)."""
-    cvs = [p["output_throughput_cv"] for v in views for p in merge_repeats(v.curve)
-           if p.get("replays", 1) > 1 and not math.isnan(p.get("output_throughput_cv", math.nan))]
-    return median(cvs) if cvs else math.nan
 
 
 def _replays(v: TrialView) -> int:

@@ -21,32 +21,38 @@ from optimizer.search.attrs import BASELINE_NOTE, PRUNED_REASON
 def _row(label: str, v: Any) -> list[str]:
     """One line of the end table from a decision.TrialView (None: no such trial)."""
     if v is None:
-        return [label, "-", "-", "-", "-", "-"]
+        return [label, "-", "-", "-", "-", "-", "-"]
     trial = v.trial
     if trial.state == TrialState.PRUNED:
-        return [label, f"#{trial.number}", "cannot run", PRUNED_REASON.of(trial) or "?", "-", "-"]
+        return [label, f"#{trial.number}", "cannot run", PRUNED_REASON.of(trial) or "?", "-", "-", "-"]
     p = v.ranked.point
     if p is None:
-        return [label, f"#{trial.number}", "misses limit at every rate", "-", "-", "-"]
+        return [label, f"#{trial.number}", "misses limit at every rate", "-", "-", "-", "-"]
     rate = p.get("offered_rate_rps")
     replays = p.get("replays", 1)
+    failed = v.ranked.next_rate_rps
     return [label, f"#{trial.number}", f"{v.ranked.output_throughput_tok_s:.1f}" + (f" (median of {replays})"
                                                                                      if replays > 1 else ""),
-            "burst" if rate is None else f"{rate:.2f}", format_ms(p.get("ttft_p50_ms", math.nan)),
-            format_ms(p.get("ttft_p99_ms", math.nan))]
+            "burst" if rate is None else f"{rate:.2f}", "-" if failed is None else f"{failed:.2f}",
+            format_ms(p.get("ttft_p50_ms", math.nan)), format_ms(p.get("ttft_p99_ms", math.nan))]
 
 
 def summary_text(study: optuna.Study, config: StudyConfig) -> str:
-    """The end-of-study table, baseline against recommendation, then what `optimize report` says of them: gain
-    (and whether it is more than noise), changed parameters, importances, caveats. One decision (decision/decide.py)."""
+    """The end-of-study table, baseline against recommendation (confirmed: each config's median over the rounds with
+    its 95% interval, and the gain with its interval), then what `optimize report` says of them: changed parameters,
+    importances, caveats. One decision (decision/decide.py)."""
     from optimizer.decision.decide import decide
-    from optimizer.decision.views import summary_lines
+    from optimizer.decision.views import confirmation_lines, confirmation_rows, summary_lines
 
     d = decide(study, config)
-    header = ["config", "trial", "output tok/s", "rate req/s", "TTFT P50", "TTFT P99"]
-    out = [f"TTFT P99 limit {format_ms(config.ttft_p99_ms)}; throughput at the highest rate sustained within it",
-           format_output([dict(zip(header, _row(f"vLLM defaults ({d.defaults_of})", d.baseline))),
-                          dict(zip(header, _row("recommended", d.best)))], "table")]
+    if d.confirmed:
+        out = [*confirmation_lines(d)[:1], format_output(confirmation_rows(d), "table")]
+    else:
+        header = ["config", "trial", "output tok/s", "rate req/s", "failed at req/s", "TTFT P50", "TTFT P99"]
+        out = [f"TTFT P99 limit {format_ms(config.ttft_p99_ms)}; throughput at the highest rate sustained within "
+               f"it, and the next rate tried above it, which missed (not confirmed: one measurement each)",
+               format_output([dict(zip(header, _row(f"vLLM defaults ({d.defaults_of})", d.baseline))),
+                              dict(zip(header, _row("recommended", d.best)))], "table")]
     note = BASELINE_NOTE.of(d.baseline.trial) if d.baseline is not None else None
     if note:
         out.append(f"note: {note}")

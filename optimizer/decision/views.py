@@ -10,26 +10,30 @@ from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision, rate_text, resolution
 from optimizer.decision.tables import check_format, format_output
 from optimizer.decision.trial import TrialView
+from optimizer.measurement.noise import median
 from optimizer.measurement.rerank import Answer, qualifies
 from optimizer.params.space import SEARCHABLE, distance_to_default
 from optimizer.search.attrs import LIMITED_BY, TELEMETRY
 
 
-def _role(d: Decision, v: TrialView) -> str:
-    roles = (["recommended"] if d.best is v else []) + (["baseline"] if v.baseline else [])
+def _role(d: Decision, v: TrialView, tied: frozenset[int] = frozenset()) -> str:
+    roles = (["recommended"] if d.best is v else []) + (["baseline"] if v.baseline else []) \
+        + (["tied"] if v.number in tied else [])
     return ", ".join(roles)
 
 
-def trial_row(d: Decision, v: TrialView, params: list[str]) -> dict[str, Any]:
-    """One trial's row: the chosen point's numbers (units in the keys) and its engine values."""
+def trial_row(d: Decision, v: TrialView, params: list[str], tied: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """One trial's row: the chosen point's numbers (units in the keys), the rate it failed above them (its bracket),
+    whether the measurements tie it with the recommendation, and its engine values."""
     p = v.ranked.point or {}
     cfg = v.engine_config
     return {
         "trial": v.number,
-        "role": _role(d, v),
+        "role": _role(d, v, tied),
         "output_throughput_tok_s": p.get("output_throughput_tok_s"),
         "arrivals": None if not p else "burst" if p.get("offered_rate_rps") is None else d.arrivals,
         "rate_rps": p.get("offered_rate_rps"),
+        "failed_rate_rps": v.ranked.next_rate_rps,
         "ttft_p50_ms": p.get("ttft_p50_ms"),
         "ttft_p99_ms": p.get("ttft_p99_ms"),
         "tpot_p99_ms": p.get("tpot_p99_ms"),
@@ -48,7 +52,8 @@ def _shown_params(d: Decision) -> list[str]:
 def front_rows(d: Decision, with_params: bool = True) -> list[dict[str, Any]]:
     """The feasible Pareto front as rows, highest throughput first, with the engine parameters that differ."""
     params = _shown_params(d) if with_params else []
-    return [trial_row(d, v, params) for v in d.front]
+    tied = frozenset(v.number for v in d.ties)
+    return [trial_row(d, v, params, tied) for v in d.front]
 
 
 def params_rows(d: Decision) -> list[dict[str, Any]]:
@@ -73,19 +78,22 @@ def summary_lines(d: Decision) -> list[str]:
                "recommended: none: no trial meets the limit")
     if d.baseline is not None:
         out.append(f"vLLM defaults ({d.defaults_of}, baseline): {_describe(d.baseline)}")
-    if d.gain_pct is not None and d.best is not None and d.baseline is not None:
+    if d.confirmed:
+        out += confirmation_lines(d)[1:]
+    elif d.gain_pct is not None and d.best is not None and d.baseline is not None:
         bounds = d.best.ranked.answer == Answer.LOWER_BOUND, d.baseline.ranked.answer == Answer.LOWER_BOUND
         qualifier = ("; the baseline's number is a lower bound too, so the gain is uncertain" if bounds[1] else
                      "; at least that much, as the recommendation's number is a lower bound" if bounds[0] else "")
         if not d.beyond_noise(d.best, d.baseline) and d.best is not d.baseline:
-            qualifier += (f"; within measurement noise ({_noise_text(d, d.best, d.baseline)}): not proven better "
-                          f"than vLLM's defaults; benchmarks/ab_gain.py --study {d.study_name} measures both again")
-        out.append(f"gain over vLLM's defaults ({d.defaults_of}): {d.gain_pct:+.1f}% output throughput{qualifier}")
+            qualifier += (f"; tied: within measurement noise ({_noise_text(d, d.best, d.baseline)}): not proven "
+                          f"better than vLLM's defaults (--confirm N measures both again, with intervals)")
+        out.append(f"gain over vLLM's defaults ({d.defaults_of}): {d.gain_pct:+.1f}% output throughput "
+                   f"(one measurement each){qualifier}")
     ties = [v for v in d.ties if v is not d.baseline]  # the gain line speaks of the baseline
-    if ties:
-        out.append("as good as the recommendation within measurement noise: "
+    if ties and not d.confirmed:
+        out.append("tied with the recommendation (their brackets, the rate passed to the rate failed, overlap): "
                    + ", ".join(f"#{v.number} ({v.ranked.output_throughput_tok_s:.1f} tok/s)" for v in ties)
-                   + f" ({_noise_text(d, d.best, ties[0])}); optimize verify picks the most robust of them")
+                   + "; optimize verify picks the most robust of them")
     if d.best is not None and d.baseline is not None and d.best is not d.baseline:
         changed = distance_to_default(d.best.engine_config, d.baseline.engine_config)
         if changed:
@@ -96,6 +104,88 @@ def summary_lines(d: Decision) -> list[str]:
     else:
         out.append(f"parameter importance: {d.importance_note}")
     out += [f"note: {n}" for n in d.notes]
+    return out
+
+
+def _interval_text(low: float, high: float, pct: bool = False) -> str:
+    if pct:
+        return f"[{low * 100:+.1f}%, {high * 100:+.1f}%]"
+    return f"[{low:.1f}, {high:.1f}]"
+
+
+def confirmation_rows(d: Decision) -> list[dict[str, Any]]:
+    """The confirmed configs, vLLM's defaults first: each one's median over the full rounds with its 95% interval,
+    its gain over the defaults with its interval, the rate bracket of its median round and its search number."""
+    c = d.confirmation
+    assert c is not None
+    rows = []
+    for conf in c.configs:
+        v = next(x for x in d.views if x.number == conf.number)
+        iv = c.interval(conf)
+        role = f"vLLM defaults ({d.defaults_of})" if conf.baseline else (
+            "recommended" if d.best is v else "tied" if c.tied(conf) else "measured again")
+        if conf.baseline and d.best is v:
+            role += ", recommended"
+        elif conf.baseline and c.tied(conf):
+            role += ", tied"
+        gain = c.gain(conf)
+        passed = [p for r in c.full_rounds if (p := conf.bracket_rps(r)[0]) is not None]
+        failed = [f for r in c.full_rounds if (f := conf.bracket_rps(r)[1]) is not None]
+        rows.append({
+            "config": role, "trial": f"#{conf.number}",
+            "output tok/s": f"{iv.median:.1f}",
+            "95% interval": _interval_text(iv.low, iv.high) if iv.known else "-",
+            "gain": "-" if gain is None or not gain.n else f"{gain.median * 100:+.1f}%",
+            "gain 95% interval": _interval_text(gain.low, gain.high, pct=True) if gain is not None and gain.known
+            else "-",
+            "rate req/s": f"{median(passed):.2f}" if passed else "-",
+            "failed at req/s": f"{median(failed):.2f}" if failed else "-",
+            "in the search tok/s": f"{v.ranked.output_throughput_tok_s:.1f}" if v.ranked.answerable else "misses",
+        })
+    return rows
+
+
+def confirmation_lines(d: Decision) -> list[str]:
+    """The confirmation's title, then its verdict in sentences: the gain with its interval, and what is tied."""
+    c = d.confirmation
+    assert c is not None and d.best is not None
+    rounds = len(c.full_rounds)
+    done = f"{rounds} rounds" if rounds == c.rounds else f"{rounds} of {c.rounds} planned rounds"
+    out = [f"TTFT P99 limit {format_ms(d.limit_ms)}; confirmed in {done}, alternating, each config on a fresh engine, "
+           f"its rate at the limit bisected to within 3%: median throughput, 95% interval of the mean (Student t)"]
+    best = d.confirmed_of(d.best)
+    base = c.base
+    if base is None:
+        out.append("vLLM's defaults were not measured again (they did not run): no gain to confirm")
+    elif best is base:
+        others = [x for x in c.configs if x is not base]
+        shown = ", ".join(f"#{x.number} {g.median * 100:+.1f}%" + (f" {_interval_text(g.low, g.high, True)}"
+                                                                   if g.known else "")
+                          for x in others if (g := c.gain(x)) is not None and g.n)
+        out.append(f"vLLM's defaults ({d.defaults_of}) measured best in the confirmation: keep them"
+                   + (f" (measured again against them: {shown})" if shown else ""))
+    else:
+        gain = c.gain(best)
+        assert gain is not None
+        if not gain.known:
+            out.append(f"gain over vLLM's defaults ({d.defaults_of}): {gain.median * 100:+.1f}% output throughput, "
+                       f"from {gain.n} round: no interval (--confirm 2 or more gives one)")
+        elif gain.low > 0:
+            out.append(f"gain over vLLM's defaults ({d.defaults_of}): {gain.median * 100:+.1f}% output throughput, "
+                       f"95% interval {_interval_text(gain.low, gain.high, True)} over {gain.n} rounds: confirmed")
+        else:
+            out.append(f"gain over vLLM's defaults ({d.defaults_of}): {gain.median * 100:+.1f}% output throughput, "
+                       f"95% interval {_interval_text(gain.low, gain.high, True)} over {gain.n} rounds: tied with "
+                       f"vLLM's defaults (the interval includes no gain): deploy either; the defaults are the "
+                       f"simpler choice, the recommendation the better bet")
+    tied = [x for x in c.configs if c.tied(x) and not x.baseline]
+    if tied:
+        out.append("tied with the recommendation (their intervals overlap): "
+                   + ", ".join(f"#{x.number} ({c.interval(x).median:.1f} tok/s)" for x in tied)
+                   + "; optimize verify picks the most robust of them")
+    if not c.complete:
+        out.append(f"note: the confirmation is incomplete ({c.runs_done} of {c.rounds * len(c.configs)} runs): run "
+                   f"the same command again to finish it")
     return out
 
 
@@ -157,4 +247,6 @@ def render(d: Decision, fmt: str) -> tuple[str, list[str]]:
     parts = [title(d), format_output(front_rows(d, with_params=False), "table") if d.front else "(no trial)"]
     if d.front:
         parts += ["", format_output(params_rows(d), "table")]
+    if d.confirmed:
+        parts += ["", confirmation_lines(d)[0], format_output(confirmation_rows(d), "table")]
     return "\n".join([*parts, "", *summary_lines(d)]), []

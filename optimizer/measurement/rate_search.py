@@ -76,6 +76,16 @@ class RateSearchResult:
     def feasible(self) -> bool:
         return self.best is not None
 
+    @property
+    def failed_rate_rps(self) -> float | None:
+        """The lowest Poisson rate tried above the best that missed the limit: with the best's rate, the bracket
+        the rate at the limit lies in (None: nothing above it was tried, or there is no best)."""
+        if self.best is None or not math.isfinite(self.best.offered_rate_rps):
+            return None
+        above = [p.offered_rate_rps for p in self.points
+                 if self.best.offered_rate_rps < p.offered_rate_rps < math.inf and not p.feasible]
+        return min(above, default=None)
+
     def violation_ms(self, limit_ms: float) -> float:
         """How far the closest point missed the limit (0 when feasible): the constraint Optuna learns from."""
         if self.best is not None:
@@ -150,6 +160,70 @@ async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSp
         if len(result.points) >= spec.max_replays or hi / lo.offered_rate_rps < 1.05:
             break
         mid = (lo.offered_rate_rps + hi) / 2
+        point = await probe(mid)
+        if point.feasible:
+            lo = point
+        else:
+            hi = mid
+    result.best = lo
+    return result
+
+
+# The confirmation resolves each config's rate at the limit until the rate it passed and the rate it failed are
+# within this fraction of each other.
+BRACKET_PRECISION = 0.03
+BRACKET_STEP = 1.15  # from the starting rate, up (it passed) or down (it failed) by this factor until it turns
+BRACKET_MAX_REPLAYS = 10
+
+
+async def bisect_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSpec, start_rps: float,
+                      failed_rps: float | None = None, precision: float = BRACKET_PRECISION,
+                      max_replays: int = BRACKET_MAX_REPLAYS) -> RateSearchResult:
+    """The rate at the limit, finely: start where an earlier search put it (`start_rps`, and the rate it failed,
+    `failed_rps`, when known), step by BRACKET_STEP until the limit is crossed, then bisect (geometric middle)
+    until the rate passed and the rate failed are within `precision` of each other, in at most `max_replays`.
+
+    A `start_rps` of inf (the earlier search met the limit even with a burst) replays the burst first: when it
+    meets the limit again there is nothing higher to find. The result's best point is the highest rate passed
+    (None when no rate down to `spec.min_rate_rps` did); its curve holds the rate failed above it."""
+    result = RateSearchResult()
+
+    async def probe(rate: float) -> CurvePoint:
+        point = CurvePoint.of(await replay_at(rate), limit_ms, spec.sustain_ratio)
+        result.points.append(point)
+        return point
+
+    if math.isinf(start_rps):
+        burst = await probe(math.inf)
+        if burst.feasible:
+            result.best = burst
+            return result
+        start_rps = burst.request_throughput_rps * spec.step_down
+        if not start_rps > 0:
+            return result
+    lo: CurvePoint | None = None
+    hi: float | None = None
+    point = await probe(start_rps)
+    if point.feasible:
+        lo = point
+        rate = failed_rps if failed_rps is not None and failed_rps > start_rps else start_rps * BRACKET_STEP
+        while len(result.points) < max_replays:
+            point = await probe(rate)
+            if not point.feasible:
+                hi = rate
+                break
+            lo, rate = point, rate * BRACKET_STEP
+    else:
+        hi, rate = start_rps, start_rps / BRACKET_STEP
+        while len(result.points) < max_replays and rate >= spec.min_rate_rps:
+            point = await probe(rate)
+            if point.feasible:
+                lo = point
+                break
+            hi, rate = rate, rate / BRACKET_STEP
+    while lo is not None and hi is not None and hi / lo.offered_rate_rps > 1 + precision \
+            and len(result.points) < max_replays:
+        mid = math.sqrt(lo.offered_rate_rps * hi)
         point = await probe(mid)
         if point.feasible:
             lo = point

@@ -65,6 +65,8 @@ PRESCREEN: Attr[str | None] = Attr("prescreen", None, "queued by the pre-screen:
 SIM_GOODPUT_TOK_S: Attr[float | None] = Attr("sim_goodput_tok_s", None, "a pre-screen pick's simulated goodput")
 RUN: Attr[bool] = Attr("run", False, "benchmarks/repeatability.py: one of its repeated runs")
 AB: Attr[str | None] = Attr("ab", None, "benchmarks/ab_gain.py: which side of the A/B ('defaults', 'recommended')")
+CONFIRM: Attr[Json | None] = Attr("confirm", None, "a confirmation run, not a search trial: {plan, of (the trial it "
+                                                   "measures again), round} (search/confirm.py)")
 
 # --- on a trial: who ran it, and its engine's processes ------------------------------------------------------------
 WORKER: Attr[Json | None] = Attr("worker", None, "the optimize process running it: {host, pid, create_time}")
@@ -96,7 +98,8 @@ PRUNED_REASON: Attr[str | None] = Attr("pruned_reason", None, "why it cannot run
 PRUNED_DETAIL: Attr[str] = Attr("pruned_detail", "", "the message behind pruned_reason, at most 1000 characters")
 
 TRIAL_ATTRS: tuple[Attr[Any], ...] = (
-    BASELINE, RETRY_OF, PRESCREEN, SIM_GOODPUT_TOK_S, RUN, AB, WORKER, ENGINE_PROCESSES, ENGINE_PIDS, INTERRUPTED,
+    BASELINE, RETRY_OF, PRESCREEN, SIM_GOODPUT_TOK_S, RUN, AB, CONFIRM, WORKER, ENGINE_PROCESSES, ENGINE_PIDS,
+    INTERRUPTED,
     ENVIRONMENT_CAUSE, ENGINE_PARAMS, ENGINE_CONFIG, BASELINE_NOTE, MEMORY_WAITED_FOR, MEMORY_ESTIMATE_GIB, LOG_FILE,
     LOG_EXCERPT, ENGINE_START_PHASES, TELEMETRY, TIMINGS, CURVE, RESULT, LIMITED_BY, PRUNED_REASON, PRUNED_DETAIL,
 )
@@ -114,8 +117,10 @@ STUDY_PRESCREEN: StudyAttr[Json | None] = StudyAttr("prescreen", None, "the pre-
 STUDY_P99_STABILITY: StudyAttr[Json | None] = StudyAttr("p99_stability", None,
                                                         "how well the recommendation's replay pinned TTFT P99")
 STUDY_VERIFY: StudyAttr[Json | None] = StudyAttr("verify", None, "`optimize verify`'s results and its choice")
+STUDY_CONFIRMATION: StudyAttr[Json | None] = StudyAttr("confirmation", None, "the confirmation's plan: {plan, rounds, "
+                                                       "candidates, baseline, why} (search/confirm.py)")
 
 STUDY_ATTRS: tuple[StudyAttr[Any], ...] = (
     STUDY_CONFIG, STUDY_MACHINE, STUDY_DEMO_SCALE, STUDY_REQUESTS_CHOICE, STUDY_PRESCREEN, STUDY_P99_STABILITY,
-    STUDY_VERIFY,
+    STUDY_VERIFY, STUDY_CONFIRMATION,
 )

@@ -69,8 +69,11 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
     except OptimizerError as exc:
         say(f"probe failed ({str(exc)[:200]}; see {log_path}): keeping {DEMO_LADDER[0].name}")
         return config, None
+    from optimizer.search.confirm import plan
+
     budget = config.budget or 40
-    scale = choose_scale(result, config.ttft_p99_ms, budget, config.workload.num_requests)
+    runs = plan(config.budget, config.confirm).runs if config.budget is not None else 0
+    scale = choose_scale(result, config.ttft_p99_ms, budget, config.workload.num_requests, confirm_runs=runs)
     say(f"probe: lone {result.prompt_tokens}-token prefill {format_ms(result.prefill_ms)}, "
         f"{result.decode_ms:.1f} ms per output token, burst ceiling {result.burst_rps:.1f} req/s, engine start "
         f"{result.start_s:.0f} s")
@@ -86,7 +89,8 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
         fit = max(int((config.deadline_unix_s - time.time()) / per_trial_s), 0)
         duration = f"estimated ~{per_trial_s:.0f} s per trial: about {fit} trials before the deadline"
     else:
-        duration = f"estimated duration ~{scale.estimated_s / 60:.0f} min for {budget} trials"
+        duration = f"estimated duration ~{scale.estimated_s / 60:.0f} min for {budget} trials" + (
+            f", {runs} of them confirmation runs" if runs else "")
     update: dict[str, Any] = {"model": scale.model}
     if scale.num_requests and scale.num_requests < config.workload.num_requests:
         verdict += (f"; {scale.num_requests} requests per replay instead of {config.workload.num_requests}, to end "

@@ -27,7 +27,7 @@ from optimizer.hardware.device import visible_gpus
 from optimizer.measurement.engine import Engine, EngineFactory, ReportsEngineStats
 from optimizer.measurement.limits import diagnose, summarize_engine
 from optimizer.measurement.metrics import summarize
-from optimizer.measurement.rate_search import find_max_rate
+from optimizer.measurement.rate_search import bisect_rate, find_max_rate
 from optimizer.measurement.replay import replay, replay_closed_loop
 from optimizer.measurement.telemetry import for_device
 from optimizer.measurement.workload import Workload, fixed_load_rate
@@ -37,11 +37,13 @@ from optimizer.params.preflight import (
 )
 from optimizer.params.space import Space
 from optimizer.search.attrs import (
-    BASELINE, BASELINE_NOTE, CURVE, ENGINE_CONFIG, ENGINE_PARAMS, ENGINE_PIDS, ENGINE_PROCESSES, ENGINE_START_PHASES,
+    BASELINE, BASELINE_NOTE, CONFIRM, CURVE, ENGINE_CONFIG, ENGINE_PARAMS, ENGINE_PIDS, ENGINE_PROCESSES, ENGINE_START_PHASES,
     ENVIRONMENT_CAUSE, INTERRUPTED, LIMITED_BY, LOG_EXCERPT, LOG_FILE, MEMORY_ESTIMATE_GIB, MEMORY_WAITED_FOR,
     PRUNED_DETAIL, PRUNED_REASON, RESULT, TELEMETRY, TIMINGS, WORKER,
 )
 from optimizer.search.breaker import StartFailureBreaker, environment_cause
+from optimizer.search.confirm import start_rates
+from optimizer.search.incumbent import fair_incumbent_rate
 from optimizer.search.dashboard import set_constraint
 from optimizer.search.records import RecordStore
 from optimizer.search.recovery import worker_identity
@@ -103,6 +105,9 @@ class Objective:
             raise
 
     def trial_params(self, trial: optuna.Trial) -> dict[str, Any]:
+        confirm = CONFIRM.of(trial)
+        if confirm is not None:  # a confirmation run: the candidate's engine arguments, as its search trial ran them
+            return dict(confirm["params"])
         if BASELINE.of(trial):
             # vLLM's own defaults for every searched knob; only the user's fixed values apply.
             return {k: v for k, v in self.space.fixed.items() if k != "max_model_len"}
@@ -127,10 +132,11 @@ class Objective:
             engine_points: list[dict[str, Any] | None] = []  # per replay, in curve order
             telemetry = for_device(self.config.device, self.nvml)
             try:
-                incumbent = _incumbent_rate(trial) if self.early_stop else None
+                confirm = CONFIRM.of(trial)
+                incumbent = fair_incumbent_rate(trial.study) if self.early_stop and confirm is None else None
                 with telemetry:
                     search = await asyncio.wait_for(self._measure(engine, incumbent, trial.number, engine_points,
-                                                                  self._repeats(trial)),
+                                                                  self._repeats(trial), confirm),
                                                     timeout=self.config.trial_timeout_s)
             except asyncio.TimeoutError:
                 self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
@@ -158,6 +164,7 @@ class Objective:
                                                                   else math.inf))
         summary = {"feasible": search.feasible, "stopped_early": search.stopped_early,
                    "rate_rps": point.offered_rate_rps if math.isfinite(point.offered_rate_rps) else None,
+                   "failed_rate_rps": search.failed_rate_rps,
                    "output_throughput_tok_s": point.output_throughput_tok_s,
                    "request_throughput_rps": point.request_throughput_rps,
                    "ttft_p50_ms": point.ttft_p50_ms, "ttft_p99_ms": point.ttft_p99_ms,
@@ -275,7 +282,8 @@ class Objective:
         return cause
 
     async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int,
-                       engine_points: list[dict[str, Any] | None], repeats: int = 1):
+                       engine_points: list[dict[str, Any] | None], repeats: int = 1,
+                       confirm: dict[str, Any] | None = None):
         if self.workload.warmup:
             await replay(engine, self.workload.warmup, [0.0] * len(self.workload.warmup), self.clock)
         replays = 0
@@ -302,6 +310,9 @@ class Objective:
         if fixed_rate is not None:
             return await measure_fixed_load(replay_at, fixed_rate, self.config.ttft_p99_ms, self.config.search,
                                             repeats)
+        if confirm is not None:  # the rate at the limit, bisected from where the candidate's search put it
+            start_rps, failed_rps = start_rates(confirm)
+            return await bisect_rate(replay_at, self.config.ttft_p99_ms, self.config.search, start_rps, failed_rps)
         result = await find_max_rate(replay_at, self.config.ttft_p99_ms, self.config.search, incumbent_rate_rps)
         if result.best is not None and repeats > 1:
             await confirm_best(result, replay_at, repeats, self.config.ttft_p99_ms, self.config.search.sustain_ratio)
@@ -310,6 +321,8 @@ class Objective:
     def _repeats(self, trial: optuna.Trial) -> int:
         """Replays at the best rate: the study's `repeats`, and at least BASELINE_REPEATS for the baseline, whose
         spread is the study's noise level (optimizer/measurement/noise.py)."""
+        if CONFIRM.of(trial) is not None:
+            return 1
         if BASELINE.of(trial):
             return max(self.config.repeats, BASELINE_REPEATS)
         return self.config.repeats
@@ -332,17 +345,6 @@ def log_tail(log_path: Path, max_chars: int = 4000) -> str:
     except OSError:
         return ""
     return text.split("\n", 1)[1] if len(text) >= max_chars and "\n" in text else text
-
-
-def _incumbent_rate(trial: optuna.Trial) -> float | None:
-    """The highest rate any finished trial of the study sustained within the limit (None before the first)."""
-    rates = []
-    for t in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        r = RESULT.of(t)
-        if r.get("feasible"):
-            rate = r.get("rate_rps")
-            rates.append(math.inf if rate is None else float(rate))
-    return max(rates, default=None)
 
 
 def _limited_by(replays: list, engine_points: list[dict[str, Any] | None], point: Any) -> str | None:

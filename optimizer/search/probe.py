@@ -49,6 +49,7 @@ PREFILL_SHARE_OF_LIMIT = 0.2
 REPLAYS_PER_TRIAL = 2.0
 KNEE_FRACTION_OF_CEILING = 0.6
 BASELINE_EXTRA_REPLAYS = 7
+CONFIRM_REPLAYS = 5  # a confirmation run's bisection: from the candidate's bracket to within 3%
 # The demo promises 40 trials in 40 minutes on any CPU: aim at 54 s per trial, a tenth below, for noise.
 TARGET_S_PER_TRIAL = 54.0
 # When even the quickest shape is estimated past that, each replay sends fewer requests (an engine start and
@@ -100,45 +101,52 @@ def predicted_prefill_ms(result: ProbeResult, shape: DemoShape) -> float:
     return result.decode_ms + compute_ms * shape.flops_per_token / probed.flops_per_token
 
 
-def estimate_study_s(result: ProbeResult, budget: int, num_requests: int, speedup: float = 1.0) -> float:
-    """Pure: how long `budget` demo trials take. `speedup`: how much faster the chosen shape serves than the
+def estimate_study_s(result: ProbeResult, budget: int, num_requests: int, speedup: float = 1.0,
+                     confirm_runs: int = 0) -> float:
+    """Pure: how long `budget` demo trials take, `confirm_runs` of them confirmation runs (search/confirm.py: a
+    fresh engine and CONFIRM_REPLAYS replays each). `speedup`: how much faster the chosen shape serves than the
     probed one (>= 1: a smaller model at the same per-step overhead)."""
     ceiling = max(result.burst_rps * speedup, 1e-6)
     burst_s = num_requests / ceiling
     replay_s = num_requests / (KNEE_FRACTION_OF_CEILING * ceiling)
     trial_s = result.start_s + result.shutdown_s + burst_s + REPLAYS_PER_TRIAL * replay_s
-    return budget * trial_s + BASELINE_EXTRA_REPLAYS * replay_s
+    run_s = result.start_s + result.shutdown_s + CONFIRM_REPLAYS * replay_s
+    return (budget - confirm_runs) * trial_s + BASELINE_EXTRA_REPLAYS * replay_s + confirm_runs * run_s
 
 
-def estimate_shape_s(result: ProbeResult, shape: DemoShape, budget: int, num_requests: int) -> float:
+def estimate_shape_s(result: ProbeResult, shape: DemoShape, budget: int, num_requests: int,
+                     confirm_runs: int = 0) -> float:
     """Pure: `estimate_study_s` for `shape`: a smaller model serves faster than the probed one, though not by its
     compute ratio (the per-step overhead stays): half of its prefill speedup is counted."""
     predicted = predicted_prefill_ms(result, shape)
     speedup = max(result.prefill_ms / predicted, 1.0) if predicted > 0 else 1.0
-    return estimate_study_s(result, budget, num_requests, speedup=1 + (speedup - 1) / 2)
+    return estimate_study_s(result, budget, num_requests, speedup=1 + (speedup - 1) / 2, confirm_runs=confirm_runs)
 
 
 def choose_scale(result: ProbeResult, limit_ms: float, budget: int, num_requests: int,
-                 ladder: tuple[DemoShape, ...] = DEMO_LADDER) -> DemoScale:
+                 ladder: tuple[DemoShape, ...] = DEMO_LADDER, confirm_runs: int = 0) -> DemoScale:
     """Pure: the largest shape whose predicted lone prefill is within PREFILL_SHARE_OF_LIMIT of the limit and whose
     study is estimated within TARGET_S_PER_TRIAL x `budget`; when none is, the smallest whose prefill fits (the
     quickest); when no prefill fits, the smallest."""
     allowed = PREFILL_SHARE_OF_LIMIT * limit_ms
     fitting = [s for s in ladder if predicted_prefill_ms(result, s) <= allowed]
-    quick = [s for s in fitting if estimate_shape_s(result, s, budget, num_requests) <= TARGET_S_PER_TRIAL * budget]
+    quick = [s for s in fitting
+             if estimate_shape_s(result, s, budget, num_requests, confirm_runs) <= TARGET_S_PER_TRIAL * budget]
     shape = quick[0] if quick else (fitting or ladder)[-1]  # none in time: the quickest
-    count = num_requests if quick else requests_in_time(result, shape, budget, num_requests)
+    count = num_requests if quick else requests_in_time(result, shape, budget, num_requests, confirm_runs)
     return DemoScale(model=shape.name, predicted_prefill_ms=predicted_prefill_ms(result, shape), limit_ms=limit_ms,
-                     estimated_s=estimate_shape_s(result, shape, budget, count), fits=bool(fitting),
+                     estimated_s=estimate_shape_s(result, shape, budget, count, confirm_runs), fits=bool(fitting),
                      num_requests=count)
 
 
-def requests_in_time(result: ProbeResult, shape: DemoShape, budget: int, num_requests: int) -> int:
+def requests_in_time(result: ProbeResult, shape: DemoShape, budget: int, num_requests: int,
+                     confirm_runs: int = 0) -> int:
     """Pure: the most requests per replay (a multiple of 10, at most `num_requests`, at least MIN_DEMO_REQUESTS)
     with which `budget` trials of `shape` are estimated within TARGET_S_PER_TRIAL each. The estimate is linear in
     the count: fixed engine starts and shutdowns, plus replays that last in proportion to their requests."""
-    fixed_s = estimate_shape_s(result, shape, budget, 0)
-    per_request_s = (estimate_shape_s(result, shape, budget, num_requests) - fixed_s) / max(num_requests, 1)
+    fixed_s = estimate_shape_s(result, shape, budget, 0, confirm_runs)
+    per_request_s = (estimate_shape_s(result, shape, budget, num_requests, confirm_runs) - fixed_s) \
+        / max(num_requests, 1)
     if per_request_s <= 0:
         return num_requests
     fit = int((TARGET_S_PER_TRIAL * budget - fixed_s) / per_request_s) // 10 * 10

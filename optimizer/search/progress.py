@@ -14,7 +14,7 @@ from tqdm import tqdm
 from optimizer.core.units import format_ms
 from optimizer.search.attrs import BASELINE, LIMITED_BY, PRUNED_DETAIL, PRUNED_REASON, RESULT, TIMINGS
 from optimizer.search.score import feasible, scored_best_first
-from optimizer.search.study import finished_count
+from optimizer.search.study import finished_count, is_confirmation
 
 
 def describe(trial: FrozenTrial) -> str:
@@ -25,7 +25,8 @@ def describe(trial: FrozenTrial) -> str:
                 f"{str(PRUNED_DETAIL.of(trial))[:160]}")
     r = RESULT.of(trial)
     rate = r.get("rate_rps")
-    where = "a burst" if rate is None else f"{rate:.2f} req/s"
+    failed = r.get("failed_rate_rps")
+    where = "a burst" if rate is None else f"{rate:.2f} req/s" + (f" (failed at {failed:.2f})" if failed else "")
     verdict = "meets the limit" if feasible(trial) else (
         "cannot beat the best so far: stopped early" if r.get("stopped_early") else "misses the limit at every rate")
     t = TIMINGS.of(trial)
@@ -62,8 +63,10 @@ class Progress:
     def __init__(self, study: optuna.Study, budget: int | None, quiet: bool = False,
                  deadline_unix_s: float | None = None,
                  trial_estimate_s: Callable[[], float | None] = lambda: None,
-                 now_unix_s: Callable[[], float] = time.time) -> None:
+                 now_unix_s: Callable[[], float] = time.time,
+                 reserve_s: Callable[[], float] = lambda: 0.0) -> None:
         self._quiet = quiet
+        self._reserve = reserve_s  # the confirmation's estimated time after the search
         self._budget, self._deadline, self._estimate, self._now = budget, deadline_unix_s, trial_estimate_s, now_unix_s
         self._started = now_unix_s()
         self._bar = None if quiet else tqdm(total=budget, initial=min(finished_count(study), budget or 10**9),
@@ -76,6 +79,8 @@ class Progress:
         """'elapsed 3m12s, ~25m00s left, best: 731.0 tok/s (#19)'."""
         now = self._now()
         left = remaining_s(self._budget, finished_count(study), self._estimate(), self._deadline, now)
+        if left is not None and self._deadline is None:
+            left += self._reserve()
         scored = scored_best_first(study)
         best = scored[0] if scored else None
         parts = [f"elapsed {clock_text(now - self._started)}",
@@ -91,6 +96,11 @@ class Progress:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if self._bar is None:
+            return
+        if is_confirmation(trial):
+            from optimizer.search.confirm import describe as describe_run
+
+            self._bar.write(describe_run(trial), file=sys.stderr)
             return
         self._bar.write(describe(trial), file=sys.stderr)
         if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):

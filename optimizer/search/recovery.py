@@ -16,7 +16,7 @@ import psutil
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.processes import ProcessRef, end_processes
-from optimizer.search.attrs import BASELINE, ENGINE_PROCESSES, INTERRUPTED, RETRY_OF, WORKER
+from optimizer.search.attrs import BASELINE, CONFIRM, ENGINE_PROCESSES, INTERRUPTED, RETRY_OF, WORKER
 
 
 def worker_identity() -> dict[str, Any]:
@@ -66,6 +66,8 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
             attrs: dict[str, Any] = RETRY_OF.item(t.number)
             if BASELINE.of(t):
                 attrs.update(BASELINE.item(True))
+            if CONFIRM.of(t) is not None:  # a confirmation run is run again as one
+                attrs.update(CONFIRM.item(CONFIRM.of(t)))
             study.enqueue_trial(t.params, user_attrs=attrs, skip_if_exists=False)
             queued.append(t.number)
     return queued

@@ -161,15 +161,47 @@ def fit_to_machine(config: StudyConfig, info: ModelInfo, engine_factory: EngineF
     return config, fitted
 
 
-def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = print) -> optuna.Study:
-    """Run trials until the study holds its budget of finished trials, or the next would end past its deadline."""
+def say_to_stderr(*args: Any) -> None:
+    import sys
+
+    print(*args, file=sys.stderr)
+
+
+def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_to_stderr) -> optuna.Study:
+    """Run search trials until the study holds its budget of them (less the confirmation's runs), or the next would
+    end past its deadline (less the time kept for the confirmation); then the confirmation (search/confirm.py)."""
+    from optimizer.search import confirm
+
     config = prepared.config
+    split = confirm.plan(config.budget, config.confirm)
+    say(split.line)
     estimate = trial_estimate(prepared)
-    progress = Progress(prepared.study, config.budget, quiet=quiet, deadline_unix_s=config.deadline_unix_s,
-                        trial_estimate_s=estimate)
+    study = prepared.study
+
+    def reserve_s() -> float:
+        run_s = confirm.run_estimate_s(study)
+        return split.runs * run_s if run_s is not None else 0.0
+
+    progress = Progress(study, split.search_budget, quiet=quiet, deadline_unix_s=config.deadline_unix_s,
+                        trial_estimate_s=estimate, reserve_s=reserve_s)
     try:
-        stop = run_to_budget(prepared.study, prepared.objective, config.budget, on_trial=progress,
-                             deadline_unix_s=config.deadline_unix_s, trial_estimate_s=estimate)
+        try:
+            stop = run_to_budget(study, prepared.objective, split.search_budget, on_trial=progress,
+                                 deadline_unix_s=config.deadline_unix_s, trial_estimate_s=estimate,
+                                 reserve_s=reserve_s)
+        finally:
+            progress.close()
+        if stop.reason:
+            say(stop.reason)
+        if split.rounds and not stop.reason.startswith("time budget: the deadline has passed"):
+            rounds = confirm.rounds_in_time(split.rounds, config.deadline_unix_s, confirm.run_estimate_s(study))
+            if rounds < split.rounds:
+                say(f"confirmation: {rounds} of {split.rounds} rounds fit before the deadline")
+            line = confirm.run(study, prepared.objective, rounds, config.engine_args, say,
+                               on_run=(lambda s, t: None) if quiet else (lambda s, t: say(confirm.describe(t))),
+                               deadline_unix_s=config.deadline_unix_s)
+            if line:
+                say(line)
     except Exception as exc:
         from optimizer.search.dbretry import storage_error_in
 
@@ -177,11 +209,7 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = prin
         if lost is not None and lost is not exc:
             raise lost from None
         raise
-    finally:
-        progress.close()
-    if stop.reason:
-        say(stop.reason)
-    return prepared.study
+    return study
 
 
 def trial_estimate(prepared: Prepared) -> Callable[[], float | None]:

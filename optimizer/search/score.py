@@ -11,16 +11,20 @@ disagree on which trial is best; `optimize report --ttft-p99` asks the same ques
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.measurement.rerank import Ranked, rank_curve
+from optimizer.measurement.intervals import Interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s
+from optimizer.measurement.noise import Z, median
+from optimizer.measurement.rerank import Answer, Ranked, merge_repeats, rank_curve
 from optimizer.params.parallel import gpus_needed, per_gpu_curve
-from optimizer.search.attrs import CURVE, ENGINE_PARAMS, RESULT, STUDY_CONFIG
-from optimizer.search.study import FINISHED, is_baseline
+from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PARAMS, RESULT, STUDY_CONFIG, STUDY_CONFIRMATION
+from optimizer.search.study import is_baseline, search_trials
 
 
 def _layouts(trials: Sequence[FrozenTrial], engine_args: Mapping[str, Any]) -> dict[int, int]:
@@ -74,7 +78,7 @@ def scored_best_first(study: optuna.Study, limit_ms: float | None = None) -> lis
     """The finished trials that meet the limit (default: the study's own) with their ranked points, best first."""
     stored = _stored_config(study)
     limit = float(stored["ttft_p99_ms"]) if limit_ms is None else limit_ms
-    trials = sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number)
+    trials = sorted(search_trials(study), key=lambda t: t.number)
     ranked = rank_trials(trials, stored.get("engine_args") or {}, limit)
     by_number = {t.number: t for t in trials}
     order = sorted((n for n, r in ranked.items() if r.answerable),
@@ -88,8 +92,13 @@ def best_first(study: optuna.Study, limit_ms: float | None = None) -> list[Froze
 
 
 def recommended(study: optuna.Study, limit_ms: float | None = None) -> FrozenTrial | None:
-    """The recommendation: the best-scored trial at the study's own limit (or `limit_ms`), None when no trial
-    meets it. The same trial `pareto_front` puts first."""
+    """The recommendation: at the study's own limit, the config the confirmation measured best over its full rounds
+    (`confirmation`); otherwise, or at another `limit_ms`, the best-scored trial (the one `pareto_front`
+    puts first). None when no trial meets the limit."""
+    if limit_ms is None:
+        confirmed = confirmation(study)
+        if confirmed is not None and confirmed.best is not None:
+            return confirmed.best.trial
     trials = best_first(study, limit_ms)
     return trials[0] if trials else None
 
@@ -100,8 +109,145 @@ def feasible(trial: FrozenTrial) -> bool:
 
 
 def baseline(study: optuna.Study) -> FrozenTrial | None:
-    for t in study.get_trials(deepcopy=False, states=FINISHED):
+    for t in search_trials(study):
         if is_baseline(t):
             return t
     return None
+
+
+def noise_cv(trials: Sequence[FrozenTrial]) -> float:
+    """The study's noise level: the median CV of throughput over every rate replayed more than once (the baseline's
+    repeats at least); NaN before any."""
+    cvs = [p["output_throughput_cv"] for t in trials for p in merge_repeats(CURVE.of(t))
+           if p.get("replays", 1) > 1 and not math.isnan(p.get("output_throughput_cv", math.nan))]
+    return median(cvs) if cvs else math.nan
+
+
+def bracket_tok_s(ranked: Ranked, cv: float = math.nan) -> tuple[float, float] | None:
+    """Where one trial's throughput at the limit lies: from the rate it passed to the rate it failed, widened by
+    Z x the study's noise CV (None without an answer). A lower bound or a burst has no failed rate: its bracket
+    is its point."""
+    if not ranked.answerable:
+        return None
+    noise = 0.0 if math.isnan(cv) else Z * cv
+    failed = ranked.next_rate_rps if ranked.answer == Answer.MEASURED else None
+    return rate_bracket_tok_s(ranked.output_throughput_tok_s, ranked.rate_rps, failed, noise)
+
+
+def tied_with(best: Ranked, others: Mapping[int, Ranked], cv: float = math.nan) -> list[int]:
+    """The keys of `others` whose bracket overlaps `best`'s: no single measurement ranks them apart."""
+    mine = bracket_tok_s(best, cv)
+    if mine is None:
+        return []
+    return [k for k, r in others.items() if (b := bracket_tok_s(r, cv)) is not None and brackets_overlap(mine, b)]
+
+
+# --- the confirmation's numbers (search/confirm.py runs it) -----------------------------------------------------
+
+@dataclass(frozen=True)
+class Confirmed:
+    """One config measured again in the confirmation's rounds: its search trial, and each round's run."""
+
+    trial: FrozenTrial  # the search trial it measures again (vLLM's defaults: the baseline)
+    runs: dict[int, FrozenTrial]  # round -> its finished run
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    @property
+    def baseline(self) -> bool:
+        return is_baseline(self.trial)
+
+    def value_tok_s(self, round_: int) -> float | None:
+        """The round's throughput at the limit (0 when the run met the limit at no rate, or could not run)."""
+        run = self.runs.get(round_)
+        return None if run is None else goodput(run)
+
+    def bracket_rps(self, round_: int) -> tuple[float | None, float | None]:
+        """The rate the round's run passed (None: a burst, or none) and the rate it failed (None: none tried)."""
+        run = self.runs.get(round_)
+        if run is None:
+            return None, None
+        r = RESULT.of(run)
+        return (r.get("rate_rps") if r.get("feasible") else None), r.get("failed_rate_rps")
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The confirmation of the study's latest plan: each candidate's runs, its interval, and the gain intervals.
+    Only full rounds count (every candidate measured in them), so that each round compares like with like."""
+
+    plan: dict[str, Any]
+    configs: list[Confirmed]  # in the plan's order: vLLM's defaults first
+
+    @property
+    def rounds(self) -> int:
+        """Rounds planned."""
+        return int(self.plan.get("rounds", 0))
+
+    @property
+    def full_rounds(self) -> list[int]:
+        if not self.configs:
+            return []
+        return sorted(set.intersection(*(set(c.runs) for c in self.configs)))
+
+    @property
+    def runs_done(self) -> int:
+        return sum(len(c.runs) for c in self.configs)
+
+    @property
+    def usable(self) -> bool:
+        """At least one full round: the recommendation is chosen from these numbers."""
+        return bool(self.full_rounds)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.full_rounds) >= self.rounds > 0
+
+    def values_tok_s(self, c: Confirmed) -> list[float]:
+        return [v for r in self.full_rounds if (v := c.value_tok_s(r)) is not None]
+
+    def interval(self, c: Confirmed) -> Interval:
+        return interval(self.values_tok_s(c))
+
+    @property
+    def base(self) -> Confirmed | None:
+        return next((c for c in self.configs if c.baseline), None)
+
+    @property
+    def best(self) -> Confirmed | None:
+        """The config with the highest median throughput over the full rounds (ties: the plan's order)."""
+        if not self.usable:
+            return None
+        return max(self.configs, key=lambda c: self.interval(c).median)
+
+    def gain(self, c: Confirmed) -> Interval | None:
+        """`c`'s gain over vLLM's defaults, round by round (each round measures both next to each other)."""
+        base = self.base
+        if base is None or c is base:
+            return None
+        pairs = [(a, b) for r in self.full_rounds if (a := base.value_tok_s(r)) is not None
+                 and (b := c.value_tok_s(r)) is not None]
+        return gain_interval(pairs)
+
+    def tied(self, c: Confirmed) -> bool:
+        """True when `c`'s interval overlaps the best's: the measurements do not rank them apart."""
+        best = self.best
+        return best is not None and c is not best and self.interval(c).overlaps(self.interval(best))
+
+
+def confirmation(study: optuna.Study) -> Confirmation | None:
+    """The confirmation of the study's latest plan (None when none was planned)."""
+    plan = STUDY_CONFIRMATION.of(study)
+    if not plan or not plan.get("candidates"):
+        return None
+    trials = {t.number: t for t in search_trials(study)}
+    runs: dict[int, dict[int, FrozenTrial]] = {n: {} for n in plan["candidates"]}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        c = CONFIRM.of(t)
+        if c is not None and c.get("plan") == plan.get("plan") and c.get("of") in runs:
+            runs[c["of"]].setdefault(int(c["round"]), t)  # a duplicate (two workers) keeps the first
+    configs = [Confirmed(trials[n], runs[n]) for n in plan["candidates"] if n in trials]
+    return Confirmation(plan, configs)
 

@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import UsageError
-from optimizer.search.attrs import BASELINE, STUDY_CONFIG, WORKER
+from optimizer.search.attrs import BASELINE, CONFIRM, STUDY_CONFIG, WORKER
 from optimizer.search.breaker import is_environment_failure
 from optimizer.search.recovery import recover
 
@@ -211,20 +211,31 @@ def ensure_baseline(study: optuna.Study) -> None:
     baselines = [t for t in trials if is_baseline(t)]
     if any(t.state in (*FINISHED, TrialState.WAITING, TrialState.RUNNING) for t in baselines):
         return
-    if baselines or any(t.state in FINISHED for t in trials):
+    if baselines or any(t.state in FINISHED and not is_confirmation(t) for t in trials):
         study.enqueue_trial({}, user_attrs=BASELINE.item(True), skip_if_exists=False)
 
 
+def is_confirmation(trial: FrozenTrial) -> bool:
+    """A confirmation run (optimizer/search/confirm.py): a config measured again after the search, not a trial of it."""
+    return CONFIRM.of(trial) is not None
+
+
+def search_trials(study: optuna.Study, states: tuple[TrialState, ...] = FINISHED) -> list[FrozenTrial]:
+    """The study's own trials in `states`, confirmation runs left out: what the search proposed and measured."""
+    return [t for t in study.get_trials(deepcopy=False, states=states) if not is_confirmation(t)]
+
+
 def finished_count(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=FINISHED))
+    """Finished search trials (confirmation runs are not trials of the search)."""
+    return len(search_trials(study))
 
 
 def _claimed_count(study: optuna.Study) -> int:
-    """Finished trials plus those running now (stale ones failed first): what the budget has given out."""
+    """Finished search trials plus those running now (stale ones failed first): what the budget has given out."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
-    return len(study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)))
+    return len(search_trials(study, (*FINISHED, TrialState.RUNNING)))
 
 
 def wait_while_running(study: optuna.Study, timeout_s: float, poll_s: float = 1.0,
@@ -249,16 +260,19 @@ class BudgetStop:
     reason: str = ""
 
 
-def time_left_for(deadline_unix_s: float | None, estimate_s: float | None, now_unix_s: float) -> str:
-    """Pure: why the next trial may not start (it would end past the deadline), or '' when it may."""
+def time_left_for(deadline_unix_s: float | None, estimate_s: float | None, now_unix_s: float,
+                  reserve_s: float = 0.0) -> str:
+    """Pure: why the next trial may not start (it would end past the deadline, less `reserve_s` kept for the
+    confirmation after the search), or '' when it may."""
     if deadline_unix_s is None:
         return ""
     left_s = deadline_unix_s - now_unix_s
     if left_s <= 0:
         return "time budget: the deadline has passed; give --budget DURATION (e.g. --budget 2h) to extend it"
-    if estimate_s is not None and estimate_s > left_s:
+    if estimate_s is not None and estimate_s + reserve_s > left_s:
+        kept = f", ~{reserve_s:.0f} s of them kept for the confirmation" if reserve_s > 0 else ""
         return (f"time budget: the next trial takes ~{estimate_s:.0f} s and {left_s:.0f} s are left before the "
-                f"deadline: stopping here; give --budget DURATION to extend it")
+                f"deadline{kept}: stopping the search here; give --budget DURATION to extend it")
     return ""
 
 
@@ -266,9 +280,11 @@ def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any],
                   on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
                   gc_after_trial: bool = True, deadline_unix_s: float | None = None,
                   trial_estimate_s: Callable[[], float | None] = lambda: None,
-                  now_unix_s: Callable[[], float] = time.time) -> BudgetStop:
+                  now_unix_s: Callable[[], float] = time.time,
+                  reserve_s: Callable[[], float] = lambda: 0.0) -> BudgetStop:
     """Run trials one by one until the study holds `budget` finished trials, or until the next trial's estimated
-    duration would push past `deadline_unix_s`. `budget` None: the deadline alone decides.
+    duration would push past `deadline_unix_s` (less `reserve_s()`, kept for the confirmation). `budget` None: the
+    deadline alone decides.
 
     `gc_after_trial=False` is for simulated trials, where a full collection costs more than the trial itself.
 
@@ -278,7 +294,7 @@ def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any],
     ran = 0
     callbacks = [lambda s, t: on_trial(s, t)] if on_trial else []
     while budget is None or _claimed_count(study) < budget:
-        reason = time_left_for(deadline_unix_s, trial_estimate_s(), now_unix_s())
+        reason = time_left_for(deadline_unix_s, trial_estimate_s(), now_unix_s(), reserve_s())
         if reason:
             return BudgetStop(ran, reason)
         study.optimize(objective, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=gc_after_trial)

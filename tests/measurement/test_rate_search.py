@@ -148,3 +148,53 @@ def test_incumbent_does_not_stop_a_competitive_config():
                                     RateSearchSpec(step_down=0.5, max_replays=10, refine_steps=0),
                                     incumbent_rate_rps=6.0))
     assert res.best.offered_rate_rps == 10.0 and not res.stopped_early
+
+
+def bisect(replay_at, start, failed=None, limit=150.0, **kw):
+    from optimizer.measurement.rate_search import bisect_rate
+
+    return asyncio.run(bisect_rate(replay_at, limit, RateSearchSpec(), start, failed, **kw))
+
+
+def test_bisection_from_a_passing_start_brackets_the_knee_within_3_percent():
+    calls = []
+    res = bisect(knee_engine(10.0, calls), 9.0)
+    # 9 passes, 9 x 1.15 = 10.35 fails, then geometric middles until failed / passed <= 1.03
+    assert calls[:2] == [9.0, pytest.approx(10.35)]
+    assert res.best.offered_rate_rps <= 10.0 < res.failed_rate_rps
+    assert res.failed_rate_rps / res.best.offered_rate_rps <= 1.03
+    assert len(calls) <= 6
+
+
+def test_bisection_from_a_failing_start_steps_down():
+    calls = []
+    res = bisect(knee_engine(6.0, calls), 9.0, failed=None)
+    assert calls[0] == 9.0 and calls[1] == pytest.approx(9.0 / 1.15) and calls[2] == pytest.approx(9.0 / 1.15 ** 2)
+    assert res.best.offered_rate_rps <= 6.0 < res.failed_rate_rps <= 1.03 * res.best.offered_rate_rps
+
+
+def test_bisection_uses_the_known_failed_rate_first():
+    calls = []
+    bisect(knee_engine(10.0, calls), 9.5, failed=10.6)
+    assert calls[:2] == [9.5, 10.6]
+
+
+def test_bisection_of_a_burst_that_meets_the_limit_again_stops_there():
+    calls = []
+
+    async def everything_fits(rate):
+        calls.append(rate)
+        return fake_metrics(rate, 20.0)
+
+    res = bisect(everything_fits, math.inf)
+    assert calls == [math.inf] and math.isinf(res.best.offered_rate_rps)
+
+
+def test_bisection_that_never_meets_the_limit_has_no_best():
+    res = bisect(knee_engine(0.01, []), 9.0, max_replays=5)
+    assert res.best is None and res.failed_rate_rps is None and len(res.points) == 5
+
+
+def test_failed_rate_of_a_search_is_the_lowest_miss_above_its_best():
+    res = run(knee_engine(13.0, []), max_replays=10, step_down=0.5, refine_steps=2)
+    assert res.best.offered_rate_rps == 12.5 and res.failed_rate_rps == 15.0

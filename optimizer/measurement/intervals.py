@@ -1,0 +1,96 @@
+"""Pure: 95% confidence intervals for a few repeated measurements, and when two of them are tied.
+
+The confirmation (optimizer/search/confirm.py) measures each config again in N rounds. A config's number is the
+median of its rounds; its interval is Student's t interval of their mean,
+
+    mean +- t(0.975, n - 1) * s / sqrt(n)
+
+which is honest with as few as 2 values (wide: with 3 rounds t is 4.30). The gain of one config over another is
+measured per round, as the ratio of the two measurements taken next to each other (the rounds alternate, so a
+slow minute of a shared machine hits both): its interval is the t interval of those ratios, minus 1.
+
+Two configs are *tied* when their intervals overlap: no ranking of them is backed by the measurements.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from optimizer.measurement.noise import median
+
+# Student's t, two-sided 95% (0.975 quantile), by degrees of freedom; past 30 the normal 1.96 is close enough.
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+         29: 2.045, 30: 2.042}
+Z_975 = 1.96
+
+
+def t_975(df: int) -> float:
+    """The 0.975 quantile of Student's t with `df` degrees of freedom (df >= 1)."""
+    if df < 1:
+        raise ValueError("Student's t needs at least one degree of freedom (two values)")
+    return T_975.get(df, Z_975)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A measured number: the median of `n` values and the 95% interval of their mean (NaN bounds below 2)."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def known(self) -> bool:
+        """True when there is an interval at all (two values or more)."""
+        return self.n >= 2 and math.isfinite(self.low) and math.isfinite(self.high)
+
+    def overlaps(self, other: Interval) -> bool:
+        """True when the two intervals share a value (either without an interval counts as its median alone)."""
+        a_low, a_high = (self.low, self.high) if self.known else (self.median, self.median)
+        b_low, b_high = (other.low, other.high) if other.known else (other.median, other.median)
+        return a_low <= b_high and b_low <= a_high
+
+    def contains(self, value: float) -> bool:
+        return self.known and self.low <= value <= self.high
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {"median": self.median, "low": self.low if self.known else None,
+                "high": self.high if self.known else None, "n": self.n}
+
+
+def interval(values: Sequence[float]) -> Interval:
+    """The median of `values` with the 95% t interval of their mean."""
+    n = len(values)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    if n == 1:
+        return Interval(float(values[0]), math.nan, math.nan, 1)
+    mean = sum(values) / n
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_975(n - 1) * s / math.sqrt(n)
+    return Interval(median(values), mean - half, mean + half, n)
+
+
+def gain_interval(pairs: Sequence[tuple[float, float]]) -> Interval:
+    """The relative gain of `b` over `a` from measurements taken in pairs `(a, b)`: per pair b / a - 1, its median
+    and the 95% t interval of its mean. Pairs whose `a` is not positive cannot give a ratio and are left out."""
+    return interval([b / a - 1 for a, b in pairs if a > 0])
+
+
+def rate_bracket_tok_s(throughput_tok_s: float, passed_rps: float | None, failed_rps: float | None,
+                       noise: float = 0.0) -> tuple[float, float]:
+    """Pure: where a single measurement's true throughput at the limit may lie. The rate search passed at
+    `passed_rps` and failed at `failed_rps` (None: nothing above it was tried), so throughput lies between the
+    passed point's and that times failed / passed; `noise` (a fraction, e.g. 2 x the study's CV) widens both ends."""
+    low = throughput_tok_s * (1 - noise)
+    ratio = failed_rps / passed_rps if passed_rps and failed_rps and failed_rps > passed_rps else 1.0
+    return low, throughput_tok_s * ratio * (1 + noise)
+
+
+def brackets_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]

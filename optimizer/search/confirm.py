@@ -1,0 +1,260 @@
+"""The confirmation: after the search, vLLM's defaults and the top candidates measured again, alternating, each on a
+fresh engine, in N rounds (`--confirm N`, 3 by default).
+
+One whole trial of one config varies by 12-18% on a shared machine, mostly by the rung of the rate ladder it lands
+on: a study's "+18.7% over vLLM's defaults" was, measured again, no gain at all. So the number a user acts on is
+measured again:
+
+- the candidates are vLLM's defaults, the search's recommendation and its closest rival whose bracket (the rate it
+  passed to the rate it failed, widened by the study's noise) overlaps the recommendation's;
+- each run is a trial of its own (a fresh engine, the warm-up, then `bisect_rate`: the rate at the limit resolved
+  until the rate passed and the rate failed are within 3%), stored in the study with a `confirm` attribute, so
+  that an interrupted confirmation resumes where it stopped, as trials do;
+- the rounds alternate the order of the configs (round 2 starts with the second), so a slow minute of the
+  machine hits each alike, and a round's runs of two configs are taken next to each other: the gain is measured
+  per round (optimizer/measurement/intervals.py);
+- the recommendation is the config with the highest median over its rounds (search/score.py::recommended).
+
+The runs come out of the user's budget: `--budget 40` with 3 rounds of 3 configs is 31 search trials and 9 runs.
+By default the confirmation takes at most a quarter of a trial budget (fewer rounds, or none, on a small one);
+`--confirm N` asks for N rounds whatever the budget. With a deadline (`--budget 8h`), the search stops early
+enough for the rounds, and a round that would end past the deadline is not started.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from optimizer.core.errors import UsageError
+from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS
+from optimizer.search.score import (
+    baseline, confirmation, noise_cv, rank_trials, scored_best_first, study_limit_ms, tied_with,
+)
+from optimizer.search.study import is_confirmation, search_trials, wait_while_running
+
+DEFAULT_ROUNDS = 3
+CONFIGS = 3  # vLLM's defaults, the recommendation and its closest rival: what each round plans for
+AUTO_SHARE = 0.25  # by default the confirmation takes at most this share of a trial budget
+MIN_AUTO_ROUNDS = 2  # fewer rounds give no interval: by default, then, none
+MIN_SEARCH_TRIALS = 2  # vLLM's defaults and one more: what a search keeps at the least
+RUN_OVER_TRIAL = 1.3  # a confirmation run against a median search trial: its bisection replays more
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a budget splits between the search and the confirmation, and the line that says so."""
+
+    rounds: int
+    search_budget: int | None  # trials the search runs (None: the deadline decides)
+    line: str
+
+    @property
+    def runs(self) -> int:
+        return self.rounds * CONFIGS
+
+
+def plan(budget: int | None, asked: int | None) -> Plan:
+    """Pure: the rounds a study confirms and the trials its search keeps. `asked` None is the default (3 rounds, at
+    most a quarter of the budget, none below 2 rounds); a number is the user's `--confirm N`."""
+    if asked == 0:
+        return Plan(0, budget, "confirmation: off (--confirm 0)")
+    rounds = DEFAULT_ROUNDS if asked is None else asked
+    if budget is None:
+        return Plan(rounds, None, f"confirmation: {rounds} rounds of up to {CONFIGS} configs after the search, "
+                                  f"planned into the deadline")
+    if asked is None:
+        fit = int(AUTO_SHARE * budget) // CONFIGS
+        if fit < MIN_AUTO_ROUNDS:
+            need = math.ceil(MIN_AUTO_ROUNDS * CONFIGS / AUTO_SHARE)
+            return Plan(0, budget, f"confirmation: none: a budget of {budget} trials leaves no room for "
+                                   f"{MIN_AUTO_ROUNDS} rounds (give --budget {need} or more, or --confirm N)")
+        rounds = min(rounds, fit)
+    search = budget - rounds * CONFIGS
+    if search < MIN_SEARCH_TRIALS:
+        raise UsageError(f"--confirm {rounds} takes {rounds * CONFIGS} of the {budget} trials of --budget and leaves "
+                         f"the search fewer than {MIN_SEARCH_TRIALS}: give --budget "
+                         f"{rounds * CONFIGS + MIN_SEARCH_TRIALS} or more, or fewer --confirm rounds")
+    fewer = (f" ({DEFAULT_ROUNDS} would take more than a quarter of the budget)"
+             if asked is None and rounds < DEFAULT_ROUNDS else "")
+    return Plan(rounds, search, f"confirmation: {rounds} rounds of up to {CONFIGS} configs come out of the budget "
+                                f"of {budget}: {search} search trials, then up to {rounds * CONFIGS} confirmation "
+                                f"runs{fewer}")
+
+
+def candidates(study: optuna.Study) -> list[FrozenTrial]:
+    """vLLM's defaults (when they ran), the recommendation of the search and its closest rival: the highest-scored
+    other trial whose bracket overlaps the recommendation's. At most CONFIGS; none when no trial meets the limit."""
+    scored = scored_best_first(study)
+    if not scored:
+        return []
+    trials = search_trials(study)
+    cv = noise_cv(trials)
+    best_trial, best_ranked = scored[0]
+    rivals = tied_with(best_ranked, {t.number: r for t, r in scored[1:]}, cv)
+    base = baseline(study)
+    out = [base] if base is not None and base.state == TrialState.COMPLETE else []
+    for t, _ in scored:
+        if len(out) >= CONFIGS:
+            break
+        if t not in out and (t is best_trial or t.number in rivals):
+            out.append(t)
+    return out
+
+
+def run_spec(trial: FrozenTrial, limit_ms: float, engine_args: dict[str, Any]) -> dict[str, Any]:
+    """Where a candidate's run starts its bisection: the rate its search trial passed (inf: a burst met the limit)
+    and the rate it failed; for a trial that met the limit nowhere, the lowest rate it tried."""
+    ranked = rank_trials([trial], engine_args, limit_ms)[trial.number]
+    if ranked.answerable:
+        start = math.inf if ranked.rate_rps is None else float(ranked.rate_rps)
+        return {"start_rps": start, "failed_rps": ranked.next_rate_rps}
+    rates = [p["offered_rate_rps"] for p in CURVE.of(trial) if p.get("offered_rate_rps")]
+    return {"start_rps": min(rates) if rates else math.inf, "failed_rps": None}
+
+
+def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any]) -> dict[str, Any] | None:
+    """Plan the confirmation of the finished search (once: a plan for the same search trials is kept) and queue its
+    runs, round by round, each round's order rotated by one. Returns the plan (None: nothing to confirm)."""
+    finished = sorted(t.number for t in search_trials(study))
+    key = f"{len(finished)}:{finished[-1] if finished else -1}"
+    stored = STUDY_CONFIRMATION.of(study)
+    if stored and stored.get("plan") == key:
+        return stored
+    chosen = candidates(study)
+    if not chosen:
+        return None
+    limit = study_limit_ms(study)
+    plan_attr = {"plan": key, "rounds": rounds, "candidates": [t.number for t in chosen], "limit_ms": limit}
+    STUDY_CONFIRMATION.set(study, plan_attr)
+    for r in range(rounds):
+        for k in range(len(chosen)):
+            t = chosen[(k + r) % len(chosen)]
+            spec = run_spec(t, limit, engine_args)
+            study.enqueue_trial({}, user_attrs=CONFIRM.item({"plan": key, "of": t.number, "round": r,
+                                                             "params": ENGINE_PARAMS.of(t), **_json_rates(spec)}),
+                                skip_if_exists=False)
+    return plan_attr
+
+
+def _json_rates(spec: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no infinity: a burst start is stored as None."""
+    return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in spec.items()}
+
+
+def start_rates(confirm: dict[str, Any]) -> tuple[float, float | None]:
+    """A run's stored starting rate (None: a burst) and failed rate, as `bisect_rate` takes them."""
+    start = confirm.get("start_rps")
+    return (math.inf if start is None else float(start)), confirm.get("failed_rps")
+
+
+def run_estimate_s(study: optuna.Study) -> float | None:
+    """How long one confirmation run takes: the median of the runs so far, else RUN_OVER_TRIAL x the median search
+    trial; None before any trial finished."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if TIMINGS.of(t).get("total_s")]
+    runs = [TIMINGS.of(t)["total_s"] for t in done if is_confirmation(t)]
+    if runs:
+        return float(statistics.median(runs))
+    trials = [TIMINGS.of(t)["total_s"] for t in done if not is_confirmation(t)]
+    return RUN_OVER_TRIAL * float(statistics.median(trials)) if trials else None
+
+
+def rounds_in_time(rounds: int, deadline_unix_s: float | None, run_s: float | None,
+                   now_unix_s: float | None = None) -> int:
+    """Pure but for the clock: how many of `rounds` fit before the deadline at `run_s` a run (all without one)."""
+    if deadline_unix_s is None or run_s is None or run_s <= 0:
+        return rounds
+    left_s = deadline_unix_s - (time.time() if now_unix_s is None else now_unix_s)
+    return max(0, min(rounds, int(left_s // (CONFIGS * run_s))))
+
+
+def waiting(study: optuna.Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+
+
+def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: int, engine_args: dict[str, Any],
+        say: Callable[..., None], on_run: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+        deadline_unix_s: float | None = None, now_unix_s: Callable[[], float] = time.time) -> str:
+    """Queue the confirmation (once) and run its runs; returns a line when it stopped short (else '')."""
+    if rounds <= 0:
+        return ""
+    wait_while_running(study, timeout_s=3600.0, on_wait=lambda: say("confirmation: waiting for the other workers' "
+                                                                  "trials to finish"))
+    plan_attr = enqueue(study, rounds, engine_args)
+    if plan_attr is None:
+        return "confirmation: nothing to confirm: no trial meets the limit"
+    callbacks = [lambda s, t: on_run(s, t)] if on_run else []
+    while True:
+        queue = waiting(study)
+        if not queue:
+            return ""
+        head = CONFIRM.of(queue[0])
+        if head is None:
+            return (f"confirmation: not run: {len(queue)} trials queued before it (the pre-screen's?) still wait: "
+                    f"run again with a larger --budget to measure them first")
+        if head.get("plan") != plan_attr["plan"]:  # an older plan's run, never started: skip it
+            _drop(study, queue[0])
+            continue
+        if deadline_unix_s is not None:
+            left_s, est = deadline_unix_s - now_unix_s(), run_estimate_s(study)
+            if est is not None and est > left_s:
+                return (f"confirmation: stopped at the deadline: the next run takes ~{est:.0f} s and {left_s:.0f} s "
+                        f"are left; fewer rounds are reported")
+        study.optimize(objective, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=True)
+
+
+def _drop(study: optuna.Study, trial: FrozenTrial) -> None:
+    """End a queued run of an older plan unrun (FAIL, never queued again)."""
+    try:
+        study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+
+
+def describe(trial: FrozenTrial) -> str:
+    """One line for a finished run: which config, which round, its rate bracket and throughput."""
+    c = CONFIRM.of(trial) or {}
+    r = RESULT.of(trial)
+    head = f"confirmation round {int(c.get('round', 0)) + 1}, trial #{c.get('of')} again (run #{trial.number})"
+    if trial.state != TrialState.COMPLETE:
+        return f"{head}: could not run ({PRUNED_REASON.of(trial) or trial.state.name})"
+    if not r.get("feasible"):
+        return f"{head}: met the limit at no rate tried [{TIMINGS.of(trial).get('total_s', 0):.0f}s]"
+    rate = r.get("rate_rps")
+    failed = r.get("failed_rate_rps")
+    where = "a burst" if rate is None else f"{rate:.2f} req/s" + (f" (failed at {failed:.2f})" if failed else "")
+    return (f"{head}: {r.get('output_throughput_tok_s', 0):.1f} tok/s at {where} "
+            f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]")
+
+
+def summary(study: optuna.Study) -> dict[str, Any] | None:
+    """The confirmation as stored numbers, for readers of the study (JSON)."""
+    c = confirmation(study)
+    if c is None:
+        return None
+    return {"plan": c.plan, "complete": c.complete,
+            "full_rounds": c.full_rounds,
+            "configs": [{"trial": x.number, "baseline": x.baseline, "values_tok_s": c.values_tok_s(x),
+                         "interval": c.interval(x).to_dict(), "gain": (g.to_dict() if (g := c.gain(x)) else None)}
+                        for x in c.configs]}
+
+
+def confirmed_numbers(study: optuna.Study, number: int) -> dict[str, Any] | None:
+    """Trial `number`'s confirmed numbers (median and 95% interval over the full rounds, gain over vLLM's defaults
+    with its interval), for an export's header and metadata; None where it was not confirmed."""
+    c = confirmation(study)
+    if c is None or not c.usable:
+        return None
+    mine = next((x for x in c.configs if x.number == number), None)
+    if mine is None:
+        return None
+    gain = c.gain(mine)
+    return {"rounds": len(c.full_rounds), "output_throughput_tok_s": c.interval(mine).to_dict(),
+            "gain_over_defaults": gain.to_dict() if gain is not None and gain.n else None}

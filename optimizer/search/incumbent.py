@@ -1,0 +1,60 @@
+"""The incumbent a trial's early stop compares with: the lower bound of the best rate so far, never its luckiest
+measurement.
+
+A trial's rate search stops descending below 0.9 x the incumbent's rate (measurement/rate_search.py): a config
+that meets the limit only there cannot win. Compared with the highest rate any trial happened to pass, one lucky
+measurement of the incumbent would starve the study: every later trial would stop at 0.9 x a rate the incumbent
+itself does not reach again. So the incumbent's rate is
+
+- for a config the confirmation measured (search/confirm.py), the lower end of its rounds' 95% interval of rates;
+- for a config measured once, its rate less a one-sided 95% margin of one measurement: (1 - 1.645 x
+  SINGLE_RUN_RATE_CV). Several replays at its rate (`--repeats`, the baseline's 3) narrow it by their square root.
+"""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+from optuna.trial import TrialState
+
+from optimizer.measurement.intervals import interval
+from optimizer.search.attrs import CONFIRM, CURVE, RESULT
+from optimizer.search.study import is_confirmation
+
+# The spread of one trial's rate at the limit, measured once (the rung its bisection lands on, the P99 of one
+# replay): 6% (docs/measurement.md#confirmation). One-sided 95%: 1.645 of it.
+SINGLE_RUN_RATE_CV = 0.06
+Z_ONE_SIDED_95 = 1.645
+
+
+def single_run_lower_rps(rate_rps: float, replays: int = 1) -> float:
+    """Pure: the lower bound of a rate passed by a trial whose best rate was replayed `replays` times."""
+    return rate_rps * (1 - Z_ONE_SIDED_95 * SINGLE_RUN_RATE_CV / math.sqrt(max(replays, 1)))
+
+
+def fair_incumbent_rate(study: optuna.Study) -> float | None:
+    """The highest lower bound of a feasible rate among the study's finished trials (None before the first)."""
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    confirmed: dict[int, list[float]] = {}
+    for t in trials:
+        c = CONFIRM.of(t)
+        r = RESULT.of(t)
+        if c is not None and r.get("feasible"):
+            confirmed.setdefault(int(c["of"]), []).append(math.inf if r.get("rate_rps") is None else r["rate_rps"])
+    bounds = []
+    for number, rates in confirmed.items():
+        iv = interval(rates)
+        if iv.known and math.isfinite(iv.low):
+            bounds.append(iv.low)
+    for t in trials:
+        r = RESULT.of(t)
+        if is_confirmation(t) or not r.get("feasible") or t.number in confirmed:
+            continue
+        rate = r.get("rate_rps")
+        if rate is None:
+            bounds.append(math.inf)
+            continue
+        replays = sum(1 for p in CURVE.of(t) if p.get("offered_rate_rps") == rate)
+        bounds.append(single_run_lower_rps(float(rate), replays))
+    return max(bounds, default=None)

@@ -1,0 +1,57 @@
+"""The confirmation's intervals, checked by hand (Student t, 95%)."""
+
+import math
+
+import pytest
+
+from optimizer.measurement.intervals import (
+    Interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s, t_975,
+)
+
+
+def test_three_values_by_hand():
+    # mean 12, s = 2, t(2) = 4.303: half-width 4.303 x 2 / sqrt(3) = 4.969
+    iv = interval([10.0, 14.0, 12.0])
+    assert iv.median == 12.0 and iv.n == 3
+    assert iv.low == pytest.approx(12 - 4.303 * 2 / math.sqrt(3))
+    assert iv.high == pytest.approx(12 + 4.969, abs=1e-3)
+    assert iv.known and iv.contains(12.0) and not iv.contains(17.0)
+
+
+def test_one_value_has_no_interval_and_none_has_nothing():
+    one = interval([5.0])
+    assert one.median == 5.0 and not one.known and math.isnan(one.low)
+    assert one.to_dict() == {"median": 5.0, "low": None, "high": None, "n": 1}
+    assert interval([]).n == 0 and math.isnan(interval([]).median)
+
+
+def test_t_quantiles():
+    assert t_975(1) == 12.706 and t_975(2) == 4.303 and t_975(100) == 1.96
+    with pytest.raises(ValueError):
+        t_975(0)
+
+
+def test_gain_is_per_pair():
+    # ratios 1.1 and 1.2: gains 0.1 and 0.2, mean 0.15, s = 0.0707, t(1) = 12.706: half-width 0.635
+    g = gain_interval([(100.0, 110.0), (200.0, 240.0)])
+    assert g.median == pytest.approx(0.15)
+    assert g.low == pytest.approx(0.15 - 12.706 * math.sqrt(0.005) / math.sqrt(2))
+    assert g.contains(0.0)  # two rounds cannot exclude no gain here
+    # a baseline that met the limit nowhere (0 tok/s) gives no ratio: the pair is left out
+    assert gain_interval([(0.0, 50.0), (100.0, 110.0)]).n == 1
+
+
+def test_overlap_decides_ties():
+    a, b, c = Interval(10, 9, 11, 3), Interval(10.5, 10.8, 12, 3), Interval(13, 12.5, 14, 3)
+    assert a.overlaps(b) and b.overlaps(a) and not a.overlaps(c)
+    lone = Interval(10.9, math.nan, math.nan, 1)  # no interval: its median alone
+    assert lone.overlaps(a) and not lone.overlaps(c)
+
+
+def test_rate_bracket_in_throughput():
+    # passed at 10 req/s (100 tok/s), failed at 11 req/s: 100 to 110 tok/s; 5% noise widens both ends
+    assert rate_bracket_tok_s(100.0, 10.0, 11.0) == (100.0, pytest.approx(110.0))
+    low, high = rate_bracket_tok_s(100.0, 10.0, 11.0, noise=0.05)
+    assert low == pytest.approx(95.0) and high == pytest.approx(115.5)
+    assert rate_bracket_tok_s(100.0, None, None) == (100.0, 100.0)  # a burst or a lower bound: its point
+    assert brackets_overlap((100, 110), (109, 120)) and not brackets_overlap((100, 110), (111, 120))

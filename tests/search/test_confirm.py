@@ -1,0 +1,139 @@
+"""The confirmation (search/confirm.py) on the simulated engine: planned into the budget, alternating rounds on fresh
+engines, resumed after an interruption, and the recommendation chosen from its numbers."""
+
+import math
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from optimizer.core.errors import UsageError
+from optimizer.decision.decide import decide
+from optimizer.decision.report import summary_text
+from optimizer.decision.views import render
+from optimizer.search import confirm
+from optimizer.search.attrs import CONFIRM, RESULT, STUDY_CONFIRMATION
+from optimizer.search.incumbent import fair_incumbent_rate, single_run_lower_rps
+from optimizer.search.objective import Objective
+from optimizer.search.runner import prepare, run
+from optimizer.search.score import confirmation, recommended
+from optimizer.search.study import finished_count, is_confirmation
+from tests.support.fakes import SimEngine, make_config, run_study
+
+
+def test_plan_takes_the_runs_out_of_the_budget():
+    p = confirm.plan(40, None)
+    assert (p.rounds, p.search_budget, p.runs) == (3, 31, 9) and "31 search trials" in p.line
+    assert confirm.plan(24, None).rounds == 2  # a quarter of 24 is 6 runs: 2 rounds of 3
+    small = confirm.plan(20, None)  # a quarter is 5 runs: fewer than 2 rounds, so none, and it says how to get them
+    assert (small.rounds, small.search_budget) == (0, 20) and "--budget 24" in small.line
+    assert confirm.plan(20, 3).search_budget == 11  # asked for: taken whatever the share
+    assert confirm.plan(40, 0) == confirm.Plan(0, 40, "confirmation: off (--confirm 0)")
+    assert confirm.plan(None, None).search_budget is None  # a deadline alone: the time is planned instead
+    with pytest.raises(UsageError, match="--budget 11 or more"):
+        confirm.plan(10, 3)
+
+
+def test_rounds_that_fit_before_a_deadline():
+    assert confirm.rounds_in_time(3, None, 50.0) == 3
+    assert confirm.rounds_in_time(3, 1000.0, 50.0, now_unix_s=700.0) == 2  # 300 s: 2 rounds of 3 runs of 50 s
+    assert confirm.rounds_in_time(3, 1000.0, 50.0, now_unix_s=900.0) == 0
+
+
+@pytest.fixture
+def confirmed(tmp_path, config_only_model):
+    config = make_config(tmp_path, config_only_model, budget=12, confirm=2)
+    return config, run_study(tmp_path, config)
+
+
+def test_rounds_alternate_on_fresh_engines_after_the_search(confirmed):
+    config, study = confirmed
+    runs = [t for t in study.trials if is_confirmation(t)]
+    search = [t for t in study.trials if not is_confirmation(t)]
+    assert finished_count(study) == len(search) == 12 - 2 * confirm.CONFIGS
+    assert min(t.number for t in runs) > max(t.number for t in search)  # after the search
+    plan = STUDY_CONFIRMATION.of(study)
+    chosen = plan["candidates"]
+    assert plan["rounds"] == 2 and chosen[0] == 0 and 2 <= len(chosen) <= confirm.CONFIGS  # the defaults first
+    order = [(CONFIRM.of(t)["round"], CONFIRM.of(t)["of"]) for t in runs]
+    assert order == [(0, n) for n in chosen] + [(1, n) for n in chosen[1:] + chosen[:1]]  # round 2 rotated by one
+    assert all(t.state == TrialState.COMPLETE for t in runs)
+    for t in runs:  # each run bisected the rate at the limit to within 3%
+        r = RESULT.of(t)
+        assert r["feasible"] and r["failed_rate_rps"] / r["rate_rps"] <= 1.03 + 1e-9
+
+
+def test_the_recommendation_and_the_gain_come_from_the_confirmed_numbers(confirmed):
+    config, study = confirmed
+    c = confirmation(study)
+    assert c is not None and c.complete and c.full_rounds == [0, 1]
+    assert recommended(study).number == c.best.number
+    assert c.interval(c.best).median == max(c.interval(x).median for x in c.configs)
+    d = decide(study, config)
+    assert d.confirmed and d.best.number == c.best.number
+    if c.best is not c.base:
+        assert d.gain_pct == pytest.approx(c.gain(c.best).median * 100)
+    text = summary_text(study, config)
+    assert "confirmed in 2 rounds" in text and "95% interval" in text and f"#{c.best.number}" in text
+    out, _ = render(d, "table")  # optimize report shows them too
+    assert "confirmed in 2 rounds" in out
+    # another limit re-ranks the search's curves: the confirmation measured the study's own limit only
+    assert not decide(study, config, limit_ms=config.ttft_p99_ms * 2).confirmed
+
+
+def test_an_interrupted_confirmation_resumes_without_running_anything_twice(tmp_path, config_only_model):
+    config = make_config(tmp_path, config_only_model, budget=12, confirm=2)
+    prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
+    calls = {"runs": 0}
+    real = Objective.run
+
+    async def stop_at_the_third_run(self, trial):
+        if CONFIRM.of(trial) is not None:
+            calls["runs"] += 1
+            if calls["runs"] == 3:
+                raise KeyboardInterrupt
+        return await real(self, trial)
+
+    Objective.run = stop_at_the_third_run
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(prepared, quiet=True)
+    finally:
+        Objective.run = real
+    study = prepared.study
+    assert not confirmation(study).complete
+    again = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
+    study = run(again, quiet=True)
+    c = confirmation(study)
+    assert c.complete
+    done = [(CONFIRM.of(t)["of"], CONFIRM.of(t)["round"]) for t in study.trials
+            if is_confirmation(t) and t.state == TrialState.COMPLETE]
+    assert len(done) == len(set(done)) == 2 * len(c.configs)  # every slot once
+    assert finished_count(study) == 6  # the search was not extended
+
+
+def test_no_confirmation_on_a_small_budget_leaves_the_study_as_before(tmp_path, config_only_model):
+    study = run_study(tmp_path, make_config(tmp_path, config_only_model))  # 3 trials: no room for rounds
+    assert not any(is_confirmation(t) for t in study.trials) and STUDY_CONFIRMATION.of(study) is None
+
+
+def test_the_incumbent_is_its_lower_bound_not_its_luckiest_measurement():
+    assert single_run_lower_rps(10.0) == pytest.approx(10.0 * (1 - 1.645 * 0.06))
+    assert single_run_lower_rps(10.0, replays=4) == pytest.approx(10.0 * (1 - 1.645 * 0.03))
+    study = optuna.create_study(directions=["maximize", "minimize"])
+
+    def add(rate, confirm_of=None, feasible=True):
+        attrs = {RESULT.key: {"feasible": feasible, "rate_rps": rate}}
+        if confirm_of is not None:
+            attrs[CONFIRM.key] = {"plan": "p", "of": confirm_of, "round": 0}
+        study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs=attrs))
+
+    assert fair_incumbent_rate(study) is None
+    add(10.0)  # #0, measured once
+    add(12.0, feasible=False)  # #1: a miss is no incumbent
+    assert fair_incumbent_rate(study) == pytest.approx(single_run_lower_rps(10.0))
+    add(11.0)  # #2: a lucky 11 req/s ...
+    for rate in (9.0, 9.5, 9.2):  # ... that the confirmation measured at ~9.2 again
+        add(rate, confirm_of=2)
+    low = 9.233 - 4.303 * 0.2517 / math.sqrt(3)
+    assert fair_incumbent_rate(study) == pytest.approx(max(low, single_run_lower_rps(10.0)), abs=1e-3)
