@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/sample_efficiency.py [--seeds 20] [--budget 40] [--calibration FILE]
     .venv/bin/python benchmarks/sample_efficiency.py --prescreen 60      # + pre-screen on a perturbed "real" engine
     .venv/bin/python benchmarks/sample_efficiency.py --early-stop-check  # the incumbent early stop keeps the winner
+    .venv/bin/python benchmarks/sample_efficiency.py --noise [--noise-run-cv 0.1]   # any mode, on a noisy simulator
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/sample_efficiency.py --real   # the real CPU engine
     .venv/bin/python benchmarks/sample_efficiency.py --real-from-log real.out   # its table again, from its output
 
@@ -16,6 +17,11 @@ Goodput of a trial = its objective: output throughput at its highest sustained r
 config measured alone with a finer rate search (5 bisection steps instead of 2, so its best rate is known to ~1%
 instead of ~10%: the reference is not lowered by the rate ladder). A method reaches X% at the first trial whose
 best feasible goodput so far is >= X% of the reference; "never" counts the seeds that did not within the budget.
+
+With --noise every simulated study (every mode) runs on engines with a shared machine's noise and drift
+(optimizer/engines/sim/noise.py, defaults calibrated by benchmarks/sim_noise.py), one noise source per study seeded
+by the study's seed. The grid reference and every "measured alone (fine)" value stay noise-free: they are the truth
+the noisy studies' picks are judged by.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from optimizer.config.settings import Choice, FloatRange, IntRange, RateSearchSp
 from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
 from optimizer.core.errors import EngineStartError  # noqa: E402
 from optimizer.core.units import parse_duration_ms  # noqa: E402
+from optimizer.engines.sim.noise import SHARED_CPU, NoiseSource, SimNoise  # noqa: E402
 from optimizer.engines.sim.scheduler import SchedulerConfig  # noqa: E402
 from optimizer.engines.sim.steptime import StepTimeModel  # noqa: E402
 from optimizer.engines.simulated import SimulatedEngine  # noqa: E402
@@ -254,9 +261,13 @@ def grid_in_random_order(values: Sequence[float], costs: Sequence[float], target
 
 # -- studies ---------------------------------------------------------------------------------------------------
 
-def run_method(args: tuple[str, int, int, dict[str, float], int, dict[str, float] | None, bool]) -> Run:
-    """One study on the simulator: `method` is "study" (the project's sampler) or "random" (RandomSampler)."""
-    method, seed, budget, tm_dict, prescreen_n, sim_tm_dict, early_stop = args
+def run_method(args: tuple[str, int, int, dict[str, float], int, dict[str, float] | None, bool, SimNoise | None]
+               ) -> Run:
+    """One study on the simulator: `method` is "study" (the project's sampler) or "random" (RandomSampler).
+
+    With `noise`, its engines share one noise source seeded by the study's seed (the pre-screen stays noise-free:
+    it is the tool's own simulator, not the machine)."""
+    method, seed, budget, tm_dict, prescreen_n, sim_tm_dict, early_stop, noise = args
     assert BENCH is not None
     t0 = time.perf_counter()
     tm = StepTimeModel(**tm_dict)
@@ -271,8 +282,9 @@ def run_method(args: tuple[str, int, int, dict[str, float], int, dict[str, float
                       StepTimeModel(**(sim_tm_dict or tm_dict)), prescreen_n, BENCH.logs)
         run.prescreen_wall_s = time.perf_counter() - t0
     engines: list[SimulatedEngine] = []
+    source = NoiseSource(replace(noise, seed=seed)) if noise is not None else None
     objective = sim_objective(config, BENCH.space, BENCH.workload, BENCH.info, tm, BENCH.logs,
-                              early_stop=early_stop, on_engine=engines.append)
+                              early_stop=early_stop, on_engine=engines.append, noise=source)
 
     def on_trial(s: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
         run.values.append(goodput(t))
@@ -330,6 +342,32 @@ def table(title: str, reference: float, rows: list[tuple[str, list[Run]]], grid_
     return "\n".join(lines)
 
 
+def noise_settings(args: argparse.Namespace) -> SimNoise | None:
+    """The studies' noise (the seed is set per study), or None without --noise."""
+    if not args.noise:
+        return None
+    return SimNoise(run_cv=args.noise_run_cv, replay_cv=args.noise_replay_cv, drift_per_hour=args.noise_drift)
+
+
+def noise_title(noise: SimNoise | None, exact: str = "the grid reference is not") -> str:
+    if noise is None:
+        return ""
+    return (f"; noisy engines (run_cv {noise.run_cv}, replay_cv {noise.replay_cv}, drift "
+            f"{noise.drift_per_hour:+.0%}/h, seeded per study): trial values are noisy, {exact}")
+
+
+def true_quality(tm: StepTimeModel, reference: float, rows: list[tuple[str, list[Run]]]) -> str:
+    """With noise: each study's pick (its best trial by its noisy values) measured alone, noise-free (fine)."""
+    out = []
+    for label, runs in rows:
+        picked = [r.best_params for r in runs if r.best_params is not None]
+        truth = iter(evaluate_alone(tm, picked, FINE_SEARCH))
+        finals = [next(truth) / reference if r.best_params is not None else 0.0 for r in runs]
+        out.append(f"  {label}: its pick measured alone noise-free (fine), median {statistics.median(finals):.1%} of "
+                   f"the reference (min {min(finals):.1%})")
+    return "\n".join(out)
+
+
 def final_quality(reference: float, rows: list[tuple[str, list[Run]]]) -> str:
     out = []
     for label, runs in rows:
@@ -349,15 +387,20 @@ def sim_mode(bench: Bench, tm: StepTimeModel, args: argparse.Namespace) -> None:
     print(f"grid: {len(configs)} configs ({sum(v > 0 for v in values)} feasible), {sum(costs) / 3600:.0f} engine hours "
           f"if run for real; best {ref:.1f} tok/s at {best}; vLLM defaults measured alone: see the study's trial 1 "
           f"({time.perf_counter() - t0:.0f} s)")
-    tasks = [(m, s, args.budget, tm.to_dict(), 0, None, True) for m in ("study", "random") for s in range(args.seeds)]
+    noise = noise_settings(args)
+    tasks = [(m, s, args.budget, tm.to_dict(), 0, None, True, noise) for m in ("study", "random")
+             for s in range(args.seeds)]
     runs = run_all(args.jobs, tasks)
     rows = [("default study (TPE, baseline first)", [r for r in runs if r.method == "study"]),
             ("random search (baseline first)", [r for r in runs if r.method == "random"])]
     print()
     print(table(f"simulator, {'calibration ' + args.calibration if args.calibration else 'default time model'}, "
                 f"CPU default space, CPU demo workload, TTFT P99 <= {bench.config.ttft_p99_ms:.0f} ms, "
-                f"{args.seeds} seeds x {args.budget} trials", ref, rows, (values, costs), args.budget))
+                f"{args.seeds} seeds x {args.budget} trials{noise_title(noise)}", ref, rows, (values, costs),
+                args.budget))
     print(final_quality(ref, rows))
+    if noise is not None:
+        print(true_quality(tm, ref, rows))
     print(f"(sim mode took {time.perf_counter() - t0:.0f} s)")
 
 
@@ -366,17 +409,20 @@ def prescreen_mode(bench: Bench, tm: StepTimeModel, args: argparse.Namespace) ->
     real_tm = replace(tm, **{k: getattr(tm, k) * v for k, v in PERTURBATION.items()})
     configs, values, costs = evaluate_grid(bench, real_tm, args.jobs)
     ref = max(values)
-    tasks = [("study", s, args.budget, real_tm.to_dict(), 0, None, True) for s in range(args.seeds)]
-    tasks += [("study", s, args.budget, real_tm.to_dict(), args.prescreen, tm.to_dict(), True)
+    noise = noise_settings(args)
+    tasks = [("study", s, args.budget, real_tm.to_dict(), 0, None, True, noise) for s in range(args.seeds)]
+    tasks += [("study", s, args.budget, real_tm.to_dict(), args.prescreen, tm.to_dict(), True, noise)
               for s in range(args.seeds)]
     runs = run_all(args.jobs, tasks)
     plain, pre = runs[:args.seeds], runs[args.seeds:]
     rows = [("default study", plain), (f"study + pre-screen ({args.prescreen} sim)", pre)]
     print()
     print(table(f"pre-screen: 'real' engine = simulator with perturbed time model {PERTURBATION}; pre-screen on the "
-                f"nominal model; {args.seeds} seeds x {args.budget} real trials", ref, rows, (values, costs),
-                args.budget))
+                f"nominal model; {args.seeds} seeds x {args.budget} real trials{noise_title(noise)}", ref, rows,
+                (values, costs), args.budget))
     print(final_quality(ref, rows))
+    if noise is not None:
+        print(true_quality(real_tm, ref, rows))
     print(f"  pre-screen CPU time per study: median {statistics.median(r.prescreen_wall_s for r in pre):.0f} s "
           f"(no engine minutes); (mode took {time.perf_counter() - t0:.0f} s)")
 
@@ -385,13 +431,16 @@ def early_stop_mode(bench: Bench, tm: StepTimeModel, args: argparse.Namespace) -
     """Same seed with the incumbent early stop on and off. Every winner and every trial the stop cut short is then
     measured alone with the fine rate search: a cut-short config that beats the winner would be a lost winner."""
     t0 = time.perf_counter()
-    tasks = [("study", s, args.budget, tm.to_dict(), 0, None, es) for es in (True, False) for s in range(args.seeds)]
+    noise = noise_settings(args)
+    tasks = [("study", s, args.budget, tm.to_dict(), 0, None, es, noise) for es in (True, False)
+             for s in range(args.seeds)]
     runs = run_all(args.jobs, tasks)
     on, off = runs[:args.seeds], runs[args.seeds:]
     print()
     print(f"incumbent early stop, {args.seeds} seeds x {args.budget} trials, same sampler seed, on vs off. 'fine': "
           f"the winner measured alone with the fine rate search; 'cut short': trials the stop ended, 'lost': those "
-          f"of them that, measured alone (fine), beat the on-run's winner by > 1%")
+          f"of them that, measured alone (fine), beat the on-run's winner by > 1%"
+          + noise_title(noise, "'fine' and 'lost' are not"))
     print(f"{'seed':>5}{'on best':>10}{'off best':>10}{'on fine':>10}{'off fine':>10}{'cut short':>11}{'lost':>6}"
           f"{'replay min on':>15}{'off':>7}{'saved':>7}")
     lost_total = cut_total = 0
@@ -561,6 +610,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prescreen", type=int, default=0, help="also compare the study with a pre-screen of N sim trials")
     p.add_argument("--early-stop-check", action="store_true", help="the incumbent early stop on vs off")
     p.add_argument("--no-sim", action="store_true", help="skip the study vs random vs grid table")
+    p.add_argument("--noise", action="store_true",
+                   help="every simulated study on noisy engines (the grid and 'measured alone' truths stay exact)")
+    p.add_argument("--noise-run-cv", type=float, default=SHARED_CPU.run_cv,
+                   help=f"log-normal sigma of the per-engine step-time factor (default {SHARED_CPU.run_cv})")
+    p.add_argument("--noise-replay-cv", type=float, default=SHARED_CPU.replay_cv,
+                   help=f"log-normal sigma of the per-replay step-time factor (default {SHARED_CPU.replay_cv})")
+    p.add_argument("--noise-drift", type=float, default=SHARED_CPU.drift_per_hour,
+                   help=f"step-time drift per virtual hour (default {SHARED_CPU.drift_per_hour}: "
+                        f"{SHARED_CPU.drift_per_hour:+.0%}/h)")
     p.add_argument("--real", action="store_true",
                    help="a few studies on the real CPU engine: ~45 s per trial, the cost is printed first")
     p.add_argument("--real-seeds", type=int, default=1, help="seeds per method on the real engine (default 1)")

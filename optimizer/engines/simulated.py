@@ -7,6 +7,10 @@ Two ways to drive it:
   `optimizer.replay.replay` uses it when an engine has it, so studies, rate searches and benchmarks run on the
   simulator unchanged, only faster.
 
+With a `NoiseSource` (optimizer/engines/sim/noise.py) its step times vary like a shared machine's: a factor per
+engine start (also applied in real time), one per replay, and a slow drift over the source's virtual hours. Without
+one it is deterministic.
+
 Its memory model follows optimizer/params/preflight.py: `gpu_memory_utilization` x device memory, less weights and a
 runtime reserve, is the KV cache; a config that asks for more than the device has fails to start as out of memory.
 """
@@ -22,6 +26,7 @@ from optimizer.config.model import ModelInfo
 from optimizer.core import failures
 from optimizer.core.errors import EngineStartError
 from optimizer.core.processes import ProcessRef
+from optimizer.engines.sim.noise import NoiseSource, scaled
 from optimizer.engines.sim.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.sim.virtual import simulate
@@ -45,9 +50,12 @@ _IGNORED = {"model", "enforce_eager", "dtype", "load_format", "seed", "skip_toke
 
 class SimulatedEngine:
     def __init__(self, model: ModelInfo, time_model: StepTimeModel | None = None, device: str = "cpu",
-                 device_memory_bytes: int = 24 * GIB, max_memory_fraction: float = 0.9) -> None:
+                 device_memory_bytes: int = 24 * GIB, max_memory_fraction: float = 0.9,
+                 noise: NoiseSource | None = None) -> None:
         self.model, self.time_model, self.device = model, time_model or StepTimeModel(), device
         self.device_memory_bytes, self.max_memory_fraction = device_memory_bytes, max_memory_fraction
+        self.noise = noise
+        self.engine_factor = 1.0  # this start's step-time factor (drawn from `noise` at start)
         self.virtual_s = 0.0  # modelled seconds this engine has cost: start, replays, shutdown
         self.last_stats: SchedulerStats | None = None
         self._config: SchedulerConfig | None = None
@@ -105,7 +113,9 @@ class SimulatedEngine:
         resolved = self.resolve(params)
         self._config = SchedulerConfig.of(resolved)
         self._sched = Scheduler(self._config)
-        self.virtual_s += self.time_model.engine_start_s
+        if self.noise is not None:
+            self.engine_factor = self.noise.engine_factor()
+        self._spend(self.time_model.engine_start_s)
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log_path.write_text(f"simulated engine: {resolved}\nstep time model: {self.time_model.to_dict()}\n")
@@ -115,8 +125,12 @@ class SimulatedEngine:
     def simulate_replay(self, requests: list[Request] | tuple[Request, ...],
                         arrivals_s: list[float]) -> list[RequestRecord]:
         assert self._sched is not None and self._config is not None, "simulate_replay before start"
-        result = simulate(requests, arrivals_s, self._config, self.time_model, self._sched)
-        self.virtual_s += result.duration_s
+        model = self.time_model
+        if self.noise is not None:
+            factor = self.engine_factor * self.noise.replay_factor() * self.noise.drift_factor()
+            model = scaled(model, factor)
+        result = simulate(requests, arrivals_s, self._config, model, self._sched)
+        self._spend(result.duration_s)
         self.last_stats = result.stats
         return result.records
 
@@ -135,6 +149,7 @@ class SimulatedEngine:
 
     async def _loop(self) -> None:
         assert self._sched is not None and self._wake is not None
+        model = scaled(self.time_model, self.engine_factor)  # real time: the engine's factor only
         while True:
             if self._sched.idle:
                 self._wake.clear()
@@ -146,7 +161,7 @@ class SimulatedEngine:
                     seq = self._sched.waiting.popleft()
                     seq.key.put_nowait(None)
                 continue
-            await asyncio.sleep(self.time_model.step_s(*plan.time_inputs))
+            await asyncio.sleep(model.step_s(*plan.time_inputs))
             emitted, completed = self._sched.finish(plan)
             for seq in emitted:
                 seq.key.put_nowait(1)
@@ -163,5 +178,11 @@ class SimulatedEngine:
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
         if self._sched is not None:
-            self.virtual_s += self.time_model.engine_shutdown_s
+            self._spend(self.time_model.engine_shutdown_s)
         self._sched = None
+
+    def _spend(self, seconds: float) -> None:
+        """Count modelled engine time: this engine's cost, and the noise source's clock for the drift."""
+        self.virtual_s += seconds
+        if self.noise is not None:
+            self.noise.advance(seconds)

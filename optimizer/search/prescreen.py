@@ -29,6 +29,7 @@ from optuna.trial import FrozenTrial
 
 from optimizer.config.model import ModelInfo
 from optimizer.config.settings import StudyConfig
+from optimizer.engines.sim.noise import NoiseSource
 from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.simulated import SimulatedEngine
 from optimizer.measurement.workload import Workload
@@ -57,11 +58,15 @@ class Pick:
 
 def sim_objective(config: StudyConfig, space: Space, workload: Workload, model: ModelInfo,
                   time_model: StepTimeModel, logs_dir: Path, device_memory_bytes: int = DEFAULT_DEVICE_MEMORY_BYTES,
-                  early_stop: bool = True, on_engine: Callable[[SimulatedEngine], None] | None = None) -> Objective:
-    """The study's objective with the simulated engine behind it (no records stored, no memory probe)."""
+                  early_stop: bool = True, on_engine: Callable[[SimulatedEngine], None] | None = None,
+                  noise: NoiseSource | None = None) -> Objective:
+    """The study's objective with the simulated engine behind it (no records stored, no memory probe).
+
+    `noise` (shared by every engine it makes) gives the engines a shared machine's run-to-run noise and drift.
+    """
 
     def factory() -> SimulatedEngine:
-        engine = SimulatedEngine(model, time_model, config.device, device_memory_bytes)
+        engine = SimulatedEngine(model, time_model, config.device, device_memory_bytes, noise=noise)
         if on_engine is not None:
             on_engine(engine)
         return engine
