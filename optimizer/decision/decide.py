@@ -184,7 +184,7 @@ def caveats(d: Decision) -> list[str]:
         out.append(f"the stored data cannot answer this limit: no stored replay meets TTFT P99 <= "
                    f"{format_ms(d.limit_ms)}{where}. Rates below the stored ones were not tried: {_measure_hint(d)}")
         return out
-    if d.best.ranked.answer == Answer.LOWER_BOUND and (p := d.best.ranked.point) is not None:
+    if d.best.ranked.answer == Answer.LOWER_BOUND and (p := d.best.ranked.point) is not None and not d.confirmed:
         out.append(f"trial #{d.best.number}'s throughput is a lower bound: the highest Poisson rate it tried "
                    f"({rate_text(p.get('offered_rate_rps'))}) already meets the limit (TTFT P99 "
                    f"{format_ms(p['ttft_p99_ms'])}), so it may sustain more: {_measure_hint(d)}")

@@ -63,8 +63,9 @@ class Interval:
                 "high": self.high if self.known else None, "n": self.n}
 
 
-def interval(values: Sequence[float]) -> Interval:
-    """The median of `values` with the 95% t interval of their mean."""
+def interval(values: Sequence[float], floor: float = -math.inf) -> Interval:
+    """The median of `values` with the 95% t interval of their mean, cut at `floor` (a throughput is never below
+    0, a gain never below -100%)."""
     n = len(values)
     if n == 0:
         return Interval(math.nan, math.nan, math.nan, 0)
@@ -73,13 +74,13 @@ def interval(values: Sequence[float]) -> Interval:
     mean = sum(values) / n
     s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = t_975(n - 1) * s / math.sqrt(n)
-    return Interval(median(values), mean - half, mean + half, n)
+    return Interval(median(values), max(mean - half, floor), mean + half, n)
 
 
 def gain_interval(pairs: Sequence[tuple[float, float]]) -> Interval:
     """The relative gain of `b` over `a` from measurements taken in pairs `(a, b)`: per pair b / a - 1, its median
     and the 95% t interval of its mean. Pairs whose `a` is not positive cannot give a ratio and are left out."""
-    return interval([b / a - 1 for a, b in pairs if a > 0])
+    return interval([b / a - 1 for a, b in pairs if a > 0], floor=-1.0)
 
 
 def rate_bracket_tok_s(throughput_tok_s: float, passed_rps: float | None, failed_rps: float | None,

@@ -173,7 +173,8 @@ async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSp
 # within this fraction of each other.
 BRACKET_PRECISION = 0.03
 BRACKET_STEP = 1.15  # from the starting rate, up (it passed) or down (it failed) by this factor until it turns
-BRACKET_MAX_REPLAYS = 10
+BRACKET_MAX_REPLAYS = 12
+BURST_START = 0.85  # a burst that misses the limit now: the Poisson rate to start from, as a share of its pace
 
 
 async def bisect_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSpec, start_rps: float,
@@ -198,7 +199,7 @@ async def bisect_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSpec
         if burst.feasible:
             result.best = burst
             return result
-        start_rps = burst.request_throughput_rps * spec.step_down
+        start_rps = burst.request_throughput_rps * BURST_START
         if not start_rps > 0:
             return result
     lo: CurvePoint | None = None

@@ -209,7 +209,7 @@ class Confirmation:
         return [v for r in self.full_rounds if (v := c.value_tok_s(r)) is not None]
 
     def interval(self, c: Confirmed) -> Interval:
-        return interval(self.values_tok_s(c))
+        return interval(self.values_tok_s(c), floor=0.0)
 
     @property
     def base(self) -> Confirmed | None:

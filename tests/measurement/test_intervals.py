@@ -25,6 +25,13 @@ def test_one_value_has_no_interval_and_none_has_nothing():
     assert interval([]).n == 0 and math.isnan(interval([]).median)
 
 
+def test_an_interval_is_cut_at_its_floor():
+    # 2 values far apart: t(1) = 12.706 puts the mean's lower bound far below 0, which no throughput is
+    wide = interval([100.0, 300.0], floor=0.0)
+    assert wide.low == 0.0 and wide.high == pytest.approx(200 + 12.706 * math.sqrt(20000) / math.sqrt(2))
+    assert gain_interval([(100.0, 10.0), (100.0, 300.0)]).low == -1.0  # a gain is never below -100%
+
+
 def test_t_quantiles():
     assert t_975(1) == 12.706 and t_975(2) == 4.303 and t_975(100) == 1.96
     with pytest.raises(ValueError):

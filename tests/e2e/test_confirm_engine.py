@@ -1,0 +1,52 @@
+"""The confirmation on the real vLLM CPU engine, through the CLI as users run it: vLLM's defaults and the
+recommendation measured again in alternating rounds, each on a fresh engine; the table carries the intervals, and
+`optimize report` and `optimize export` show the confirmed numbers."""
+
+import json
+import re
+
+import pytest
+from optuna.trial import TrialState
+
+from optimizer.measurement.rate_search import BRACKET_MAX_REPLAYS
+from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PIDS, RESULT, STUDY_CONFIRMATION
+from optimizer.search.score import confirmation, recommended
+from optimizer.search.study import finished_count
+from tests.e2e.test_e2e_engine import SMALL, optimize
+from tests.support.fakes import load
+
+pytestmark = pytest.mark.engine
+
+
+def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny_model, model_cache):
+    # 8 trials: 2 rounds of up to 3 configs (6 runs) leave the search 2 (vLLM's defaults and one more)
+    proc = optimize(model_cache, tmp_path, *SMALL, "--budget", "8", "--confirm", "2", "--study", "c")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "confirmation: 2 rounds of up to 3 configs come out of the budget of 8: 2 search trials" in proc.stderr
+    study = load(tmp_path, "c")
+    assert finished_count(study) == 2
+    runs = [t for t in study.trials if CONFIRM.of(t) is not None]
+    plan = STUDY_CONFIRMATION.of(study)
+    assert plan["candidates"][0] == 0 and len(runs) == 2 * len(plan["candidates"])
+    assert all(t.state == TrialState.COMPLETE for t in runs)
+    pids = [tuple(ENGINE_PIDS.of(t)) for t in runs]
+    assert all(pids) and len(set(pids)) == len(pids)  # every run on an engine of its own
+    for t in runs:
+        r = RESULT.of(t)
+        if r["feasible"] and r.get("failed_rate_rps"):  # bisected to within 3%, or out of replays trying
+            assert r["failed_rate_rps"] / r["rate_rps"] <= 1.03 + 1e-6 or len(CURVE.of(t)) == BRACKET_MAX_REPLAYS
+    c = confirmation(study)
+    assert c.complete and recommended(study).number == c.best.number
+    out = proc.stdout
+    (tmp_path / "out.txt").write_text(out + proc.stderr)
+    print(out)
+    assert "confirmed in 2 rounds, alternating, each config on a fresh engine" in out
+    row = next(line for line in out.splitlines() if line.startswith("vLLM defaults"))
+    assert re.search(r"\[\d+\.\d, \d+\.\d\]", row)  # the defaults' median with its interval
+    assert "gain over vLLM's defaults" in out or "measured best in the confirmation" in out
+    report = optimize(model_cache, tmp_path, "report", "--study", "c")
+    assert report.returncode == 0 and "confirmed in 2 rounds" in report.stdout
+    export = optimize(model_cache, tmp_path, "export", "--study", "c")
+    assert export.returncode == 0, export.stderr[-2000:]
+    meta = json.loads((tmp_path / "c.engine_args.json").read_text())["metadata"]
+    assert meta["trial"] == c.best.number and meta["confirmed"]["rounds"] == 2
