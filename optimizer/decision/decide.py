@@ -188,7 +188,9 @@ def caveats(d: Decision) -> list[str]:
         out.append(f"trial #{d.best.number}'s throughput is a lower bound: the highest Poisson rate it tried "
                    f"({rate_text(p.get('offered_rate_rps'))}) already meets the limit (TTFT P99 "
                    f"{format_ms(p['ttft_p99_ms'])}), so it may sustain more: {_measure_hint(d)}")
-    others = [v.number for v in d.views if v.ranked.answer == Answer.LOWER_BOUND and v is not d.best]
+    confirmed = {c.number for c in d.confirmation.configs} if d.confirmed and d.confirmation else set()
+    others = [v.number for v in d.views if v.ranked.answer == Answer.LOWER_BOUND and v is not d.best
+              and v.number not in confirmed]
     if others:
         out.append(f"lower bounds that might rank higher if measured: {', '.join(f'#{n}' for n in others)}")
     unanswered = [v.number for v in measured if v.ranked.answer == Answer.NO_POINT]

@@ -9,7 +9,9 @@ which is honest with as few as 2 values (wide: with 3 rounds t is 4.30). The gai
 measured per round, as the ratio of the two measurements taken next to each other (the rounds alternate, so a
 slow minute of a shared machine hits both): its interval is the t interval of those ratios, minus 1.
 
-Two configs are *tied* when their intervals overlap: no ranking of them is backed by the measurements.
+Two configs are *tied* when the interval of their per-round gain includes 0: no ranking of them is backed by the
+measurements. A single measurement's bracket (the rate passed to the rate failed) is its interval before a
+confirmation: two trials whose brackets overlap are tied.
 """
 
 from __future__ import annotations

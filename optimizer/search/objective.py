@@ -37,14 +37,14 @@ from optimizer.params.preflight import (
 )
 from optimizer.params.space import Space
 from optimizer.search.attrs import (
-    BASELINE, BASELINE_NOTE, CONFIRM, CURVE, ENGINE_CONFIG, ENGINE_PARAMS, ENGINE_PIDS, ENGINE_PROCESSES, ENGINE_START_PHASES,
-    ENVIRONMENT_CAUSE, INTERRUPTED, LIMITED_BY, LOG_EXCERPT, LOG_FILE, MEMORY_ESTIMATE_GIB, MEMORY_WAITED_FOR,
-    PRUNED_DETAIL, PRUNED_REASON, RESULT, TELEMETRY, TIMINGS, WORKER,
+    BASELINE, BASELINE_NOTE, CONFIRM, CURVE, ENGINE_CONFIG, ENGINE_PARAMS, ENGINE_PIDS, ENGINE_PROCESSES,
+    ENGINE_START_PHASES, ENVIRONMENT_CAUSE, INTERRUPTED, LIMITED_BY, LOG_EXCERPT, LOG_FILE, MEMORY_ESTIMATE_GIB,
+    MEMORY_WAITED_FOR, PRUNED_DETAIL, PRUNED_REASON, RESULT, TELEMETRY, TIMINGS, WORKER,
 )
 from optimizer.search.breaker import StartFailureBreaker, environment_cause
 from optimizer.search.confirm import start_rates
-from optimizer.search.incumbent import fair_incumbent_rate
 from optimizer.search.dashboard import set_constraint
+from optimizer.search.incumbent import fair_incumbent_rate
 from optimizer.search.records import RecordStore
 from optimizer.search.recovery import worker_identity
 from optimizer.search.repeats import confirm_best, measure_fixed_load, with_repeats

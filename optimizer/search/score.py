@@ -231,10 +231,20 @@ class Confirmation:
                  and (b := c.value_tok_s(r)) is not None]
         return gain_interval(pairs)
 
+    def difference(self, c: Confirmed, other: Confirmed) -> Interval:
+        """`c`'s gain over `other`, round by round: the two runs of a round were taken next to each other, so the
+        interval of their per-round ratio leaves out what moved both (a slow minute of the machine)."""
+        return gain_interval([(a, b) for r in self.full_rounds if (a := other.value_tok_s(r)) is not None
+                              and (b := c.value_tok_s(r)) is not None])
+
     def tied(self, c: Confirmed) -> bool:
-        """True when `c`'s interval overlaps the best's: the measurements do not rank them apart."""
+        """True when the measurements do not rank `c` apart from the best: the interval of its per-round gain over
+        the best includes 0 (with one round, no interval: tied only on an equal number)."""
         best = self.best
-        return best is not None and c is not best and self.interval(c).overlaps(self.interval(best))
+        if best is None or c is best:
+            return False
+        d = self.difference(c, best)
+        return d.low <= 0 <= d.high if d.known else d.median == 0
 
 
 def confirmation(study: optuna.Study) -> Confirmation | None:

@@ -137,3 +137,27 @@ def test_the_incumbent_is_its_lower_bound_not_its_luckiest_measurement():
         add(rate, confirm_of=2)
     low = 9.233 - 4.303 * 0.2517 / math.sqrt(3)
     assert fair_incumbent_rate(study) == pytest.approx(max(low, single_run_lower_rps(10.0)), abs=1e-3)
+
+
+def test_tied_is_judged_per_round_not_by_overlapping_intervals():
+    from optimizer.search.attrs import BASELINE
+    from optimizer.search.score import Confirmation, Confirmed
+
+    def trial(number, tok_s=None, baseline=False):
+        attrs = {RESULT.key: {"feasible": True}, **({BASELINE.key: True} if baseline else {})}
+        t = optuna.trial.create_trial(values=[tok_s or 1.0, 50.0], user_attrs=attrs)
+        t.number = number
+        return t
+
+    def confirmed(number, values, baseline=False):
+        return Confirmed(trial(number, baseline=baseline), {r: trial(100 + r, v) for r, v in enumerate(values)})
+
+    base = confirmed(0, [1227.0, 1318.0, 1150.0], baseline=True)
+    best = confirmed(7, [1365.0, 1431.8, 1290.0])  # 8-11% ahead in every round
+    rival = confirmed(9, [1330.0, 1460.0, 1250.0])  # behind, ahead of, behind the best
+    c = Confirmation({"plan": "p", "rounds": 3, "candidates": [0, 7, 9]}, [base, best, rival])
+    assert c.best is best
+    assert c.interval(base).overlaps(c.interval(best))  # their own intervals overlap ...
+    assert not c.tied(base)  # ... but every round put the best ahead: not tied
+    assert c.gain(best).low > 0
+    assert c.tied(rival) and not c.tied(best)

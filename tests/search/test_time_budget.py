@@ -24,6 +24,9 @@ def test_time_left_by_hand():
     assert time_left_for(1100.0, None, 1000.0) == ""  # nothing known yet: the first trial runs
     assert "takes ~130 s and 100 s are left" in time_left_for(1100.0, 130.0, 1000.0)
     assert "deadline has passed" in time_left_for(1000.0, None, 1000.0)
+    # the confirmation's time is kept: 30 s of trial and 60 s of confirmation runs do not fit into 80 s
+    assert "~60 s of them kept for the confirmation" in time_left_for(1080.0, 30.0, 1000.0, reserve_s=60.0)
+    assert time_left_for(1100.0, 30.0, 1000.0, reserve_s=60.0) == ""
 
 
 def test_budget_flags():
