@@ -180,7 +180,7 @@ def confirmation_lines(d: Decision) -> list[str]:
                        f"simpler choice, the recommendation the better bet")
     tied = [x for x in c.configs if c.tied(x) and not x.baseline]
     if tied:
-        out.append("tied with the recommendation (their intervals overlap): "
+        out.append("tied with the recommendation (the rounds do not rank them apart): "
                    + ", ".join(f"#{x.number} ({c.interval(x).median:.1f} tok/s)" for x in tied)
                    + "; optimize verify picks the most robust of them")
     if not c.complete:
