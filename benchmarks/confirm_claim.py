@@ -17,7 +17,6 @@ per-round gains. A row is "inside" when that falls inside the reported interval.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec  # no
 from optimizer.measurement.intervals import Interval, gain_interval  # noqa: E402
 from optimizer.measurement.workload import build_workload  # noqa: E402
 from optimizer.search import confirm  # noqa: E402
-from optimizer.search.attrs import CONFIRM, ENGINE_PARAMS  # noqa: E402
+from optimizer.search.attrs import CONFIRM  # noqa: E402
 from optimizer.search.objective import Objective  # noqa: E402
 from optimizer.search.runner import prepare, run  # noqa: E402
 from optimizer.search.score import Confirmation, confirmation, goodput  # noqa: E402
@@ -77,11 +76,7 @@ def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial
     limit = config.ttft_p99_ms
     for r in range(rounds):
         for t in (pair if r % 2 == 0 else pair[::-1]):
-            spec_rates = confirm.run_spec(t, limit, config.engine_args)
-            study.enqueue_trial({}, user_attrs=CONFIRM.item({"plan": "again", "of": t.number, "round": r,
-                                                             "params": ENGINE_PARAMS.of(t),
-                                                             **{k: (None if isinstance(v, float) and math.isinf(v)
-                                                                    else v) for k, v in spec_rates.items()}}))
+            study.enqueue_trial({}, user_attrs=confirm.run_attrs("again", t, r, limit, config.engine_args))
     study.optimize(scratch, n_trials=2 * rounds, gc_after_trial=False)
     got: dict[int, dict[int, float]] = {}
     for t in study.trials:

@@ -63,8 +63,8 @@ class Decision:
 
     @property
     def ties(self) -> list[TrialView]:
-        """Trials the measurements do not rank apart from the recommendation: confirmed configs whose interval
-        overlaps its interval; without a confirmation, front trials whose bracket (the rate passed to the rate
+        """Trials the measurements do not rank apart from the recommendation: confirmed configs whose per-round gain
+        over it may be 0 (`Confirmation.tied`); without a confirmation, front trials whose bracket (the rate passed to the rate
         failed, widened by the study's noise) overlaps its bracket."""
         if self.best is None:
             return []
@@ -88,16 +88,13 @@ class Decision:
             assert self.confirmation is not None
             if self.best is self.baseline:
                 return 0.0
-            gain = self.confirmation.gain(self._confirmed(self.best))
+            mine = self.confirmed_of(self.best)
+            gain = self.confirmation.gain(mine) if mine is not None else None
             return gain.median * 100 if gain is not None and gain.n else None
         if self.best is None or self.baseline is None or not self.baseline.ranked.answerable:
             return None
         base = self.baseline.ranked.output_throughput_tok_s
         return (self.best.ranked.output_throughput_tok_s / base - 1) * 100 if base > 0 else None
-
-    def _confirmed(self, v: TrialView) -> Any:
-        assert self.confirmation is not None
-        return next(c for c in self.confirmation.configs if c.number == v.number)
 
     def confirmed_of(self, v: TrialView) -> Any:
         """`v`'s confirmation (a search.score.Confirmed), None where it was not measured again."""

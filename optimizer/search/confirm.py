@@ -137,16 +137,18 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any]) -> di
     for r in range(rounds):
         for k in range(len(chosen)):
             t = chosen[(k + r) % len(chosen)]
-            spec = run_spec(t, limit, engine_args)
-            study.enqueue_trial({}, user_attrs=CONFIRM.item({"plan": key, "of": t.number, "round": r,
-                                                             "params": ENGINE_PARAMS.of(t), **_json_rates(spec)}),
-                                skip_if_exists=False)
+            study.enqueue_trial({}, user_attrs=run_attrs(key, t, r, limit, engine_args), skip_if_exists=False)
     return plan_attr
 
 
-def _json_rates(spec: dict[str, Any]) -> dict[str, Any]:
-    """JSON has no infinity: a burst start is stored as None."""
-    return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in spec.items()}
+def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limit_ms: float,
+              engine_args: dict[str, Any]) -> dict[str, Any]:
+    """The user attributes of one queued run of `trial` (its engine arguments and where its bisection starts; JSON
+    has no infinity, so a burst start is stored as None)."""
+    spec = {k: (None if isinstance(v, float) and math.isinf(v) else v)
+            for k, v in run_spec(trial, limit_ms, engine_args).items()}
+    return CONFIRM.item({"plan": plan_key, "of": trial.number, "round": round_, "params": ENGINE_PARAMS.of(trial),
+                         **spec})
 
 
 def start_rates(confirm: dict[str, Any]) -> tuple[float, float | None]:

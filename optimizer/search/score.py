@@ -225,11 +225,7 @@ class Confirmation:
     def gain(self, c: Confirmed) -> Interval | None:
         """`c`'s gain over vLLM's defaults, round by round (each round measures both next to each other)."""
         base = self.base
-        if base is None or c is base:
-            return None
-        pairs = [(a, b) for r in self.full_rounds if (a := base.value_tok_s(r)) is not None
-                 and (b := c.value_tok_s(r)) is not None]
-        return gain_interval(pairs)
+        return None if base is None or c is base else self.difference(c, base)
 
     def difference(self, c: Confirmed, other: Confirmed) -> Interval:
         """`c`'s gain over `other`, round by round: the two runs of a round were taken next to each other, so the
