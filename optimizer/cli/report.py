@@ -43,7 +43,7 @@ def cmd_report(argv: list[str]) -> int:
 
 def _report(ns: argparse.Namespace) -> int:
     from optimizer.decision.tables import check_format, format_output
-    from optimizer.decision.views import curve_rows, render, trial_notes
+    from optimizer.decision.views import confirmation_run_lines, curve_rows, render, trial_notes
     from optimizer.decision.decide import decide, view
 
     check_format(ns.format)
@@ -69,7 +69,7 @@ def _report(ns: argparse.Namespace) -> int:
             print(format_output(rows, ns.format) if rows or ns.format != "table" else
                   f"trial #{chosen.number} stored no replays: it could not run ({why}: "
                   f"{PRUNED_DETAIL.of(chosen.trial)})")
-            for line in trial_notes(chosen):
+            for line in [*trial_notes(chosen), *confirmation_run_lines(decision, chosen)]:
                 (print if ns.format == "table" else say)(line)
         if ns.bench_json:
             from optimizer.decision.benchjson import bench_result, chosen_point, write_bench_json

@@ -239,6 +239,16 @@ def trial_notes(v: TrialView) -> list[str]:
     return out
 
 
+def confirmation_run_lines(d: Decision, v: TrialView) -> list[str]:
+    """Under a trial's curve: its confirmation runs, a line each (none where it was not measured again)."""
+    from optimizer.search.confirm import describe
+
+    mine = d.confirmed_of(v)
+    if mine is None:
+        return []
+    return [describe(mine.runs[r]) for r in sorted(mine.runs)]
+
+
 def render(d: Decision, fmt: str) -> tuple[str, list[str]]:
     """What `optimize report` prints: (stdout, lines for stderr). Machine formats keep stdout to the rows."""
     check_format(fmt)

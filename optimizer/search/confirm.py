@@ -13,6 +13,9 @@ measured again:
 - the rounds alternate the order of the configs (round 2 starts with the second), so a slow minute of the
   machine hits each alike, and a round's runs of two configs are taken next to each other: the gain is measured
   per round (optimizer/measurement/intervals.py);
+- each round replays a workload drawn anew from the study's spec (seed + 1 + round, `round_seed`), the same draw for
+  every config of the round: the interval then covers which requests came as well as the machine's noise, and no
+  round replays the draw the search chose its winner on (a winner is partly the luck of that draw);
 - the recommendation is the config with the highest median over its rounds (search/score.py::recommended).
 
 The runs come out of the user's budget: `--budget 40` with 3 rounds of 3 configs is 31 search trials and 9 runs.
@@ -45,6 +48,7 @@ CONFIGS = 3  # vLLM's defaults, the recommendation and its closest rival: what e
 AUTO_SHARE = 0.25  # by default the confirmation takes at most this share of a trial budget
 MIN_AUTO_ROUNDS = 2  # fewer rounds give no interval: by default, then, none
 MIN_SEARCH_TRIALS = 2  # vLLM's defaults and one more: what a search keeps at the least
+ROUND_SEED_STEP = 1  # round r replays the workload of seed + ROUND_SEED_STEP + r
 RUN_OVER_TRIAL = 1.3  # a confirmation run against a median search trial: its bisection replays more
 
 
@@ -120,9 +124,17 @@ def run_spec(trial: FrozenTrial, limit_ms: float, engine_args: dict[str, Any]) -
     return {"start_rps": min(rates) if rates else math.inf, "failed_rps": None}
 
 
-def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any]) -> dict[str, Any] | None:
+def round_seed(workload_seed: int, round_: int) -> int:
+    """Pure: the workload seed of confirmation round `round_` (0-based) of a study whose workload has `workload_seed`:
+    never the search's own draw, and one draw per round, shared by the round's configs."""
+    return workload_seed + ROUND_SEED_STEP + round_
+
+
+def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
+            workload_seed: int | None = None) -> dict[str, Any] | None:
     """Plan the confirmation of the finished search (once: a plan for the same search trials is kept) and queue its
-    runs, round by round, each round's order rotated by one. Returns the plan (None: nothing to confirm)."""
+    runs, round by round, each round's order rotated by one, each round on its own workload draw (`round_seed`; None:
+    the search's own workload). Returns the plan (None: nothing to confirm)."""
     finished = sorted(t.number for t in search_trials(study))
     key = f"{len(finished)}:{finished[-1] if finished else -1}"
     stored = STUDY_CONFIRMATION.of(study)
@@ -137,18 +149,19 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any]) -> di
     for r in range(rounds):
         for k in range(len(chosen)):
             t = chosen[(k + r) % len(chosen)]
-            study.enqueue_trial({}, user_attrs=run_attrs(key, t, r, limit, engine_args), skip_if_exists=False)
+            seed = None if workload_seed is None else round_seed(workload_seed, r)
+            study.enqueue_trial({}, user_attrs=run_attrs(key, t, r, limit, engine_args, seed), skip_if_exists=False)
     return plan_attr
 
 
-def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limit_ms: float,
-              engine_args: dict[str, Any]) -> dict[str, Any]:
-    """The user attributes of one queued run of `trial` (its engine arguments and where its bisection starts; JSON
-    has no infinity, so a burst start is stored as None)."""
+def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limit_ms: float, engine_args: dict[str, Any],
+              workload_seed: int | None = None) -> dict[str, Any]:
+    """The user attributes of one queued run of `trial`: its engine arguments, where its bisection starts (JSON has
+    no infinity, so a burst start is stored as None) and the seed of the workload it replays (None: the study's)."""
     spec = {k: (None if isinstance(v, float) and math.isinf(v) else v)
             for k, v in run_spec(trial, limit_ms, engine_args).items()}
     return CONFIRM.item({"plan": plan_key, "of": trial.number, "round": round_, "params": ENGINE_PARAMS.of(trial),
-                         **spec})
+                         "workload_seed": workload_seed, **spec})
 
 
 def start_rates(confirm: dict[str, Any]) -> tuple[float, float | None]:
@@ -183,13 +196,14 @@ def waiting(study: optuna.Study) -> list[FrozenTrial]:
 
 def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: int, engine_args: dict[str, Any],
         say: Callable[..., None], on_run: Callable[[optuna.Study, FrozenTrial], None] | None = None,
-        deadline_unix_s: float | None = None, now_unix_s: Callable[[], float] = time.time) -> str:
+        deadline_unix_s: float | None = None, now_unix_s: Callable[[], float] = time.time,
+        workload_seed: int | None = None) -> str:
     """Queue the confirmation (once) and run its runs; returns a line when it stopped short (else '')."""
     if rounds <= 0:
         return ""
     wait_while_running(study, timeout_s=3600.0, on_wait=lambda: say("confirmation: waiting for the other workers' "
                                                                   "trials to finish"))
-    plan_attr = enqueue(study, rounds, engine_args)
+    plan_attr = enqueue(study, rounds, engine_args, workload_seed)
     if plan_attr is None:
         return "confirmation: nothing to confirm: no trial meets the limit"
     callbacks = [lambda s, t: on_run(s, t)] if on_run else []
@@ -224,7 +238,8 @@ def describe(trial: FrozenTrial) -> str:
     """One line for a finished run: which config, which round, its rate bracket and throughput."""
     c = CONFIRM.of(trial) or {}
     r = RESULT.of(trial)
-    head = f"confirmation round {int(c.get('round', 0)) + 1}, trial #{c.get('of')} again (run #{trial.number})"
+    seed = f", workload seed {c['workload_seed']}" if c.get("workload_seed") is not None else ""
+    head = f"confirmation round {int(c.get('round', 0)) + 1}, trial #{c.get('of')} again (run #{trial.number}{seed})"
     if trial.state != TrialState.COMPLETE:
         return f"{head}: could not run ({PRUNED_REASON.of(trial) or trial.state.name})"
     if not r.get("feasible"):

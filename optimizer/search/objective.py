@@ -18,6 +18,7 @@ import optuna
 
 from optimizer.config.model import ModelInfo
 from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core import failures
 from optimizer.core.clock import Clock, MonotonicClock
 from optimizer.core.errors import EngineDiedError, EngineStartError
@@ -30,7 +31,7 @@ from optimizer.measurement.metrics import summarize
 from optimizer.measurement.rate_search import bisect_rate, find_max_rate
 from optimizer.measurement.replay import replay, replay_closed_loop
 from optimizer.measurement.telemetry import for_device
-from optimizer.measurement.workload import Workload, fixed_load_rate
+from optimizer.measurement.workload import Workload, build_workload, fixed_load_rate
 from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
 from optimizer.params.preflight import (
     VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere, memory_problems, wait_for_memory,
@@ -94,6 +95,7 @@ class Objective:
     most_free_bytes: int = 0  # the most device memory seen free in this run
     breaker: StartFailureBreaker = field(default_factory=StartFailureBreaker)  # stops a run the machine breaks
     gpu_count: int | None = None  # GPUs visible to this process (found on the first trial on cuda)
+    round_workloads: dict[int, tuple[WorkloadSpec, Workload]] = field(default_factory=dict, repr=False)  # by seed
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         WORKER.set(trial, worker_identity())
@@ -281,11 +283,25 @@ class Objective:
             raise self.breaker.error(trial.number, str(log_path), log_text)
         return cause
 
+    def workload_of(self, confirm: dict[str, Any] | None) -> Workload:
+        """The requests a trial replays: the study's, or for a confirmation run the draw of its round's seed (built
+        once per seed; the warm-up is the study's either way)."""
+        seed = None if confirm is None else confirm.get("workload_seed")
+        if seed is None or seed == self.config.workload.seed or self.model is None:
+            return self.workload
+        spec = self.config.workload.model_copy(update={"seed": int(seed)})
+        built = self.round_workloads.get(int(seed))
+        if built is None or built[0] != spec:  # a copy of this objective (dataclasses.replace) may share the dict
+            drawn = build_workload(spec, self.model.vocab_size)
+            built = self.round_workloads[int(seed)] = (spec, replace(drawn, warmup=self.workload.warmup))
+        return built[1]
+
     async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int,
                        engine_points: list[dict[str, Any] | None], repeats: int = 1,
                        confirm: dict[str, Any] | None = None):
-        if self.workload.warmup:
-            await replay(engine, self.workload.warmup, [0.0] * len(self.workload.warmup), self.clock)
+        workload = self.workload_of(confirm)
+        if workload.warmup:
+            await replay(engine, workload.warmup, [0.0] * len(workload.warmup), self.clock)
         replays = 0
         stats = engine if isinstance(engine, ReportsEngineStats) else None
 
@@ -297,16 +313,16 @@ class Objective:
                 await stats.take_engine_stats()  # drop what came before (warm-up, the previous replay's tail)
             spec = self.config.workload
             if spec.arrivals == "closed_loop":  # fixed clients, no rate: see measure_fixed_load
-                records = await replay_closed_loop(engine, self.workload.requests, spec.concurrency or 1, self.clock)
+                records = await replay_closed_loop(engine, workload.requests, spec.concurrency or 1, self.clock)
             else:
-                records = await replay(engine, self.workload.requests, self.workload.arrivals_s(rate_rps), self.clock)
+                records = await replay(engine, workload.requests, workload.arrivals_s(rate_rps), self.clock)
             engine_points.append(summarize_engine(await stats.take_engine_stats()) if stats is not None else None)
             if self.records is not None:  # between replays, never inside one
                 self.records.save(self.config.study_name, trial_number, replays, rate_rps, records)
             replays += 1
             return summarize(records, rate_rps, spec.skip_first_fraction, spec.skip_last_fraction)
 
-        fixed_rate = fixed_load_rate(self.config.workload, self.workload)
+        fixed_rate = fixed_load_rate(self.config.workload, workload)
         if fixed_rate is not None:
             return await measure_fixed_load(replay_at, fixed_rate, self.config.ttft_p99_ms, self.config.search,
                                             repeats)

@@ -199,7 +199,7 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
                 say(f"confirmation: {rounds} of {split.rounds} rounds fit before the deadline")
             line = confirm.run(study, prepared.objective, rounds, config.engine_args, say,
                                on_run=(lambda s, t: None) if quiet else (lambda s, t: say(confirm.describe(t))),
-                               deadline_unix_s=config.deadline_unix_s)
+                               deadline_unix_s=config.deadline_unix_s, workload_seed=config.workload.seed)
             if line:
                 say(line)
     except Exception as exc:

@@ -63,6 +63,45 @@ def test_rounds_alternate_on_fresh_engines_after_the_search(confirmed):
         assert r["feasible"] and r["failed_rate_rps"] / r["rate_rps"] <= 1.03 + 1e-9
 
 
+def test_round_seeds_are_new_draws_one_per_round():
+    assert [confirm.round_seed(7, r) for r in range(3)] == [8, 9, 10]  # never the search's own 7
+
+
+class PromptLog(SimEngine):
+    """The simulator, noting which measured prompts each engine was sent (the first token ids tell draws apart)."""
+
+    sent: list[list[tuple[int, ...]]] = []
+
+    def __init__(self):
+        super().__init__()
+        PromptLog.sent.append([])
+
+    def simulate_replay(self, requests, arrivals_s):
+        PromptLog.sent[-1].extend(r.prompt_token_ids[:8] for r in requests)
+        return super().simulate_replay(requests, arrivals_s)
+
+
+def test_each_round_replays_its_own_draw_the_same_for_every_config(tmp_path, config_only_model):
+    config = make_config(tmp_path, config_only_model, budget=10, confirm=2)
+    PromptLog.sent = []
+    study = run_study(tmp_path, config, engine=PromptLog)
+    prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
+    study_draw = {r.prompt_token_ids[:8] for r in prepared.objective.workload.requests}
+    by_round: dict[int, set] = {}
+    for t in study.trials:  # engine k served trial k: trials run one at a time, each on its own engine
+        sent = set(PromptLog.sent[t.number])
+        c = CONFIRM.of(t)
+        if c is None:
+            assert sent <= study_draw | {r.prompt_token_ids[:8] for r in prepared.objective.workload.warmup}
+            continue
+        assert c["workload_seed"] == confirm.round_seed(config.workload.seed, c["round"])
+        measured = sent - {r.prompt_token_ids[:8] for r in prepared.objective.workload.warmup}
+        assert measured and not measured & study_draw  # not the draw the search picked its winner on
+        by_round.setdefault(c["round"], measured)
+        assert measured == by_round[c["round"]]  # every config of a round replays the same requests
+    assert len(by_round) == 2 and not by_round[0] & by_round[1]
+
+
 def test_the_recommendation_and_the_gain_come_from_the_confirmed_numbers(confirmed):
     config, study = confirmed
     c = confirmation(study)
@@ -79,6 +118,23 @@ def test_the_recommendation_and_the_gain_come_from_the_confirmed_numbers(confirm
     assert "confirmed in 2 rounds" in out
     # another limit re-ranks the search's curves: the confirmation measured the study's own limit only
     assert not decide(study, config, limit_ms=config.ttft_p99_ms * 2).confirmed
+
+
+def test_report_of_a_confirmed_trial_lists_its_runs(confirmed, tmp_path, capsys):
+    from optimizer.cli.main import main
+
+    config, study = confirmed
+    c = confirmation(study)
+    rc = main(["report", "--study", config.study_name, "--storage", config.storage_url, "--trial",
+               str(c.best.number), "--studies-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("confirmation round")]
+    assert rc == 0 and len(lines) == 2  # its two rounds, each with its run, draw and bracket
+    for r, line in enumerate(lines):
+        run_no = c.best.runs[r].number
+        seed = confirm.round_seed(config.workload.seed, r)
+        assert line.startswith(f"confirmation round {r + 1}, trial #{c.best.number} again (run #{run_no}, "
+                               f"workload seed {seed}): ") and "tok/s at" in line
 
 
 def test_an_interrupted_confirmation_resumes_without_running_anything_twice(tmp_path, config_only_model):
