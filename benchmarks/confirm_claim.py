@@ -11,7 +11,8 @@ defaults, with the 95% t interval (optimizer/measurement/intervals.py). When the
 defaults themselves, their gain is 0 by construction: the check then uses the best other confirmed config's
 interval, so that no row passes for free. The re-measurement runs `--remeasure` rounds of both configs, each
 round on a workload of its own seed (the study's + 1000 + round; the confirmation's rounds replay + 1 + round), with
-the confirmation's own run (bisection to within 3%), and takes the median of its per-round gains. A row is "inside" when that falls inside the reported interval.
+the confirmation's own run (bisection to within 3%), and takes the median of its per-round gains. A row is
+"inside" when that falls inside the reported interval.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def main() -> None:
     p.add_argument("--first-seed", type=int, default=1)
     p.add_argument("--noise-run-cv", type=float, default=None,
                    help="the simulator's per-engine step-time sigma (default: SHARED_CPU's; a confirmation run on the "
-                        "real engine varies by about 0.04)")
+                        "real engine, on one draw, varies by 4-8%)")
     args = p.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from optimizer.engines.sim.noise import SHARED_CPU
@@ -197,8 +198,8 @@ def main() -> None:
             f"{'again':>7}  {'inside':<6} {'min':>6}")
     print()
     print(f"TTFT P99 <= {args.ttft_p99_ms:g} ms; the study's confirmed gain against the gain measured again on other "
-          f"workload seeds ({args.remeasure} alternating rounds on fresh engines, one draw each); 'min': engine minutes of the study "
-          f"(simulated) or wall minutes of the re-measurement (real)")
+          f"workload seeds ({args.remeasure} alternating rounds on fresh engines, one draw each); 'min': engine minutes "
+          f"of the study (simulated) or wall minutes of the re-measurement (real)")
     print(head)
     print("-" * len(head))
     for row in rows:
