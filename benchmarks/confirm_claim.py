@@ -198,7 +198,7 @@ def main() -> None:
             f"{'again':>7}  {'inside':<6} {'min':>6}")
     print()
     print(f"TTFT P99 <= {args.ttft_p99_ms:g} ms; the study's confirmed gain against the gain measured again on other "
-          f"workload seeds ({args.remeasure} alternating rounds on fresh engines, one draw each); 'min': engine minutes "
+          f"workload seeds ({args.remeasure} alternating rounds on fresh engines, a draw each); 'min': engine minutes "
           f"of the study (simulated) or wall minutes of the re-measurement (real)")
     print(head)
     print("-" * len(head))
