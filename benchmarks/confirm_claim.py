@@ -186,7 +186,7 @@ def main() -> None:
     p.add_argument("--first-seed", type=int, default=1)
     p.add_argument("--noise-run-cv", type=float, default=None,
                    help="the simulator's per-engine step-time sigma (default: SHARED_CPU's; a confirmation run on the "
-                        "real engine, on one draw, varies by 4-8%)")
+                        "real engine, on one draw, varies by 4-8%%)")
     args = p.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from optimizer.engines.sim.noise import SHARED_CPU
