@@ -70,7 +70,7 @@ def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial
     """Both configs again on other workload draws (round r: seed + OTHER_SEED + r, never a draw the confirmation
     replayed), alternating, each run on a fresh engine: the median of the per-round gains."""
     scratch_config = config.model_copy(update={"study_name": f"{config.study_name}-again"})
-    scratch = replace(objective, config=scratch_config, records=None, round_workloads={})
+    scratch = replace(objective, config=scratch_config, records=None)
     study = optuna.create_study(directions=DIRECTIONS)
     limit = config.ttft_p99_ms
     for r in range(rounds):

@@ -13,7 +13,6 @@ requests per replay (`--num-requests`) narrow it, more rounds barely do.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -23,16 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna  # noqa: E402
 
+from optimizer.measurement.noise import coefficient_of_variation  # noqa: E402
 from optimizer.search import confirm  # noqa: E402
 from optimizer.search.attrs import CONFIRM  # noqa: E402
 from optimizer.search.score import baseline, goodput  # noqa: E402
 from optimizer.search.study import DIRECTIONS  # noqa: E402
 
 DRAWS_FROM = 2000  # the new draws' seeds: the study's workload seed + this + k; the same draw: + this
-
-
-def cv(values: list[float]) -> float:
-    return statistics.stdev(values) / statistics.mean(values) if len(values) > 1 and statistics.mean(values) else 0.0
 
 
 def main() -> None:
@@ -52,7 +48,7 @@ def main() -> None:
     chosen = (baseline(prepared.study) if args.trial is None else
               next(t for t in prepared.study.trials if t.number == args.trial))
     scratch = replace(prepared.objective, config=config.model_copy(update={"study_name": f"{args.study}-draws"}),
-                      records=None, round_workloads={})
+                      records=None)
     study = optuna.create_study(directions=DIRECTIONS)
     seed0 = config.workload.seed + DRAWS_FROM
     for k in range(args.runs):
@@ -68,7 +64,7 @@ def main() -> None:
           f"{args.runs} runs a group, alternating ({time.perf_counter() - t0:.0f} s)")
     for name, label in (("same", "one draw (the machine alone)"), ("new", "a new draw each run")):
         v = groups[name]
-        print(f"  {label:<30} CV {cv(v) * 100:5.1f}%   tok/s: {', '.join(f'{x:.0f}' for x in v)}")
+        print(f"  {label:<30} CV {coefficient_of_variation(v) * 100:5.1f}%   tok/s: {', '.join(f'{x:.0f}' for x in v)}")
 
 
 if __name__ == "__main__":

@@ -64,8 +64,8 @@ class Decision:
     @property
     def ties(self) -> list[TrialView]:
         """Trials the measurements do not rank apart from the recommendation: confirmed configs whose per-round gain
-        over it may be 0 (`Confirmation.tied`); without a confirmation, front trials whose bracket (the rate passed to the rate
-        failed, widened by the study's noise) overlaps its bracket."""
+        over it may be 0 (`Confirmation.tied`); without a confirmation, front trials whose bracket (the rate passed
+        to the rate failed, widened by the study's noise) overlaps its bracket."""
         if self.best is None:
             return []
         by_number = {v.number: v for v in self.views}

@@ -18,7 +18,6 @@ import optuna
 
 from optimizer.config.model import ModelInfo
 from optimizer.config.settings import StudyConfig
-from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core import failures
 from optimizer.core.clock import Clock, MonotonicClock
 from optimizer.core.errors import EngineDiedError, EngineStartError
@@ -95,7 +94,8 @@ class Objective:
     most_free_bytes: int = 0  # the most device memory seen free in this run
     breaker: StartFailureBreaker = field(default_factory=StartFailureBreaker)  # stops a run the machine breaks
     gpu_count: int | None = None  # GPUs visible to this process (found on the first trial on cuda)
-    round_workloads: dict[int, tuple[WorkloadSpec, Workload]] = field(default_factory=dict, repr=False)  # by seed
+    # the confirmation's draws, by seed; not an init field, so a copy (dataclasses.replace) starts its own
+    round_workloads: dict[int, Workload] = field(default_factory=dict, init=False, repr=False)
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         WORKER.set(trial, worker_identity())
@@ -289,12 +289,10 @@ class Objective:
         seed = None if confirm is None else confirm.get("workload_seed")
         if seed is None or seed == self.config.workload.seed or self.model is None:
             return self.workload
-        spec = self.config.workload.model_copy(update={"seed": int(seed)})
-        built = self.round_workloads.get(int(seed))
-        if built is None or built[0] != spec:  # a copy of this objective (dataclasses.replace) may share the dict
-            drawn = build_workload(spec, self.model.vocab_size)
-            built = self.round_workloads[int(seed)] = (spec, replace(drawn, warmup=self.workload.warmup))
-        return built[1]
+        if seed not in self.round_workloads:
+            drawn = build_workload(self.config.workload.model_copy(update={"seed": int(seed)}), self.model.vocab_size)
+            self.round_workloads[seed] = replace(drawn, warmup=self.workload.warmup)
+        return self.round_workloads[seed]
 
     async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int,
                        engine_points: list[dict[str, Any] | None], repeats: int = 1,
