@@ -46,7 +46,9 @@ def main() -> None:
     config = existing_config(f"sqlite:///{(d / f'{args.study}.db').resolve()}", args.study)
     prepared = prepare(config, d, say=lambda *a: None)
     chosen = (baseline(prepared.study) if args.trial is None else
-              next(t for t in prepared.study.trials if t.number == args.trial))
+              next((t for t in prepared.study.trials if t.number == args.trial), None))
+    if chosen is None:
+        p.exit(2, f"draw_noise: study {args.study!r} has no trial #{args.trial} (or no baseline): pass --trial N\n")
     scratch = replace(prepared.objective, config=config.model_copy(update={"study_name": f"{args.study}-draws"}),
                       records=None)
     study = optuna.create_study(directions=DIRECTIONS)
