@@ -38,11 +38,8 @@ class RecordStore:
     """Writes and reads request records through SQLAlchemy, at the study's storage URL."""
 
     def __init__(self, url: str) -> None:
-        from optimizer.search.study import with_installed_driver
-
-        from optimizer.search.study import with_schema_retry
-
         from optimizer.search.dbretry import engine_kwargs
+        from optimizer.search.study import with_installed_driver, with_schema_retry
 
         self._engine = create_engine(with_installed_driver(url), **engine_kwargs(url))
         with_schema_retry(lambda: _metadata.create_all(self._engine))

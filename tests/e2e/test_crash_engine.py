@@ -5,12 +5,11 @@ import subprocess
 import sys
 import time
 
-import optuna
 import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import REPO, alive_pids, subprocess_env
-from tests.support.fakes import load
+from tests.support.fakes import load, polled_trials
 
 pytestmark = pytest.mark.engine
 
@@ -30,14 +29,9 @@ def wait_for_engine(studies, proc, trial_number, timeout_s=240):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        if (studies / "default.db").exists():
-            try:
-                trials = load(studies).get_trials(deepcopy=False)
-            except (KeyError, optuna.exceptions.StorageInternalError):
-                trials = []
-            for t in trials:
-                if t.number == trial_number and t.state == TrialState.RUNNING and t.user_attrs.get("engine_config"):
-                    return [int(pid) for pid, _ in t.user_attrs["engine_processes"]]
+        for t in polled_trials(studies / "default.db"):
+            if t.number == trial_number and t.state == TrialState.RUNNING and t.user_attrs.get("engine_config"):
+                return [int(pid) for pid, _ in t.user_attrs["engine_processes"]]
         time.sleep(0.5)
     raise AssertionError("the trial never got its engine running")
 

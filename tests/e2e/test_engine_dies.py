@@ -10,18 +10,16 @@ import subprocess
 import sys
 import time
 
-import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
-from sqlalchemy.exc import SQLAlchemyError
 
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError
 from optimizer.decision.report import summary_text
 from optimizer.search.objective import log_tail
 from tests.conftest import REPO, alive_pids, subprocess_env
-from tests.support.fakes import SimEngine, load, make_config, run_study
+from tests.support.fakes import SimEngine, load, make_config, polled_trials, run_study
 
 ARGS = ["--num-requests", "40", "--input-len", "16:96", "--output-len", "16:32", "--ttft-p99", "150ms",
         "--budget", "2"]
@@ -49,11 +47,7 @@ def test_sigkill_of_the_engine_core_mid_replay_prunes_the_trial_and_the_study_go
         killed = None
         while time.monotonic() < deadline and killed is None:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-            try:
-                trials = load(tmp_path).get_trials(deepcopy=False) if (tmp_path / "default.db").exists() else []
-            except (KeyError, optuna.exceptions.StorageInternalError, SQLAlchemyError):
-                trials = []  # not created yet, or this poll raced its creation
-            for t in trials:
+            for t in polled_trials(tmp_path / "default.db"):
                 # replaying: the engine has started (its resolved config is stored) and the warm-up is done
                 if t.number == 0 and t.state == TrialState.RUNNING and t.user_attrs.get("engine_config"):
                     time.sleep(2.0)

@@ -14,19 +14,13 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
-from sqlalchemy.exc import SQLAlchemyError
 
 from tests.conftest import REPO, alive_pids, subprocess_env
+from tests.support.fakes import polled_trials
 
 
 def _running_trial(db, study_name, need_engine=False):
-    if not db.exists():
-        return None
-    try:
-        trials = optuna.load_study(study_name=study_name, storage=f"sqlite:///{db}").get_trials(deepcopy=False)
-    except (KeyError, optuna.exceptions.StorageInternalError, SQLAlchemyError):
-        return None  # not created yet, or this poll raced the study's creation (opening a storage creates tables)
-    for t in trials:
+    for t in polled_trials(db, study_name):
         if t.state == TrialState.RUNNING and (not need_engine or t.user_attrs.get("engine_processes")):
             return t
     return None

@@ -216,3 +216,34 @@ def test_a_hung_engine_becomes_a_pruned_timeout_and_the_study_goes_on(tmp_path, 
     study = run_study(tmp_path, config, engine=Hangs)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.PRUNED]
     assert study.trials[1].user_attrs["pruned_reason"] == failures.TIMEOUT
+
+
+OPEN_AT_ONCE = """
+import sys, time
+start_at, url = float(sys.argv[1]), sys.argv[2]
+from optimizer.search.records import RecordStore
+from optimizer.search.study import storage_for
+while time.time() < start_at:
+    pass
+storage_for(url)
+RecordStore(url)
+"""
+
+
+def test_processes_opening_a_new_sqlite_file_at_the_same_moment_all_get_in(tmp_path):
+    """A study being created while another process opens its file (a second command, `optimize report`, a test
+    that polls): each opening creates the tables, and Optuna's own check-then-insert of the schema version
+    collides (UNIQUE constraint failed: alembic_version, or 'table studies already exists'). Ours retries."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    for attempt in range(3):
+        url = f"sqlite:///{tmp_path}/fresh-{attempt}.db"
+        start_at = time.time() + 6.0  # after every process has imported what it needs
+        procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(start_at), url], cwd=REPO,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        errors = [p.communicate(timeout=120)[1] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0, 0], "\n".join(errors)[-3000:]

@@ -2,7 +2,8 @@
 
 `SimEngine`: the simulator (optimizer/engines/simulated.py) for the architecture of the `config_only_model`
 fixture; `make_config`: a short study on it; `run_study`: prepare and run it to its budget; `run_cli`: the CLI
-in-process, with its exit code and stderr; `load`: a study of a SQLite file that `optimize` wrote; `FakeServer`: vLLM's OpenAI completions stream, as
+in-process, with its exit code and stderr; `load`: a study of a SQLite file that `optimize` wrote; `polled_trials`: its trials
+while `optimize` may still be creating it; `FakeServer`: vLLM's OpenAI completions stream, as
 aiohttp.web serves it, for the HTTP client and the measure-only engine.
 """
 
@@ -11,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+from pathlib import Path
+
 import optuna
 from aiohttp import web
+from sqlalchemy.exc import SQLAlchemyError
 
 from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
 from optimizer.config.settings import StudyConfig
@@ -54,6 +58,19 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
 def load(studies, name: str = "default") -> optuna.Study:
     """Study `name` of `studies/<name>.db`, as `optimize --studies-dir STUDIES` writes it."""
     return optuna.load_study(study_name=name, storage=f"sqlite:///{studies}/{name}.db")
+
+
+def polled_trials(db: Path, name: str = "default") -> list[optuna.trial.FrozenTrial]:
+    """The trials of study `name` in the SQLite file `db`, for a test that polls a running `optimize`: none while
+    the file or the study does not exist yet, or when this poll raced the study's creation (opening a storage
+    creates its tables, and two processes that do it at once collide: Optuna's check-then-insert of the schema
+    version is not atomic)."""
+    if not db.exists():
+        return []
+    try:
+        return optuna.load_study(study_name=name, storage=f"sqlite:///{db}").get_trials(deepcopy=False)
+    except (KeyError, optuna.exceptions.StorageInternalError, SQLAlchemyError):
+        return []
 
 
 class FakeServer:
