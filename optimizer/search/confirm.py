@@ -132,21 +132,27 @@ def round_seed(workload_seed: int, round_: int) -> int:
 
 def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
             workload_seed: int | None = None) -> dict[str, Any] | None:
-    """Plan the confirmation of the finished search (once: a plan for the same search trials is kept) and queue its
-    runs, round by round, each round's order rotated by one, each round on its own workload draw (`round_seed`; None:
-    the search's own workload). Returns the plan (None: nothing to confirm)."""
+    """Plan the confirmation of the finished search and queue its runs, round by round, each round's order rotated by
+    one, each round on its own workload draw (`round_seed`; None: the search's own workload). A plan for the same
+    search trials is kept; asked for more rounds than it has (a rerun with a larger `--confirm N`), it gains the
+    missing rounds, with the same candidates. Returns the plan (None: nothing to confirm)."""
     finished = sorted(t.number for t in search_trials(study))
     key = f"{len(finished)}:{finished[-1] if finished else -1}"
     stored = STUDY_CONFIRMATION.of(study)
     if stored and stored.get("plan") == key:
-        return stored
-    chosen = candidates(study)
-    if not chosen:
-        return None
-    limit = study_limit_ms(study)
+        if rounds <= int(stored.get("rounds", 0)):
+            return stored
+        by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+        chosen, first = [by_number[n] for n in stored["candidates"]], int(stored.get("rounds", 0))
+        limit = stored["limit_ms"]
+    else:
+        chosen, first = candidates(study), 0
+        if not chosen:
+            return None
+        limit = study_limit_ms(study)
     plan_attr = {"plan": key, "rounds": rounds, "candidates": [t.number for t in chosen], "limit_ms": limit}
     STUDY_CONFIRMATION.set(study, plan_attr)
-    for r in range(rounds):
+    for r in range(first, rounds):
         for k in range(len(chosen)):
             t = chosen[(k + r) % len(chosen)]
             seed = None if workload_seed is None else round_seed(workload_seed, r)

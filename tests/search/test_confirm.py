@@ -168,6 +168,25 @@ def test_an_interrupted_confirmation_resumes_without_running_anything_twice(tmp_
     assert finished_count(study) == 6  # the search was not extended
 
 
+def test_a_rerun_with_more_rounds_adds_them_to_the_finished_plan(tmp_path, config_only_model):
+    first = make_config(tmp_path, config_only_model, budget=12, confirm=2)
+    run_study(tmp_path, first)
+    # the same search (6 trials), a third round: --budget 15 --confirm 3
+    study = run_study(tmp_path, first.model_copy(update={"budget": 15, "confirm": 3}))
+    assert finished_count(study) == 6  # the search was not extended
+    plan, c = STUDY_CONFIRMATION.of(study), confirmation(study)
+    assert plan["rounds"] == 3 and c.complete and c.full_rounds == [0, 1, 2]
+    runs = [t for t in study.trials if is_confirmation(t) and t.state == TrialState.COMPLETE]
+    slots = [(CONFIRM.of(t)["round"], CONFIRM.of(t)["of"]) for t in runs]
+    assert len(slots) == len(set(slots)) == 3 * len(plan["candidates"])  # the first two rounds not run again
+    chosen = plan["candidates"]
+    assert [n for r, n in slots if r == 2] == chosen[2:] + chosen[:2]  # the new round rotated by two
+    seeds = {CONFIRM.of(t)["round"]: CONFIRM.of(t)["workload_seed"] for t in runs}
+    assert seeds == {r: confirm.round_seed(first.workload.seed, r) for r in range(3)}  # its own draw
+    again = run_study(tmp_path, first.model_copy(update={"budget": 15, "confirm": 3}))
+    assert len([t for t in again.trials if is_confirmation(t)]) == len(study.trials) - 6  # asked again: no more
+
+
 def test_no_confirmation_on_a_small_budget_leaves_the_study_as_before(tmp_path, config_only_model):
     study = run_study(tmp_path, make_config(tmp_path, config_only_model))  # 3 trials: no room for rounds
     assert not any(is_confirmation(t) for t in study.trials) and STUDY_CONFIRMATION.of(study) is None
