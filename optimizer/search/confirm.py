@@ -140,11 +140,11 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     key = f"{len(finished)}:{finished[-1] if finished else -1}"
     stored = STUDY_CONFIRMATION.of(study)
     if stored and stored.get("plan") == key:
-        if rounds <= int(stored.get("rounds", 0)):
+        first = int(stored.get("rounds", 0))
+        if rounds <= first:
             return stored
         by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-        chosen, first = [by_number[n] for n in stored["candidates"]], int(stored.get("rounds", 0))
-        limit = stored["limit_ms"]
+        chosen, limit = [by_number[n] for n in stored["candidates"]], stored["limit_ms"]
     else:
         chosen, first = candidates(study), 0
         if not chosen:

@@ -29,7 +29,7 @@ def wait_for_engine(studies, proc, trial_number, timeout_s=240):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        for t in polled_trials(studies / "default.db"):
+        for t in polled_trials(studies):
             if t.number == trial_number and t.state == TrialState.RUNNING and t.user_attrs.get("engine_config"):
                 return [int(pid) for pid, _ in t.user_attrs["engine_processes"]]
         time.sleep(0.5)

@@ -47,7 +47,7 @@ def test_sigkill_of_the_engine_core_mid_replay_prunes_the_trial_and_the_study_go
         killed = None
         while time.monotonic() < deadline and killed is None:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-            for t in polled_trials(tmp_path / "default.db"):
+            for t in polled_trials(tmp_path):
                 # replaying: the engine has started (its resolved config is stored) and the warm-up is done
                 if t.number == 0 and t.state == TrialState.RUNNING and t.user_attrs.get("engine_config"):
                     time.sleep(2.0)

@@ -20,7 +20,7 @@ from tests.support.fakes import polled_trials
 
 
 def _running_trial(db, study_name, need_engine=False):
-    for t in polled_trials(db, study_name):
+    for t in polled_trials(db.parent, study_name):
         if t.state == TrialState.RUNNING and (not need_engine or t.user_attrs.get("engine_processes")):
             return t
     return None

@@ -6,6 +6,9 @@ well under a second each and give the same result every time; the real engine ha
 
 import re
 import statistics
+import subprocess
+import sys
+import time
 
 import optuna
 import pytest
@@ -22,6 +25,7 @@ from optimizer.search.dashboard import set_constraint
 from optimizer.search.objective import CANNOT_RUN_MS, CONSTRAINT
 from optimizer.search.score import recommended
 from optimizer.search.study import DIRECTIONS, N_STARTUP_TRIALS, sampler
+from tests.conftest import REPO
 from tests.support.fakes import SimEngine, make_config, run_study
 
 
@@ -178,7 +182,6 @@ def test_our_sampler_learns_to_avoid_an_infeasible_region():
 
 def test_a_second_live_worker_on_sqlite_is_refused(tmp_path, config_only_model):
     import socket
-    import subprocess
 
     import psutil
 
@@ -234,12 +237,6 @@ def test_processes_opening_a_new_sqlite_file_at_the_same_moment_all_get_in(tmp_p
     """A study being created while another process opens its file (a second command, `optimize report`, a test
     that polls): each opening creates the tables, and Optuna's own check-then-insert of the schema version
     collides (UNIQUE constraint failed: alembic_version, or 'table studies already exists'). Ours retries."""
-    import subprocess
-    import sys
-    import time
-
-    from tests.conftest import REPO
-
     for attempt in range(3):
         url = f"sqlite:///{tmp_path}/fresh-{attempt}.db"
         start_at = time.time() + 6.0  # after every process has imported what it needs

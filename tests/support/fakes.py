@@ -60,15 +60,14 @@ def load(studies, name: str = "default") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{studies}/{name}.db")
 
 
-def polled_trials(db: Path, name: str = "default") -> list[optuna.trial.FrozenTrial]:
-    """The trials of study `name` in the SQLite file `db`, for a test that polls a running `optimize`: none while
-    the file or the study does not exist yet, or when this poll raced the study's creation (opening a storage
-    creates its tables, and two processes that do it at once collide: Optuna's check-then-insert of the schema
-    version is not atomic)."""
-    if not db.exists():
+def polled_trials(studies: Path, name: str = "default") -> list[optuna.trial.FrozenTrial]:
+    """The trials of `load(studies, name)`, for a test that polls a running `optimize`: none while the file or the
+    study does not exist yet, or when this poll raced the study's creation (opening a storage creates its tables,
+    and two processes that do it at once collide: Optuna's check-then-insert of the schema version is not atomic)."""
+    if not (studies / f"{name}.db").exists():
         return []
     try:
-        return optuna.load_study(study_name=name, storage=f"sqlite:///{db}").get_trials(deepcopy=False)
+        return load(studies, name).get_trials(deepcopy=False)
     except (KeyError, optuna.exceptions.StorageInternalError, SQLAlchemyError):
         return []
 
