@@ -110,7 +110,7 @@ def judge(outcome: Outcome, slo_ms: float, tm: StepTimeModel, root: Path) -> Non
     records = engine.simulate_replay(fresh.requests, fresh.arrivals_s(rate))
     m = summarize(records, rate)
     outcome.fresh_p99_ms = m.ttft.p99_ms
-    outcome.holds = m.ttft.p99_ms <= slo_ms and m.sustained(config.search.sustain_ratio)
+    outcome.holds = m.ttft.p99_ms <= slo_ms and m.sustained
     cfg = config.model_copy(update={"workload": fresh_spec, "search": FINE_SEARCH, "num_requests_auto": False})
     space = resolve(cfg.space, "cpu", info.max_len, cfg.workload)
     searched = {k: v for k, v in outcome.params.items() if k in space.dists}

@@ -16,13 +16,17 @@ from optimizer.core.errors import UsageError
 class RateSearchSpec(StrictModel):
     """How one trial finds the highest Poisson rate it sustains within the TTFT limit."""
 
-    max_replays: int = Field(7, ge=2, description="Replays per trial, the burst included.")
-    step_down: float = Field(0.6, gt=0.1, lt=1.0, description="Factor between rates while none is feasible.")
-    refine_steps: int = Field(2, ge=0, description="Bisection steps between the best feasible and next rate.")
+    max_replays: int = Field(8, ge=2, description="Probes per trial: Poisson replays, each sized by evidence.")
     min_rate_rps: float = Field(0.05, gt=0, description="Below this rate the config counts as infeasible.")
-    sustain_ratio: float = Field(
-        0.9, gt=0, le=1.0, description="Completion rate / send rate above which a rate counts as sustained."
+    probe_confidence: float = Field(
+        0.95, gt=0.5, lt=1.0, description="Confidence at which a probe's verdict at the limit is settled "
+        "(a binomial test on the count over the limit, Bonferroni over its looks)."
     )
+    # Read by studies stored before probes were sized by evidence; the search no longer uses them.
+    step_down: float = Field(0.6, gt=0.1, lt=1.0, description="Unused (studies stored before).")
+    refine_steps: int = Field(2, ge=0, description="Unused (studies stored before).")
+    sustain_ratio: float = Field(0.9, gt=0, le=1.0, description="Unused (studies stored before): a backlog that "
+                                 "grows over the arrivals' window, not a completion ratio, decides now.")
 
 
 class IntRange(StrictModel):

@@ -110,7 +110,7 @@ async def verify_trial(trial: FrozenTrial, config: StudyConfig, engine_factory: 
             workload = build_workload(v.workload, vocab_size)
             await engine.reset_prefix_cache()
             records = await replay(engine, workload.requests, workload.arrivals_s(rate_rps), clock)
-            point = CurvePoint.of(summarize(records, rate_rps), config.ttft_p99_ms, config.search.sustain_ratio)
+            point = CurvePoint.of(summarize(records, rate_rps), config.ttft_p99_ms)
             points[v.name] = point.to_dict()
     except Exception as exc:  # a config that cannot even run its own traffic again is not robust
         return Verified(**common, points=points, error=f"{type(exc).__name__}: {exc}"[:300])

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from optimizer.measurement.evidence import falls_behind
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -83,14 +85,13 @@ class ReplayMetrics:
     itl: Distribution
     e2e: Distribution
     total_input_tokens: int = 0  # prompt tokens of the completed requests, as vLLM's `total_input_tokens`
+    falls_behind: bool = False  # the backlog grew over the arrivals' window (evidence.falls_behind)
 
-    def sustained(self, min_ratio: float) -> bool:
-        """True when completions kept pace with sending: the engine was not just absorbing a burst."""
-        if self.completed == 0 or self.failed:
-            return False
-        if self.offered_rate_rps == float("inf") or self.sent_rate_rps <= 0:
-            return True  # a burst has no pace to keep; its throughput is the ceiling
-        return self.achieved_rate_rps >= min_ratio * self.sent_rate_rps
+    @property
+    def sustained(self) -> bool:
+        """True when every request completed and the engine kept pace with the arrivals: its backlog did not grow
+        while requests arrived (judged on the arrivals' window, never on the last request's drain)."""
+        return self.completed > 0 and not self.failed and not self.falls_behind
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -161,4 +162,5 @@ def summarize(records: list[RequestRecord], offered_rate_rps: float, skip_first_
         itl=Distribution.of_seconds(itls),
         e2e=Distribution.of_seconds([r.e2e_s for r in window if r.e2e_s is not None]),
         total_input_tokens=in_tokens,
+        falls_behind=falls_behind(records),
     )

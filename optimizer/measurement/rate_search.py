@@ -1,8 +1,12 @@
-"""Inside one trial: the highest Poisson rate the engine sustains with TTFT P99 within the limit.
+"""Inside one trial: the rate at which TTFT P99 meets the limit, bracketed by probes sized by evidence.
 
-What people do by hand with `vllm bench serve`: first an unlimited-rate burst for the ceiling, then lower
-rates until the latency curve is under the limit, then a few bisection steps between the last rate that
-failed and the first that passed. Every replay becomes one point of the trial's rate -> latency curve.
+What people do by hand with `vllm bench serve`, without its blind spots: from a first guess (the incumbent's rate,
+or the pace of a short burst), Poisson probes step up while they pass and down while they fail, by BRACKET_STEP,
+until the limit is crossed; nothing caps the search from above. Then the bracket is bisected (geometric middle)
+until the rate passed and the rate failed are within `precision` of each other, or the pooled fit's interval is
+(optimizer/measurement/rate_fit.py). Each probe sends requests until its verdict at the limit is settled
+(optimizer/measurement/evidence.py): a few dozen far from the limit, up to the workload's request count near it.
+Every probe becomes one point of the trial's rate -> latency curve, with its request count and the count over.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from optimizer.config.settings import RateSearchSpec
+from optimizer.measurement.evidence import Evidence
 from optimizer.measurement.metrics import ReplayMetrics
+from optimizer.measurement.rate_fit import ProbeCount, RateAtLimit, fit_rate_at_limit
 
 
 @dataclass(frozen=True)
@@ -34,10 +40,17 @@ class CurvePoint:
     sustained: bool
     feasible: bool
     total_input_tokens: int | None = None  # prompt tokens of the completed requests (None in curves stored before)
+    # a probe sized by evidence (None in curves stored before, and for replays of a fixed length)
+    requests: int | None = None  # requests resolved: their side of the limit known
+    over_limit: int | None = None  # of them, over the TTFT limit
+    verdict: str | None = None  # evidence.PASS, FAIL or UNSETTLED (the cap came first)
+    effective_fraction: float | None = None  # n_eff / n of its TTFTs in send order (stability.effective_fraction)
+    limit_ms: float | None = None  # the TTFT limit its verdict was settled at
 
     @classmethod
-    def of(cls, m: ReplayMetrics, limit_ms: float, sustain_ratio: float) -> CurvePoint:
-        sustained = m.sustained(sustain_ratio)
+    def of(cls, m: ReplayMetrics, limit_ms: float) -> CurvePoint:
+        """A replay of a fixed length: feasible when it kept pace and its TTFT P99 is within the limit."""
+        sustained = m.sustained
         return cls(
             offered_rate_rps=m.offered_rate_rps,
             sent_rate_rps=m.sent_rate_rps,
@@ -56,6 +69,15 @@ class CurvePoint:
             total_input_tokens=m.total_input_tokens,
         )
 
+    @classmethod
+    def of_probe(cls, m: ReplayMetrics, ev: Evidence, effective_fraction: float, limit_ms: float) -> CurvePoint:
+        """A probe sized by evidence: feasible when its verdict passes (or, unsettled at the cap, when at most 1%
+        of its requests were over and it kept pace)."""
+        point = cls.of(m, math.inf)
+        return cls(**{**point.__dict__, "sustained": m.completed > 0 and not ev.behind, "feasible": ev.passes,
+                      "requests": ev.requests, "over_limit": ev.over_limit, "verdict": ev.verdict,
+                      "effective_fraction": round(effective_fraction, 3), "limit_ms": limit_ms})
+
     def to_dict(self) -> dict:
         # JSON has no infinity: a burst is stored with rate null
         d = dict(self.__dict__)
@@ -71,6 +93,9 @@ class RateSearchResult:
     best: CurvePoint | None = None
     stopped_early: bool = False  # the descent reached the incumbent's floor without a feasible rate
     repeats: list[CurvePoint] = field(default_factory=list)  # more replays at the best point's rate
+    fit: RateAtLimit | None = None  # the rate at the limit, pooled over every probe (None: none passed)
+    first_guess_rps: float | None = None  # where the search started, when a short burst's pace guessed it
+    floor_rps: float | None = None  # the incumbent's floor: below it the search stopped (None: no floor)
 
     @property
     def feasible(self) -> bool:
@@ -94,141 +119,57 @@ class RateSearchResult:
         return max(min(misses, default=limit_ms), 1.0)
 
 
-# Lowering the rate must cut TTFT P99 below this fraction of the previous rate's to be worth going on.
-FLOOR_RATIO = 0.9
 INCUMBENT_FLOOR = 0.9  # below 90% of the incumbent's rate a config cannot win: stop descending
-FLAT_STEPS_TO_STOP = 2  # P99 is noisy: one flat step is not proof
+BRACKET_STEP = 1.25  # from the first guess, up (it passed) or down (it failed) by this factor until it turns
+BRACKET_PRECISION = 0.03  # bisect until passed and failed are within 3%, or the fit's interval is within +-3%
 
+ProbeAt = Callable[[float], Awaitable[CurvePoint]]
 ReplayAt = Callable[[float], Awaitable[ReplayMetrics]]
 
 
-async def find_max_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSpec,
-                        incumbent_rate_rps: float | None = None) -> RateSearchResult:
-    """Search rates with at most `spec.max_replays` replays; `replay_at(rate)` runs one cold replay.
+def probe_counts(points: list[CurvePoint]) -> list[ProbeCount]:
+    """The probes of a curve as the fit reads them (points without counts, from fixed-length replays, are left out)."""
+    return [ProbeCount(p.offered_rate_rps, p.requests, p.over_limit, p.effective_fraction or 1.0)
+            for p in points if p.requests and p.over_limit is not None and math.isfinite(p.offered_rate_rps)]
 
-    With an incumbent (the best feasible rate of the study so far), the descent tries that floor,
-    `INCUMBENT_FLOOR` x the incumbent's rate, once and stops below it: every trial replays the same requests, so a config that meets the limit only
-    there serves less than the incumbent and cannot become the recommendation. The trial then ends infeasible
-    with `stopped_early` set, and saves the slowest replays of all.
-    """
-    result = RateSearchResult()
-    floor_rps = spec.min_rate_rps
-    if incumbent_rate_rps is not None and math.isfinite(incumbent_rate_rps):
-        floor_rps = max(floor_rps, INCUMBENT_FLOOR * incumbent_rate_rps)
 
-    async def probe(rate: float) -> CurvePoint:
-        point = CurvePoint.of(await replay_at(rate), limit_ms, spec.sustain_ratio)
+async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
+                      floor_rps: float | None = None, failed_rps: float | None = None,
+                      precision: float = BRACKET_PRECISION) -> RateSearchResult:
+    """The rate at the limit, from `start_rps`, in at most `spec.max_replays` probes; `probe_at(rate)` runs one.
+
+    With `floor_rps` (0.9 x the incumbent's lower bound: search/incumbent.py), the descent probes the floor once and
+    stops below it: a config that meets the limit only there cannot win, and the trial ends `stopped_early`.
+    `failed_rps`, when known (a confirmation run starts where its search trial was), is where the first step up
+    goes. The result's best point is the highest rate that passed; its fit pools every probe."""
+    result = RateSearchResult(floor_rps=floor_rps)
+    lo: float | None = None  # the highest rate passed
+    hi: float | None = None  # the lowest rate failed
+    rate = start_rps
+    while len(result.points) < spec.max_replays and rate >= spec.min_rate_rps:
+        point = await probe_at(rate)
         result.points.append(point)
-        return point
-
-    burst = await probe(math.inf)
-    if burst.feasible:  # even everything at once meets the limit: nothing offers more
-        result.best = burst
-        return result
-    ceiling = burst.request_throughput_rps
-    if not ceiling > 0:
-        return result
-    hi, lo = ceiling, None  # a Poisson stream at the burst's pace is at best borderline: start below it
-    rate = ceiling * spec.step_down
-    if incumbent_rate_rps is not None and floor_rps > spec.min_rate_rps:
-        if ceiling < floor_rps:  # even its burst pace is below what the incumbent sustains
-            result.stopped_early = True
-            return result
-        if rate < incumbent_rate_rps < ceiling:
-            rate = incumbent_rate_rps  # the one question that matters: does it hold where the incumbent does?
-    previous: CurvePoint | None = None
-    flat_steps = 0
-    while len(result.points) < spec.max_replays and rate >= floor_rps:
-        point = await probe(rate)
         if point.feasible:
-            lo = point
-            break
-        flat = previous is not None and point.sustained and point.ttft_p99_ms > FLOOR_RATIO * previous.ttft_p99_ms
-        flat_steps = flat_steps + 1 if flat else 0
-        if flat_steps >= FLAT_STEPS_TO_STOP:
-            break  # latency no longer falls with load: the limit is below what this config does unloaded
-        previous = point
-        hi = rate
-        if floor_rps > spec.min_rate_rps and rate > floor_rps and rate * spec.step_down < floor_rps:
-            rate = floor_rps  # the incumbent's floor itself, once, before giving up: P99 is noisy near the knee
+            lo = rate if lo is None else max(lo, rate)
         else:
-            rate *= spec.step_down
-    if lo is None:
-        result.stopped_early = rate < floor_rps and floor_rps > spec.min_rate_rps
-        return result
-    for _ in range(spec.refine_steps):
-        if len(result.points) >= spec.max_replays or hi / lo.offered_rate_rps < 1.05:
-            break
-        mid = (lo.offered_rate_rps + hi) / 2
-        point = await probe(mid)
-        if point.feasible:
-            lo = point
-        else:
-            hi = mid
-    result.best = lo
-    return result
-
-
-# The confirmation resolves each config's rate at the limit until the rate it passed and the rate it failed are
-# within this fraction of each other.
-BRACKET_PRECISION = 0.03
-BRACKET_STEP = 1.15  # from the starting rate, up (it passed) or down (it failed) by this factor until it turns
-BRACKET_MAX_REPLAYS = 12
-BURST_START = 0.85  # a burst that misses the limit now: the Poisson rate to start from, as a share of its pace
-
-
-async def bisect_rate(replay_at: ReplayAt, limit_ms: float, spec: RateSearchSpec, start_rps: float,
-                      failed_rps: float | None = None, precision: float = BRACKET_PRECISION,
-                      max_replays: int = BRACKET_MAX_REPLAYS) -> RateSearchResult:
-    """The rate at the limit, finely: start where an earlier search put it (`start_rps`, and the rate it failed,
-    `failed_rps`, when known), step by BRACKET_STEP until the limit is crossed, then bisect (geometric middle)
-    until the rate passed and the rate failed are within `precision` of each other, in at most `max_replays`.
-
-    A `start_rps` of inf (the earlier search met the limit even with a burst) replays the burst first: when it
-    meets the limit again there is nothing higher to find. The result's best point is the highest rate passed
-    (None when no rate down to `spec.min_rate_rps` did); its curve holds the rate failed above it."""
-    result = RateSearchResult()
-
-    async def probe(rate: float) -> CurvePoint:
-        point = CurvePoint.of(await replay_at(rate), limit_ms, spec.sustain_ratio)
-        result.points.append(point)
-        return point
-
-    if math.isinf(start_rps):
-        burst = await probe(math.inf)
-        if burst.feasible:
-            result.best = burst
-            return result
-        start_rps = burst.request_throughput_rps * BURST_START
-        if not start_rps > 0:
-            return result
-    lo: CurvePoint | None = None
-    hi: float | None = None
-    point = await probe(start_rps)
-    if point.feasible:
-        lo = point
-        rate = failed_rps if failed_rps is not None and failed_rps > start_rps else start_rps * BRACKET_STEP
-        while len(result.points) < max_replays:
-            point = await probe(rate)
-            if not point.feasible:
-                hi = rate
+            hi = rate if hi is None else min(hi, rate)
+        if lo is None:  # nothing passed yet: down, to the floor at the lowest
+            if floor_rps is not None and rate <= floor_rps * (1 + 1e-9):
+                result.stopped_early = True
                 break
-            lo, rate = point, rate * BRACKET_STEP
-    else:
-        hi, rate = start_rps, start_rps / BRACKET_STEP
-        while len(result.points) < max_replays and rate >= spec.min_rate_rps:
-            point = await probe(rate)
-            if point.feasible:
-                lo = point
-                break
-            hi, rate = rate, rate / BRACKET_STEP
-    while lo is not None and hi is not None and hi / lo.offered_rate_rps > 1 + precision \
-            and len(result.points) < max_replays:
-        mid = math.sqrt(lo.offered_rate_rps * hi)
-        point = await probe(mid)
-        if point.feasible:
-            lo = point
-        else:
-            hi = mid
-    result.best = lo
+            rate = rate / BRACKET_STEP if floor_rps is None else max(rate / BRACKET_STEP, floor_rps)
+            continue
+        if hi is None:  # everything passed so far: up, nothing caps it
+            rate = failed_rps if failed_rps is not None and failed_rps > lo and len(result.points) == 1 \
+                else lo * BRACKET_STEP
+            continue
+        if hi <= lo * (1 + precision):
+            break
+        result.fit = fit_rate_at_limit(probe_counts(result.points))
+        if result.fit is not None and result.fit.half_width <= precision:
+            break
+        rate = math.sqrt(lo * hi)
+    passed = [p for p in result.points if p.feasible]
+    result.best = max(passed, key=lambda p: p.offered_rate_rps, default=None)
+    result.fit = fit_rate_at_limit(probe_counts(result.points))
     return result

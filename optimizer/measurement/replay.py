@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 
 from optimizer.core.clock import Clock
 from optimizer.core.errors import EngineDiedError
@@ -29,16 +30,22 @@ async def _serve(engine: Engine, request: Request, record: RequestRecord, clock:
         record.error = f"{type(exc).__name__}: {exc}"
 
 
+# Stop sending when this says so: called with the records sent so far (send order) and the replay's clock.
+StopRule = Callable[[Sequence[RequestRecord], float], bool]
+
+
 async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], arrivals_s: list[float],
-                 clock: Clock) -> list[RequestRecord]:
+                 clock: Clock, stop: StopRule | None = None) -> list[RequestRecord]:
     """Send `requests[i]` at `arrivals_s[i]` after the start and wait for all of them.
 
-    Times in the records are relative to the replay's start. An engine death aborts the replay
-    (EngineDiedError); any other request error is recorded on that request. An engine that runs in virtual time
-    (`simulate_replay`, the simulator) serves the whole replay at once instead, with the same records.
+    With `stop`, before each send: when `stop(records, now)` is true, nothing more is sent, and the requests
+    already sent finish (a probe whose verdict is settled: optimizer/measurement/evidence.py). Times in the records
+    are relative to the replay's start. An engine death aborts the replay (EngineDiedError); any other request
+    error is recorded on that request. An engine that runs in virtual time (`simulate_replay`, the simulator) serves
+    the whole replay at once instead, with the same records, cut where `stop` would have stopped sending.
     """
     if isinstance(engine, ServesInVirtualTime):
-        return engine.simulate_replay(requests, arrivals_s)
+        return stopped_in_virtual_time(engine.simulate_replay(requests, arrivals_s), stop)
     start = clock.now()
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task[None]] = []
@@ -47,6 +54,8 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
         for i in order:
             planned = start + arrivals_s[i]
             await clock.sleep_until(planned)
+            if stop is not None and stop(records, clock.now() - start):
+                break
             req = requests[i]
             rec = RequestRecord(index=req.index, input_len=req.input_len, planned_s=arrivals_s[i],
                                 sent_s=clock.now() - start)
@@ -56,6 +65,20 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
     finally:
         await _settle(tasks)
     return records
+
+
+def stopped_in_virtual_time(records: list[RequestRecord], stop: StopRule | None) -> list[RequestRecord]:
+    """A replay served whole in virtual time, cut as a live replay with `stop` would have been: the rule is asked
+    before each send, with the records sent until then and the send's time (it reads only first tokens up to that
+    time). The requests already sent keep their records; their decode shared the engine with later arrivals that a
+    live replay would not have sent, a small difference the simulator accepts."""
+    if stop is None:
+        return records
+    in_order = sorted(records, key=lambda r: (r.sent_s, r.index))
+    for i, rec in enumerate(in_order):
+        if i and stop(in_order[:i], rec.sent_s):
+            return in_order[:i]
+    return in_order
 
 
 async def _settle(tasks: list[asyncio.Task[None]]) -> None:

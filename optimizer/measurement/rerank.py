@@ -46,8 +46,12 @@ def _within(value: Any, limit_ms: float) -> bool:
 
 def qualifies(point: Point, limit_ms: float, other_limits_ms: Mapping[str, float] | None = None) -> bool:
     """Sustained, TTFT P99 within the limit, and each other limit met (a metric the point did not store, or a NaN
-    from a replay with no completion, never qualifies)."""
-    if not (point.get("sustained") and _within(point.get("ttft_p99_ms"), limit_ms)):
+    from a replay with no completion, never qualifies). A probe judged at this very limit answers by its verdict
+    (the count over the limit: measurement/evidence.py); at another limit, by its P99."""
+    if point.get("verdict") is not None and point.get("limit_ms") == limit_ms:
+        if not point.get("feasible"):
+            return False
+    elif not (point.get("sustained") and _within(point.get("ttft_p99_ms"), limit_ms)):
         return False
     return all(_within(point.get(key), lim) for key, lim in (other_limits_ms or {}).items())
 

@@ -39,7 +39,8 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.core.errors import UsageError
 from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.score import (
-    baseline, confirmation, noise_cv, rank_trials, scored_best_first, study_limit_ms, tied_with,
+    baseline, confirmation, noise_cv, rank_trials, rate_interval_rps, rate_text, scored_best_first, study_limit_ms,
+    tied_with,
 )
 from optimizer.search.study import is_confirmation, search_trials, wait_while_running
 
@@ -95,14 +96,20 @@ def plan(budget: int | None, asked: int | None) -> Plan:
 
 def candidates(study: optuna.Study) -> list[FrozenTrial]:
     """vLLM's defaults (when they ran), the recommendation of the search and its closest rival: the highest-scored
-    other trial whose bracket overlaps the recommendation's. At most CONFIGS; none when no trial meets the limit."""
+    other trial whose rate interval (its pooled fit) overlaps the recommendation's, or for trials stored before, whose
+    bracket does. At most CONFIGS; none when no trial meets the limit."""
     scored = scored_best_first(study)
     if not scored:
         return []
     trials = search_trials(study)
     cv = noise_cv(trials)
     best_trial, best_ranked = scored[0]
-    rivals = tied_with(best_ranked, {t.number: r for t, r in scored[1:]}, cv)
+    mine = rate_interval_rps(best_trial)
+    if mine is not None:
+        rivals = [t.number for t, _ in scored[1:] if (iv := rate_interval_rps(t)) is not None
+                  and iv[0] <= mine[1] and mine[0] <= iv[1]]
+    else:
+        rivals = tied_with(best_ranked, {t.number: r for t, r in scored[1:]}, cv)
     base = baseline(study)
     out = [base] if base is not None and base.state == TrialState.COMPLETE else []
     for t, _ in scored:
@@ -250,10 +257,7 @@ def describe(trial: FrozenTrial) -> str:
         return f"{head}: could not run ({PRUNED_REASON.of(trial) or trial.state.name})"
     if not r.get("feasible"):
         return f"{head}: met the limit at no rate tried [{TIMINGS.of(trial).get('total_s', 0):.0f}s]"
-    rate = r.get("rate_rps")
-    failed = r.get("failed_rate_rps")
-    where = "a burst" if rate is None else f"{rate:.2f} req/s" + (f" (failed at {failed:.2f})" if failed else "")
-    return (f"{head}: {r.get('output_throughput_tok_s', 0):.1f} tok/s at {where} "
+    return (f"{head}: {rate_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} tok/s "
             f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]")
 
 

@@ -7,8 +7,10 @@ measurement of the incumbent would starve the study: every later trial would sto
 itself does not reach again. So the incumbent's rate is
 
 - for a config the confirmation measured (search/confirm.py), the lower end of its rounds' 95% interval of rates;
-- for a config measured once, its rate less a one-sided 95% margin of one measurement: (1 - 1.645 x
-  SINGLE_RUN_RATE_CV). Several replays at its rate (`--repeats`, the baseline's 3) narrow it by their square root.
+- for a trial measured by probes sized by evidence, the lower end of its own rate interval (its pooled fit:
+  measurement/rate_fit.py), never above the highest rate it passed;
+- for a trial stored before (fixed-length replays), its rate less a one-sided 95% margin of one measurement:
+  (1 - 1.645 x SINGLE_RUN_RATE_CV). Several replays at its rate (`--repeats`) narrow it by their square root.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ def fair_incumbent_rate(study: optuna.Study) -> float | None:
         rate = r.get("rate_rps")
         if rate is None:
             bounds.append(math.inf)
+            continue
+        fit = r.get("rate_at_limit")
+        if fit:  # its own interval, from every request it sent
+            bounds.append(min(float(fit["low_rps"]), float(rate)))
             continue
         replays = sum(1 for p in CURVE.of(t) if p.get("offered_rate_rps") == rate)
         bounds.append(single_run_lower_rps(float(rate), replays))

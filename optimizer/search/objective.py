@@ -27,8 +27,10 @@ from optimizer.hardware.device import visible_gpus
 from optimizer.measurement.engine import Engine, EngineFactory, ReportsEngineStats
 from optimizer.measurement.limits import diagnose, summarize_engine
 from optimizer.measurement.metrics import summarize
-from optimizer.measurement.rate_search import bisect_rate, find_max_rate
-from optimizer.measurement.replay import replay, replay_closed_loop
+from optimizer.measurement.evidence import ProbeRule
+from optimizer.measurement.rate_search import INCUMBENT_FLOOR, CurvePoint, search_rate
+from optimizer.measurement.replay import StopRule, replay, replay_closed_loop
+from optimizer.measurement.stability import effective_fraction
 from optimizer.measurement.telemetry import for_device
 from optimizer.measurement.workload import Workload, build_workload, fixed_load_rate
 from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
@@ -54,7 +56,15 @@ CONSTRAINT = "ttft_p99_over_limit_ms"
 CANNOT_RUN_MS = 1e7
 # On the CPU build, when vLLM's default memory fraction (0.92) does not fit beside other processes.
 CPU_BASELINE_MEMORY_FALLBACK = 0.3
-BASELINE_REPEATS = 3  # the baseline's replays at its best rate: their spread is the study's noise level
+# The baseline's replays at its best rate: 1, since its probes' pooled fit gives its interval (3 before, when their
+# spread was the study's noise level).
+BASELINE_REPEATS = 1
+# How each stored trial was measured: evidence-sized probes and a pooled fit. Trials stored before have none
+# (fixed-length replays judged one by one: MEASURED_BEFORE).
+MEASUREMENT = "probes sized by evidence, pooled fit"
+MEASURED_BEFORE = "fixed-length replays"
+GUESS_REQUESTS = 64  # a first trial's first guess: the pace of this many requests sent at once (not in its curve)
+GUESS_SHARE = 0.8  # of that pace, where its first probe goes
 
 
 @dataclass
@@ -164,7 +174,12 @@ class Objective:
         set_constraint(trial, CONSTRAINT, violation)
         point = search.best or min(search.points, key=lambda p: (p.ttft_p99_ms if math.isfinite(p.ttft_p99_ms)
                                                                   else math.inf))
-        summary = {"feasible": search.feasible, "stopped_early": search.stopped_early,
+        summary = {"measurement": MEASUREMENT if search.points and search.points[0].requests is not None
+                   else MEASURED_BEFORE,
+                   "rate_at_limit": search.fit.to_dict() if search.fit is not None else None,
+                   "first_guess_rps": search.first_guess_rps, "floor_rps": search.floor_rps,
+                   "requests": sum(p.requests or 0 for p in search.points),
+                   "feasible": search.feasible, "stopped_early": search.stopped_early,
                    "rate_rps": point.offered_rate_rps if math.isfinite(point.offered_rate_rps) else None,
                    "failed_rate_rps": search.failed_rate_rps,
                    "output_throughput_tok_s": point.output_throughput_tok_s,
@@ -302,35 +317,70 @@ class Objective:
             await replay(engine, workload.warmup, [0.0] * len(workload.warmup), self.clock)
         replays = 0
         stats = engine if isinstance(engine, ReportsEngineStats) else None
+        spec = self.config.workload
+        limit = self.config.ttft_p99_ms
 
-        async def replay_at(rate_rps: float):
+        async def run_replay(rate_rps: float, stop: StopRule | None = None):
             nonlocal replays
             # Cold every time: a replay must never be served from the previous replay's prefix cache.
             await engine.reset_prefix_cache()
             if stats is not None:
                 await stats.take_engine_stats()  # drop what came before (warm-up, the previous replay's tail)
-            spec = self.config.workload
             if spec.arrivals == "closed_loop":  # fixed clients, no rate: see measure_fixed_load
                 records = await replay_closed_loop(engine, workload.requests, spec.concurrency or 1, self.clock)
             else:
-                records = await replay(engine, workload.requests, workload.arrivals_s(rate_rps), self.clock)
+                records = await replay(engine, workload.requests, workload.arrivals_s(rate_rps), self.clock, stop)
             engine_points.append(summarize_engine(await stats.take_engine_stats()) if stats is not None else None)
             if self.records is not None:  # between replays, never inside one
                 self.records.save(self.config.study_name, trial_number, replays, rate_rps, records)
             replays += 1
+            return records
+
+        async def replay_at(rate_rps: float):
+            records = await run_replay(rate_rps)
             return summarize(records, rate_rps, spec.skip_first_fraction, spec.skip_last_fraction)
+
+        async def probe_at(rate_rps: float) -> CurvePoint:
+            rule = ProbeRule(limit, len(workload.requests), 1 - self.config.search.probe_confidence)
+            records = await run_replay(rate_rps, rule)
+            in_send_order = sorted(records, key=lambda r: r.sent_s)
+            fraction = effective_fraction([r.ttft_s for r in in_send_order if r.ttft_s is not None])
+            return CurvePoint.of_probe(summarize(records, rate_rps, spec.skip_first_fraction,
+                                                 spec.skip_last_fraction), rule.evidence(records), fraction, limit)
 
         fixed_rate = fixed_load_rate(self.config.workload, workload)
         if fixed_rate is not None:
-            return await measure_fixed_load(replay_at, fixed_rate, self.config.ttft_p99_ms, self.config.search,
-                                            repeats)
-        if confirm is not None:  # the rate at the limit, bisected from where the candidate's search put it
+            return await measure_fixed_load(replay_at, fixed_rate, limit, self.config.search, repeats)
+        if confirm is not None:  # the rate at the limit, from where the candidate's search put it
             start_rps, failed_rps = start_rates(confirm)
-            return await bisect_rate(replay_at, self.config.ttft_p99_ms, self.config.search, start_rps, failed_rps)
-        result = await find_max_rate(replay_at, self.config.ttft_p99_ms, self.config.search, incumbent_rate_rps)
+            guess = None
+            if not math.isfinite(start_rps):
+                guess = start_rps = await self._first_guess(engine, workload)
+            result = await search_rate(probe_at, self.config.search, start_rps, failed_rps=failed_rps)
+            result.first_guess_rps = guess
+            return result
+        if incumbent_rate_rps is not None and math.isfinite(incumbent_rate_rps):
+            # the one question that matters first: does it hold where the incumbent does? Below the floor it
+            # cannot win.
+            result = await search_rate(probe_at, self.config.search, incumbent_rate_rps,
+                                       floor_rps=max(INCUMBENT_FLOOR * incumbent_rate_rps,
+                                                     self.config.search.min_rate_rps))
+        else:
+            guess = await self._first_guess(engine, workload)
+            result = await search_rate(probe_at, self.config.search, guess)
+            result.first_guess_rps = guess
         if result.best is not None and repeats > 1:
-            await confirm_best(result, replay_at, repeats, self.config.ttft_p99_ms, self.config.search.sustain_ratio)
+            await confirm_best(result, replay_at, repeats, limit)
         return result
+
+    async def _first_guess(self, engine: Engine, workload: Workload) -> float:
+        """Where a search with nothing to start from probes first: GUESS_SHARE x the pace of GUESS_REQUESTS sent at
+        once. A guess only: the search brackets up from it when it passes, and its TTFTs are in no curve."""
+        await engine.reset_prefix_cache()
+        first = workload.requests[:GUESS_REQUESTS]
+        records = await replay(engine, first, [0.0] * len(first), self.clock)
+        m = summarize(records, math.inf)
+        return max(GUESS_SHARE * m.request_throughput_rps, self.config.search.min_rate_rps)
 
     def _repeats(self, trial: optuna.Trial) -> int:
         """Replays at the best rate: the study's `repeats`, and at least BASELINE_REPEATS for the baseline, whose

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from optimizer.core.units import format_ms
 from optimizer.search.attrs import BASELINE, LIMITED_BY, PRUNED_DETAIL, PRUNED_REASON, RESULT, TIMINGS
-from optimizer.search.score import feasible, scored_best_first
+from optimizer.search.score import feasible, rate_text, scored_best_first
 from optimizer.search.study import finished_count, is_confirmation
 
 
@@ -24,17 +24,29 @@ def describe(trial: FrozenTrial) -> str:
         return (f"{label} #{trial.number}: cannot run: {PRUNED_REASON.of(trial) or '?'}: "
                 f"{str(PRUNED_DETAIL.of(trial))[:160]}")
     r = RESULT.of(trial)
-    rate = r.get("rate_rps")
-    failed = r.get("failed_rate_rps")
-    where = "a burst" if rate is None else f"{rate:.2f} req/s" + (f" (failed at {failed:.2f})" if failed else "")
-    verdict = "meets the limit" if feasible(trial) else (
-        "cannot beat the best so far: stopped early" if r.get("stopped_early") else "misses the limit at every rate")
     t = TIMINGS.of(trial)
-    ttft = r.get("ttft_p99_ms", math.nan)
-    line = (f"{label} #{trial.number}: {r.get('output_throughput_tok_s', 0):.1f} tok/s at {where}, "
-            f"TTFT P99 {format_ms(ttft)} ({verdict}) [{t.get('total_s', 0):.0f}s]")
+    took = f"[{t.get('total_s', 0):.0f}s]"
+    if feasible(trial):
+        line = (f"{label} #{trial.number}: {rate_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} tok/s, "
+                f"TTFT P99 {format_ms(r.get('ttft_p99_ms', math.nan))} at {r.get('rate_rps') or 0:.2f} req/s {took}")
+    else:
+        line = f"{label} #{trial.number}: {why_infeasible(r)} {took}"
     limited = LIMITED_BY.of(trial)
     return f"{line}\n  {limited}" if limited else line
+
+
+def why_infeasible(result: dict) -> str:
+    """In words and in rates, what stopped a trial that met the limit at no rate."""
+    tried = result.get("requests")
+    evidence = f" ({tried} requests)" if tried else ""
+    floor = result.get("floor_rps")
+    if result.get("stopped_early") and floor:
+        return (f"missed the limit down to {floor:.2f} req/s, 0.9 x the best's lower bound: it cannot beat the best, "
+                f"stopped early{evidence}")
+    if result.get("stopped_early"):
+        return f"cannot beat the best so far: stopped early{evidence}"
+    return f"missed the limit at every rate tried, TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))} at " \
+           f"the closest{evidence}"
 
 
 def remaining_s(budget: int | None, finished: int, trial_s: float | None, deadline_unix_s: float | None,

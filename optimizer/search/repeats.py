@@ -19,8 +19,8 @@ REPEAT_STEP_DOWN = 0.85
 REPEAT_STEP_DOWNS = 3
 
 
-async def confirm_best(result: RateSearchResult, replay_at: Callable[[float], Any], repeats: int, limit_ms: float,
-                       sustain_ratio: float) -> None:
+async def confirm_best(result: RateSearchResult, replay_at: Callable[[float], Any], repeats: int,
+                       limit_ms: float) -> None:
     """The best rate again, cold, `repeats` - 1 times: how much of the number is noise. When the medians there
     miss the limit, the search's one pass was a lucky replay: step down (REPEAT_STEP_DOWN) and measure again there,
     so that a config that holds the limit at some rate (vLLM's defaults, measured 3 times) is not declared
@@ -30,12 +30,12 @@ async def confirm_best(result: RateSearchResult, replay_at: Callable[[float], An
     for step in range(REPEAT_STEP_DOWNS + 1):
         if step:
             rate *= REPEAT_STEP_DOWN
-            first = CurvePoint.of(await replay_at(rate), limit_ms, sustain_ratio)
+            first = CurvePoint.of(await replay_at(rate), limit_ms)
             result.repeats.append(first)
             if not first.feasible:
                 continue
         for _ in range(repeats - 1):
-            result.repeats.append(CurvePoint.of(await replay_at(rate), limit_ms, sustain_ratio))
+            result.repeats.append(CurvePoint.of(await replay_at(rate), limit_ms))
         if with_repeats(result, limit_ms).best is not None:
             return
 
@@ -50,7 +50,7 @@ async def measure_fixed_load(replay_at: Callable[[float], Any], rate_rps: float,
 
     async def probe(label_rps: float | None = None) -> CurvePoint:
         metrics = await replay_at(rate_rps)
-        point = CurvePoint.of(metrics, limit_ms, spec.sustain_ratio)
+        point = CurvePoint.of(metrics, limit_ms)
         if math.isinf(rate_rps):
             point = dataclasses.replace(point, offered_rate_rps=label_rps or metrics.request_throughput_rps)
         return point

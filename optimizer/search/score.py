@@ -52,6 +52,31 @@ def score_tok_s(trial: FrozenTrial, limit_ms: float) -> float:
     return ranked.output_throughput_tok_s if ranked.answerable else 0.0
 
 
+def rate_text(result: Mapping[str, Any]) -> str:
+    """A trial's rate in words, from its stored result: '52.10 req/s at the limit [50.30, 53.80] (passed 51.00,
+    failed 53.60; 2980 requests in 6 probes)'; for a trial stored before probes were sized by evidence, its
+    bracket alone."""
+    rate, failed = result.get("rate_rps"), result.get("failed_rate_rps")
+    fit = result.get("rate_at_limit")
+    if rate is None:
+        return "a burst"
+    bracket = f"passed {rate:.2f}" + (f", failed {failed:.2f}" if failed else ", none failed above")
+    if not fit:
+        return f"{rate:.2f} req/s ({bracket})"
+    high = "open" if fit.get("high_rps") is None else f"{fit['high_rps']:.2f}"
+    return (f"{fit['rate_rps']:.2f} req/s at the limit [{fit['low_rps']:.2f}, {high}] ({bracket}; "
+            f"{result.get('requests', fit.get('requests', 0))} requests in {fit.get('probes', 0)} probes)")
+
+
+def rate_interval_rps(trial: FrozenTrial) -> tuple[float, float] | None:
+    """The trial's rate at the limit as its 95% interval (low, high; high inf for a lower bound), from its pooled fit;
+    None for a trial measured before probes were sized by evidence, or one that met the limit nowhere."""
+    fit = RESULT.of(trial).get("rate_at_limit")
+    if not fit:
+        return None
+    return float(fit["low_rps"]), (math.inf if fit.get("high_rps") is None else float(fit["high_rps"]))
+
+
 def goodput(trial: FrozenTrial) -> float:
     """The score its objective stored for the study's own limit: output tokens/s at its best sustained rate, 0
     when infeasible. The same number `score_tok_s(trial, limit)` ranks from its curve (tests/search/test_score.py

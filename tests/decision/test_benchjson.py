@@ -25,7 +25,7 @@ def replay():
     # ITL gaps: 0.1, 0.1 | 0.3 | 0.1, 0.1, 0.1; E2E: 0.3, 0.5, 0.7 s
     records = [rec(0, 0.0, [0.1, 0.2, 0.3], 100), rec(1, 1.0, [1.2, 1.5], 200),
                rec(2, 2.0, [2.4, 2.5, 2.6, 2.7], 300), rec(3, 2.5, [], 1000, ok=False)]
-    return CurvePoint.of(summarize(records, offered_rate_rps=1.0), limit_ms=1000.0, sustain_ratio=0.9).to_dict()
+    return CurvePoint.of(summarize(records, offered_rate_rps=1.0), limit_ms=1000.0).to_dict()
 
 
 def test_itl_and_e2el_p99_are_written_under_vllms_names(tmp_path, replay):

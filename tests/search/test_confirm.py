@@ -134,7 +134,7 @@ def test_report_of_a_confirmed_trial_lists_its_runs(confirmed, tmp_path, capsys)
         run_no = c.best.runs[r].number
         seed = confirm.round_seed(config.workload.seed, r)
         assert line.startswith(f"confirmation round {r + 1}, trial #{c.best.number} again (run #{run_no}, "
-                               f"workload seed {seed}): ") and "tok/s at" in line
+                               f"workload seed {seed}): ") and "req/s at the limit [" in line and "tok/s" in line
 
 
 def test_an_interrupted_confirmation_resumes_without_running_anything_twice(tmp_path, config_only_model):

@@ -105,7 +105,7 @@ def test_a_new_auto_study_is_created_with_the_count_its_pilot_chose_and_resuming
     choice = STUDY_REQUESTS_CHOICE.of(prepared.study)
     n = choice["num_requests"]
     assert n >= 368 and n == prepared.config.workload.num_requests == len(prepared.objective.workload.requests)
-    assert choice["pilot_requests"] == 200 and choice["pilot_samples"] == 3 * 200  # the baseline's 3 replays there
+    assert choice["pilot_requests"] == 200 and 0 < choice["pilot_samples"] <= 200  # its probe there, sized by evidence
     assert len(starts) == 1  # one pilot trial, no study trial yet
     storage = storage_for(config.storage_url)
     assert stored_config(storage, "s").workload.num_requests == n  # stored: a resume needs no flag
@@ -119,7 +119,7 @@ def test_a_new_auto_study_is_created_with_the_count_its_pilot_chose_and_resuming
     store = RecordStore(config.storage_url)
     for t in prepared.study.trials:
         for _, records in store.load("s", t.number):
-            assert len(records) == n  # every replay of the study measures the chosen count
+            assert 0 < len(records) <= n  # every probe of the study sends at most the chosen count
     again = prepare(stored_config(storage, "s"), tmp_path, say=lambda *a: None, engine_factory=engine,
                     memory_probe=lambda: None)
     assert again.config.workload.num_requests == n

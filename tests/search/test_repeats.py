@@ -54,8 +54,8 @@ def test_repeats_that_miss_step_the_rate_down_until_the_medians_hold():
     from optimizer.search.repeats import REPEAT_STEP_DOWN, confirm_best, with_repeats
     from optimizer.measurement.rate_search import CurvePoint, RateSearchResult
 
-    first = CurvePoint.of(_metrics(20.0, 140.0), 150.0, 0.9)
-    result = RateSearchResult(points=[CurvePoint.of(_metrics(float("inf"), 900.0), 150.0, 0.9), first], best=first)
+    first = CurvePoint.of(_metrics(20.0, 140.0), 150.0)
+    result = RateSearchResult(points=[CurvePoint.of(_metrics(float("inf"), 900.0), 150.0), first], best=first)
     script = {20.0: [400.0, 300.0], 20.0 * REPEAT_STEP_DOWN: [120.0, 200.0, 130.0]}
     asked = []
 
@@ -63,7 +63,7 @@ def test_repeats_that_miss_step_the_rate_down_until_the_medians_hold():
         asked.append(rate)
         return _metrics(rate, script[rate].pop(0))
 
-    asyncio.run(confirm_best(result, replay_at, 3, 150.0, 0.9))
+    asyncio.run(confirm_best(result, replay_at, 3, 150.0))
     assert asked == [20.0, 20.0, 17.0, 17.0, 17.0]
     merged = with_repeats(result, 150.0)
     assert merged.best is not None and merged.best.offered_rate_rps == 17.0 and merged.best.ttft_p99_ms == 130.0
@@ -75,7 +75,7 @@ def test_repeats_that_hold_measure_nothing_more():
     from optimizer.search.repeats import confirm_best
     from optimizer.measurement.rate_search import CurvePoint, RateSearchResult
 
-    first = CurvePoint.of(_metrics(20.0, 140.0), 150.0, 0.9)
+    first = CurvePoint.of(_metrics(20.0, 140.0), 150.0)
     result = RateSearchResult(points=[first], best=first)
     asked = []
 
@@ -83,5 +83,5 @@ def test_repeats_that_hold_measure_nothing_more():
         asked.append(rate)
         return _metrics(rate, 145.0)
 
-    asyncio.run(confirm_best(result, replay_at, 3, 150.0, 0.9))
+    asyncio.run(confirm_best(result, replay_at, 3, 150.0))
     assert asked == [20.0, 20.0]

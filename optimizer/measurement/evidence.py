@@ -1,0 +1,218 @@
+"""Pure: when a probe's requests settle its verdict at the limit, and when the engine falls behind.
+
+A probe replays the study's requests at one Poisson rate, one after another, until its verdict is settled. Each
+request is *over* the limit (its first token came later than the limit after it was sent, or it is still waiting
+past the limit, or it failed) or *within* it. TTFT P99 <= limit is the same statement as "at most 1% of requests
+are over", so a probe's question is a question on a count: with k over among n resolved requests, is the fraction
+over below 1% or above it? A binomial test answers it (MLPerf LoadGen's early stopping asks the same of the count
+over its latency bound):
+
+- **pass** when P(Binomial(n, 0.01) <= k) <= alpha_look: so few over would be rare if 1% or more were over;
+- **fail** when P(Binomial(n, 0.01) >= k) <= alpha_look: so many over would be rare if at most 1% were over.
+
+The test looks at n = 25, 50, 100, ... (doubling) up to the probe's cap, each look at alpha_look = alpha / looks
+(Bonferroni): whichever look settles it, the verdict holds at 1 - alpha (95%). Passing with none over needs 459
+requests at the default looks (MLPerf's 99% bound asks 459 too); failing takes a few dozen when most are over.
+
+Far below the limit a probe need not send hundreds: at a look of at least FAR_MIN_REQUESTS requests, none over, the
+slowest below FAR_FRACTION x the limit, and an exponential tail fitted to the top decile
+(`stability.exponential_tail`) putting under FAR_TAIL_SHARE of requests over the limit, it passes "far below".
+Near the limit only the count decides.
+
+**Falling behind** is judged on the arrivals' own window, never on the last request's drain: the backlog (requests
+sent without a first token yet) at the latest send against the backlog halfway through the sends. A queue that keeps
+pace has a backlog that stays put; one that grows by more than BEHIND_SHARE of what was sent in between (and at
+least BEHIND_MIN_REQUESTS requests) is falling behind, and the probe fails. A long last request only decodes: it
+has its first token, and the drain after the last send is not looked at.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from optimizer.measurement.stability import exponential_tail
+
+EXCESS_SHARE = 0.01  # P99: at most 1% of requests over the limit
+FIRST_LOOK_REQUESTS = 25
+FAR_MIN_REQUESTS = 50
+FAR_FRACTION = 0.5
+FAR_TAIL_SHARE = EXCESS_SHARE / 10
+BEHIND_SHARE = 0.1
+BEHIND_MIN_REQUESTS = 10
+
+PASS, FAIL, UNSETTLED = "pass", "fail", "unsettled"
+
+
+class Sent(Protocol):
+    """What the evidence reads of a request record (`metrics.RequestRecord` has it)."""
+
+    sent_s: float
+    first_token_s: float | None
+    ok: bool
+    error: str
+
+
+def binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(Binomial(n, p) <= k), summed in log space (exact; k and n up to a few thousands)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
+             for i in range(k + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def looks(cap: int, first: int = FIRST_LOOK_REQUESTS) -> list[int]:
+    """The request counts at which a probe of at most `cap` requests looks: first, 2 x first, ..., and the cap."""
+    out, n = [], first
+    while n < cap:
+        out.append(n)
+        n *= 2
+    return [*out, cap]
+
+
+def count_verdict(n: int, k: int, alpha_look: float, share: float = EXCESS_SHARE) -> str:
+    """PASS, FAIL or UNSETTLED for k over the limit among n requests, each side tested at `alpha_look`."""
+    if n <= 0:
+        return UNSETTLED
+    if binomial_cdf(k, n, share) <= alpha_look:
+        return PASS
+    if k > 0 and 1.0 - binomial_cdf(k - 1, n, share) <= alpha_look:
+        return FAIL
+    return UNSETTLED
+
+
+def far_below(ttft_ms: Sequence[float], limit_ms: float) -> bool:
+    """Enough requests, none near the limit, and the fitted tail puts almost none over it."""
+    if len(ttft_ms) < FAR_MIN_REQUESTS or max(ttft_ms) > FAR_FRACTION * limit_ms:
+        return False
+    tail = exponential_tail(ttft_ms)
+    if tail is None:  # no spread in the top decile: no tail to extrapolate, only the count can tell
+        return False
+    u, beta, share = tail
+    return share * math.exp(-(limit_ms - u) / beta) <= FAR_TAIL_SHARE
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A probe's requests as known at one moment."""
+
+    resolved: int  # requests whose side of the limit is known
+    over: int  # of them, over the limit
+    ttft_ms: tuple[float, ...]  # of the resolved requests with a first token
+    pending: int  # sent, neither a first token yet nor past the limit
+
+
+def count(records: Sequence[Sent], now_s: float, limit_ms: float) -> Counted:
+    """Which requests are over the limit at `now_s` (records' clock). A first token after `now_s` is not known yet
+    (the simulator's records hold the future; a live replay's do not)."""
+    limit_s = limit_ms / 1000.0
+    resolved = over = pending = 0
+    ttfts: list[float] = []
+    for r in records:
+        if r.sent_s > now_s:
+            continue
+        known = r.first_token_s is not None and r.first_token_s <= now_s
+        if known:
+            ttft = r.first_token_s - r.sent_s  # type: ignore[operator]
+            resolved += 1
+            ttfts.append(ttft * 1000.0)
+            over += ttft > limit_s
+        elif now_s - r.sent_s > limit_s or (r.error and r.first_token_s is None):
+            resolved += 1
+            over += 1
+        else:
+            pending += 1
+    return Counted(resolved, over, tuple(ttfts), pending)
+
+
+def backlog_at(records: Sequence[Sent], t_s: float) -> int:
+    """Requests sent by `t_s` without a first token by then."""
+    return sum(1 for r in records if r.sent_s <= t_s and (r.first_token_s is None or r.first_token_s > t_s))
+
+
+def falls_behind(records: Sequence[Sent], now_s: float | None = None) -> bool:
+    """The backlog at the latest send (by `now_s`) grew from the one halfway through the sends by more than
+    BEHIND_SHARE of the requests sent in between, and by at least BEHIND_MIN_REQUESTS."""
+    sends = sorted(r.sent_s for r in records if now_s is None or r.sent_s <= now_s)
+    if len(sends) < 2 * BEHIND_MIN_REQUESTS:
+        return False
+    mid_s, end_s = sends[len(sends) // 2], sends[-1]
+    between = len(sends) - 1 - len(sends) // 2
+    growth = backlog_at(records, end_s) - backlog_at(records, mid_s)
+    return growth >= max(BEHIND_MIN_REQUESTS, BEHIND_SHARE * between)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One probe's verdict and what it rests on."""
+
+    verdict: str  # PASS, FAIL or UNSETTLED (the cap came first)
+    requests: int  # resolved requests
+    over_limit: int
+    behind: bool  # the backlog grew over the arrivals' window
+    settled_at: int | None  # the look that settled it (None: unsettled)
+    far: bool = False  # passed far below the limit, on the fitted tail
+
+    @property
+    def over_share(self) -> float:
+        return self.over_limit / self.requests if self.requests else math.nan
+
+    @property
+    def passes(self) -> bool:
+        """Within the limit: settled so, or unsettled with at most 1% over and keeping pace (the best guess)."""
+        if self.verdict != UNSETTLED:
+            return self.verdict == PASS
+        return not self.behind and self.requests > 0 and self.over_share <= EXCESS_SHARE
+
+
+class ProbeRule:
+    """The sequential test of one probe: called with the records so far and the time, it says when to stop sending
+    (`__call__` -> True); `evidence` is the verdict on the records at the end."""
+
+    def __init__(self, limit_ms: float, cap: int, alpha: float = 0.05, first_look: int = FIRST_LOOK_REQUESTS):
+        self.limit_ms, self.cap = limit_ms, cap
+        self.looks = looks(cap, min(first_look, cap))
+        self.alpha_look = alpha / len(self.looks)
+        self._next = 0  # index of the next look
+        self.settled: Evidence | None = None
+
+    def __call__(self, records: Sequence[Sent], now_s: float) -> bool:
+        if self.settled is not None:
+            return True
+        while self._next < len(self.looks) - 1:  # the cap's look is taken on the finished records
+            if len(records) < self.looks[self._next]:  # cheap: fewer sent than the look needs resolved
+                return False
+            c = count(records, now_s, self.limit_ms)
+            if c.resolved < self.looks[self._next]:
+                return False
+            self._next += 1
+            found = self._judge(records, c, now_s, self.looks[self._next - 1])
+            if found is not None:
+                self.settled = found
+                return True
+        return False
+
+    def _judge(self, records: Sequence[Sent], c: Counted, now_s: float | None, look: int) -> Evidence | None:
+        behind = falls_behind(records, now_s)
+        verdict = FAIL if behind else count_verdict(c.resolved, c.over, self.alpha_look)
+        if verdict == UNSETTLED and c.over == 0 and far_below(c.ttft_ms, self.limit_ms):
+            return Evidence(PASS, c.resolved, c.over, behind, look, far=True)
+        if verdict == UNSETTLED:
+            return None
+        return Evidence(verdict, c.resolved, c.over, behind, look)
+
+    def evidence(self, records: Sequence[Sent]) -> Evidence:
+        """The verdict on every record of the finished probe (all resolved): the settled one, or the cap's look."""
+        c = count(records, math.inf, self.limit_ms)
+        if self.settled is not None:
+            s = self.settled
+            return Evidence(s.verdict, c.resolved, c.over, s.behind, s.settled_at, s.far)
+        found = self._judge(records, c, None, len(records))
+        return found or Evidence(UNSETTLED, c.resolved, c.over, falls_behind(records), None)

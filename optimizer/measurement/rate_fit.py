@@ -1,0 +1,119 @@
+"""Pure: a trial's rate at the limit and its 95% interval, from every request it sent at every rate.
+
+Each probe of a trial (optimizer/measurement/evidence.py) leaves a count: k of its n requests over the TTFT limit
+at its rate r. The share over rises with the rate; the rate at the limit is where it crosses 1% (TTFT P99 = the
+limit). All probes are pooled in one fit of that share against the rate, a logistic curve in log rate,
+
+    logit P(over | r) = logit(1%) + b * log(r / r*) / SCALE,   0 < b <= 20 (the share only rises with load),
+
+so that r*, the rate at the limit, is a parameter of its own. Its 95% interval is the profile-likelihood interval:
+every r* whose best slope leaves the log likelihood within chi2(1, 0.95) / 2 of the maximum. Where probes near the
+crossing have counts on both sides, the interval is narrow; where only a probe with none over and a probe with all
+over bracket it (no overlap to fit a slope on), every root between them is as likely and the interval spans the gap,
+as it should. Requests of one probe are not independent draws (a burst of arrivals delays the requests behind it
+together), so each probe counts as n x its effective fraction (`stability.effective_fraction`, from its TTFTs in send
+order). Only the probes up to the first one with most of its requests over enter the fit: far past the knee the
+engine is in another regime (a queue that grows), and one such probe is enough to bound the rate from above.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from optimizer.measurement.evidence import EXCESS_SHARE
+
+SCALE = 0.05  # one unit of the fit's x is 5% of rate: slopes of ~1-10 per unit, where the ridge is weak
+SLOPES_PER_UNIT = np.geomspace(0.05, 20.0, 48)  # how steeply the logit of the share over may rise per 5% of rate
+GRID_STEP = 0.01  # units of SCALE: candidate rates 0.05% apart
+GRID_MARGIN = 3.0  # candidate rates reach 15% past the lowest and highest probes
+CHI2_1_95 = 3.841  # the 95% quantile of chi-square with 1 degree of freedom
+FIT_METHOD = "pooled logistic fit of the share over the limit, 95% profile-likelihood interval"
+
+
+@dataclass(frozen=True)
+class ProbeCount:
+    """One probe as the fit reads it."""
+
+    rate_rps: float
+    requests: int
+    over_limit: int
+    effective_fraction: float = 1.0
+
+
+@dataclass(frozen=True)
+class RateAtLimit:
+    """The rate at which TTFT P99 meets the limit, with its 95% interval (high is inf when no probe went past
+    the limit: a lower bound)."""
+
+    rate_rps: float
+    low_rps: float
+    high_rps: float
+    requests: int  # every request the fit pooled
+    probes: int
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width, as a share of the rate (inf for a lower bound)."""
+        if not math.isfinite(self.high_rps) or self.rate_rps <= 0:
+            return math.inf
+        return (self.high_rps - self.low_rps) / 2 / self.rate_rps
+
+    def contains(self, rate_rps: float) -> bool:
+        return self.low_rps <= rate_rps <= self.high_rps
+
+    def to_dict(self) -> dict[str, float | int | str | None]:
+        return {"rate_rps": self.rate_rps, "low_rps": self.low_rps,
+                "high_rps": self.high_rps if math.isfinite(self.high_rps) else None,
+                "requests": self.requests, "probes": self.probes, "method": FIT_METHOD}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RateAtLimit:
+        high = d.get("high_rps")
+        return cls(float(d["rate_rps"]), float(d["low_rps"]), math.inf if high is None else float(high),
+                   int(d.get("requests", 0)), int(d.get("probes", 0)))
+
+
+def used_in_fit(probes: Sequence[ProbeCount]) -> list[ProbeCount]:
+    """The probes up to (and with) the lowest-rate one that had most of its requests over."""
+    ordered = sorted((p for p in probes if p.requests > 0), key=lambda p: p.rate_rps)
+    out = []
+    for p in ordered:
+        out.append(p)
+        if p.over_limit > p.requests / 2:
+            break
+    return out
+
+
+def profile(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE) -> tuple[np.ndarray, np.ndarray]:
+    """(rates, log likelihood): for each candidate rate at the limit on a grid, the binomial log likelihood of the
+    probes' counts under the best slope in SLOPES_PER_UNIT."""
+    rates = np.array([p.rate_rps for p in probes])
+    ref = float(np.exp(np.mean(np.log(rates))))
+    x = np.log(rates / ref) / SCALE
+    n = np.array([max(p.requests * p.effective_fraction, 1.0) for p in probes])
+    k = n * np.array([p.over_limit / p.requests for p in probes])
+    roots = np.arange(x.min() - GRID_MARGIN, x.max() + GRID_MARGIN, GRID_STEP)
+    z = math.log(share / (1 - share)) + SLOPES_PER_UNIT[None, :, None] * (x[None, None, :] - roots[:, None, None])
+    log_p, log_q = -np.logaddexp(0.0, -z), -np.logaddexp(0.0, z)  # log p, log (1 - p), stable
+    ll = (k * log_p + (n - k) * log_q).sum(axis=2).max(axis=1)
+    return ref * np.exp(SCALE * roots), ll
+
+
+def fit_rate_at_limit(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE) -> RateAtLimit | None:
+    """The rate at the limit (the most likely root) and its 95% profile-likelihood interval; None when no probe
+    passed (no rate bounds it from below)."""
+    used = used_in_fit(probes)
+    if not used or all(p.over_limit / p.requests > share for p in used):
+        return None
+    total = sum(p.requests for p in used)
+    if not any(p.over_limit / p.requests > share for p in used):  # nothing past the limit: a lower bound
+        top = max(p.rate_rps for p in used)
+        return RateAtLimit(top, top, math.inf, total, len(used))
+    rates, ll = profile(used, share)
+    inside = rates[ll >= ll.max() - CHI2_1_95 / 2]
+    best = float(rates[int(np.argmax(ll))])
+    return RateAtLimit(best, float(inside.min()), float(inside.max()), total, len(used))

@@ -1,0 +1,107 @@
+"""The probe's verdict and the falling-behind criterion, on records built by hand."""
+
+import math
+
+import pytest
+
+from optimizer.measurement.evidence import (
+    FAIL, PASS, UNSETTLED, ProbeRule, binomial_cdf, count, count_verdict, falls_behind, looks,
+)
+from optimizer.measurement.metrics import RequestRecord, summarize
+
+
+def rec(i, sent, ttft, decode_s=0.1, tokens=5):
+    r = RequestRecord(index=i, input_len=10, planned_s=sent, sent_s=sent)
+    if ttft is not None:
+        r.first_token_s = sent + ttft
+        r.chunk_times_s = [sent + ttft + decode_s * j / max(tokens - 1, 1) for j in range(tokens)]
+        r.output_tokens = tokens
+        r.ok = True
+    return r
+
+
+def steady(n, rate=10.0, ttft=0.05):
+    return [rec(i, i / rate, ttft) for i in range(n)]
+
+
+def test_binomial_cdf_by_hand():
+    # n = 2, p = 0.5: P(0) = 1/4, P(<=1) = 3/4
+    assert binomial_cdf(0, 2, 0.5) == pytest.approx(0.25)
+    assert binomial_cdf(1, 2, 0.5) == pytest.approx(0.75)
+    assert binomial_cdf(2, 2, 0.5) == 1.0
+    assert binomial_cdf(0, 459, 0.01) == pytest.approx(0.99 ** 459)
+
+
+def test_looks_double_up_to_the_cap():
+    assert looks(1000) == [25, 50, 100, 200, 400, 800, 1000]
+    assert looks(120) == [25, 50, 100, 120]
+
+
+def test_count_verdict_follows_the_binomial_bound():
+    alpha = 0.05 / 7
+    assert count_verdict(25, 0, alpha) == UNSETTLED  # 0.99^25 = 0.78: 25 clean requests prove nothing
+    assert count_verdict(25, 3, alpha) == FAIL  # P(>= 3 of 25 | 1%) = 0.002
+    assert count_verdict(800, 0, alpha) == PASS  # 0.99^800 = 0.0003
+    assert count_verdict(1000, 10, alpha) == UNSETTLED  # exactly at 1%: the cap comes first
+    assert count_verdict(1000, 25, alpha) == FAIL
+
+
+def test_a_long_final_request_alone_does_not_fail_a_replay():
+    # 100 requests at 10 req/s, TTFT 50 ms each; the last one decodes for 20 s after its first token
+    records = steady(99) + [rec(99, 9.9, 0.05, decode_s=20.0, tokens=200)]
+    m = summarize(records, offered_rate_rps=10.0)
+    assert m.achieved_rate_rps < 0.9 * m.sent_rate_rps  # the old completion-ratio check would have failed it
+    assert not falls_behind(records)
+    assert m.sustained
+
+
+def test_a_queue_that_grows_falls_behind():
+    # sends at 10 req/s, first tokens at only 5 per second: the backlog grows by half of what is sent
+    records = [rec(i, i / 10.0, i / 5.0 - i / 10.0 + 0.05) for i in range(100)]
+    assert falls_behind(records)
+    assert not summarize(records, offered_rate_rps=10.0).sustained
+
+
+def test_a_queue_that_keeps_pace_with_slow_first_tokens_does_not():
+    # every first token 400 ms after its send: a constant backlog of 4, not a growing one
+    assert not falls_behind(steady(100, ttft=0.4))
+
+
+def test_count_reads_only_what_is_known_at_the_time():
+    records = [rec(0, 0.0, 0.05), rec(1, 0.1, 0.5), rec(2, 0.2, None)]
+    c = count(records, now_s=0.3, limit_ms=150.0)
+    # #0 within (50 ms); #1 no first token by 0.3 but waited 200 ms > 150: over; #2 waited 100 ms: pending
+    assert (c.resolved, c.over, c.pending) == (2, 1, 1)
+
+
+def test_far_below_the_limit_a_probe_stops_after_a_few_dozen():
+    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    records = [rec(i, i / 10.0, 0.02 + 0.0002 * (i * 37 % 60)) for i in range(60)]  # TTFTs of 20-32 ms
+    stops = [n for n in range(1, 61) if rule(records[:n], records[n - 1].sent_s + 0.001)]
+    assert stops and stops[0] <= 55
+    ev = rule.evidence(records[:stops[0]])
+    assert ev.verdict == PASS and ev.far
+
+
+def test_a_rare_spike_is_not_extrapolated_away():
+    # 1 in 100 over the limit, the rest all alike: no tail to fit, so 50 clean requests cannot pass it "far below"
+    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    assert not rule(steady(50), 5.5)
+
+
+def test_far_above_the_limit_a_probe_fails_at_the_first_look():
+    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    records = steady(30, ttft=0.3)
+    assert rule(records[:26], 30.0)
+    assert rule.evidence(records[:26]).verdict == FAIL
+
+
+def test_near_the_limit_a_probe_runs_to_its_cap_unsettled():
+    rule = ProbeRule(limit_ms=150.0, cap=400)
+    # 1 in 100 over the limit: exactly P99 = the limit
+    records = [rec(i, i / 10.0, 0.3 if i % 100 == 50 else 0.05) for i in range(400)]
+    assert not any(rule(records[:n], records[n - 1].sent_s + 1.0) for n in range(1, 401))
+    ev = rule.evidence(records)
+    assert ev.verdict == UNSETTLED and ev.requests == 400 and ev.over_limit == 4
+    assert ev.passes  # at the cap, the share over (1%) is the best guess
+    assert not math.isnan(ev.over_share)

@@ -1,0 +1,55 @@
+"""The pooled fit of a trial's probes: hand-made counts, and its coverage on a known curve."""
+
+import math
+
+import numpy as np
+import pytest
+
+from optimizer.measurement.rate_fit import ProbeCount, fit_rate_at_limit, used_in_fit
+
+
+def test_no_probe_passed_has_no_rate():
+    assert fit_rate_at_limit([ProbeCount(10.0, 25, 20), ProbeCount(8.0, 25, 10)]) is None
+
+
+def test_nothing_over_the_limit_is_a_lower_bound_at_the_highest_rate():
+    fit = fit_rate_at_limit([ProbeCount(10.0, 500, 0), ProbeCount(12.5, 500, 2)])
+    assert fit.rate_rps == fit.low_rps == 12.5 and math.isinf(fit.high_rps) and math.isinf(fit.half_width)
+
+
+def test_a_bare_bracket_spans_its_gap():
+    # none over at 40, all over at 50: every root between is as likely, the interval covers most of the gap
+    fit = fit_rate_at_limit([ProbeCount(40.0, 500, 0), ProbeCount(50.0, 50, 50)])
+    assert 40.0 <= fit.low_rps < 42.0 and 48.0 < fit.high_rps <= 50.5
+
+
+def test_counts_on_both_sides_pin_the_crossing():
+    # 0.5% over at 48, 2% over at 52, each of 2000 requests: the crossing at 1% lies between, near 50
+    fit = fit_rate_at_limit([ProbeCount(48.0, 2000, 10), ProbeCount(52.0, 2000, 40)])
+    assert 48.0 < fit.low_rps < fit.rate_rps < fit.high_rps < 52.0
+    assert fit.rate_rps == pytest.approx(50.0, rel=0.02)
+
+
+def test_correlated_requests_widen_the_interval():
+    counts = [ProbeCount(48.0, 2000, 10), ProbeCount(52.0, 2000, 40)]
+    half = [ProbeCount(p.rate_rps, p.requests, p.over_limit, 0.25) for p in counts]
+    assert fit_rate_at_limit(half).half_width > fit_rate_at_limit(counts).half_width
+
+
+def test_only_the_first_probe_mostly_over_enters():
+    probes = [ProbeCount(60.0, 25, 25), ProbeCount(40.0, 500, 0), ProbeCount(50.0, 25, 20)]
+    assert [p.rate_rps for p in used_in_fit(probes)] == [40.0, 50.0]
+
+
+def test_covers_a_known_curve_in_at_least_90_percent_of_draws():
+    rng = np.random.default_rng(7)
+
+    def share(rate):  # logit rises by 40 per unit of log rate, 1% at 50 req/s
+        return 1 / (1 + math.exp(-(math.log(0.01 / 0.99) + 40 * math.log(rate / 50.0))))
+
+    inside = 0
+    for _ in range(100):
+        probes = [ProbeCount(r, n, int(rng.binomial(n, share(r))))
+                  for r, n in [(40.0, 500), (48.0, 1000), (50.0, 1000), (52.0, 800), (62.0, 50)]]
+        inside += fit_rate_at_limit(probes).contains(50.0)
+    assert inside >= 90
