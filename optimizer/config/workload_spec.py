@@ -271,4 +271,4 @@ class WorkloadSpec(StrictModel):
 
 
 # Chat traffic scaled down so that a 2-core CPU serves it at a few requests per second.
-CPU_DEMO_WORKLOAD = dict(num_requests=120, input_len_min=32, input_len_max=256, output_len_min=16, output_len_max=64)
+CPU_DEMO_WORKLOAD = dict(num_requests=1000, input_len_min=32, input_len_max=256, output_len_min=16, output_len_max=64)

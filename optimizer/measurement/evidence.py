@@ -42,6 +42,11 @@ FAR_FRACTION = 0.5
 FAR_TAIL_SHARE = EXCESS_SHARE / 10
 BEHIND_SHARE = 0.1
 BEHIND_MIN_REQUESTS = 10
+# Requests over the limit come in clusters (a burst of arrivals delays the requests behind it together): overs
+# fewer than this many requests apart in send order are one cluster, of at most CLUSTER_MAX requests (a queue that
+# stays over the limit is not one event, however long).
+CLUSTER_GAP = 4
+CLUSTER_MAX = 10
 
 PASS, FAIL, UNSETTLED = "pass", "fail", "unsettled"
 
@@ -107,15 +112,23 @@ class Counted:
     over: int  # of them, over the limit
     ttft_ms: tuple[float, ...]  # of the resolved requests with a first token
     pending: int  # sent, neither a first token yet nor past the limit
+    clusters: int = 0  # runs of requests over the limit, in send order (CLUSTER_GAP apart, CLUSTER_MAX long)
+
+    @property
+    def independent_fraction(self) -> float:
+        """clusters / over: the runs estimator of the extremal index. Overs that come in clusters of three carry the
+        evidence of one: the test and the fit count n x this and the clusters (1 with none over)."""
+        return self.clusters / self.over if self.over else 1.0
 
 
 def count(records: Sequence[Sent], now_s: float, limit_ms: float) -> Counted:
-    """Which requests are over the limit at `now_s` (records' clock). A first token after `now_s` is not known yet
-    (the simulator's records hold the future; a live replay's do not)."""
+    """Which requests are over the limit at `now_s` (records' clock; `records` in send order). A first token after
+    `now_s` is not known yet (the simulator's records hold the future; a live replay's do not)."""
     limit_s = limit_ms / 1000.0
-    resolved = over = pending = 0
+    resolved = over = pending = clusters = size = 0
+    last_over = -CLUSTER_GAP - 1
     ttfts: list[float] = []
-    for r in records:
+    for i, r in enumerate(records):
         if r.sent_s > now_s:
             continue
         known = r.first_token_s is not None and r.first_token_s <= now_s
@@ -123,13 +136,20 @@ def count(records: Sequence[Sent], now_s: float, limit_ms: float) -> Counted:
             ttft = r.first_token_s - r.sent_s  # type: ignore[operator]
             resolved += 1
             ttfts.append(ttft * 1000.0)
-            over += ttft > limit_s
+            is_over = ttft > limit_s
         elif now_s - r.sent_s > limit_s or (r.error and r.first_token_s is None):
             resolved += 1
-            over += 1
+            is_over = True
         else:
             pending += 1
-    return Counted(resolved, over, tuple(ttfts), pending)
+            continue
+        if is_over:
+            over += 1
+            if i - last_over > CLUSTER_GAP or size >= CLUSTER_MAX:
+                clusters, size = clusters + 1, 0
+            size += 1
+            last_over = i
+    return Counted(resolved, over, tuple(ttfts), pending, clusters)
 
 
 def backlog_at(records: Sequence[Sent], t_s: float) -> int:
@@ -159,6 +179,7 @@ class Evidence:
     behind: bool  # the backlog grew over the arrivals' window
     settled_at: int | None  # the look that settled it (None: unsettled)
     far: bool = False  # passed far below the limit, on the fitted tail
+    independent_fraction: float = 1.0  # Counted.independent_fraction: clusters / over
 
     @property
     def over_share(self) -> float:
@@ -182,6 +203,15 @@ class ProbeRule:
         self.alpha_look = alpha / len(self.looks)
         self._next = 0  # index of the next look
         self.settled: Evidence | None = None
+        self.settled_s: float | None = None  # when, on the records' clock
+
+    def kept(self, records: Sequence[Sent], withdrawn: str) -> list[Sent]:
+        """The probe's requests once it stopped: those withdrawn before their first token (error `withdrawn`) only
+        when they had already waited past the limit (they count as over); the rest were never judged."""
+        if self.settled_s is None:
+            return list(records)
+        limit_s = self.limit_ms / 1000.0
+        return [r for r in records if r.error != withdrawn or self.settled_s - r.sent_s > limit_s]
 
     def __call__(self, records: Sequence[Sent], now_s: float) -> bool:
         if self.settled is not None:
@@ -195,24 +225,28 @@ class ProbeRule:
             self._next += 1
             found = self._judge(records, c, now_s, self.looks[self._next - 1])
             if found is not None:
-                self.settled = found
+                self.settled, self.settled_s = found, now_s
                 return True
         return False
 
     def _judge(self, records: Sequence[Sent], c: Counted, now_s: float | None, look: int) -> Evidence | None:
         behind = falls_behind(records, now_s)
-        verdict = FAIL if behind else count_verdict(c.resolved, c.over, self.alpha_look)
+        f = c.independent_fraction  # the test counts clusters, not requests: n x f trials, f x k over
+        verdict = FAIL if behind else count_verdict(round(c.resolved * f), c.clusters, self.alpha_look)
         if verdict == UNSETTLED and c.over == 0 and far_below(c.ttft_ms, self.limit_ms):
             return Evidence(PASS, c.resolved, c.over, behind, look, far=True)
         if verdict == UNSETTLED:
             return None
-        return Evidence(verdict, c.resolved, c.over, behind, look)
+        return Evidence(verdict, c.resolved, c.over, behind, look, independent_fraction=f)
 
     def evidence(self, records: Sequence[Sent]) -> Evidence:
-        """The verdict on every record of the finished probe (all resolved): the settled one, or the cap's look."""
+        """The verdict on every record of the finished probe (all resolved, in send order): the settled one, or the
+        cap's look."""
         c = count(records, math.inf, self.limit_ms)
+        f = c.independent_fraction
         if self.settled is not None:
             s = self.settled
-            return Evidence(s.verdict, c.resolved, c.over, s.behind, s.settled_at, s.far)
+            return Evidence(s.verdict, c.resolved, c.over, s.behind, s.settled_at, s.far, f)
         found = self._judge(records, c, None, len(records))
-        return found or Evidence(UNSETTLED, c.resolved, c.over, falls_behind(records), None)
+        return Evidence(found.verdict, c.resolved, c.over, found.behind, found.settled_at, found.far, f) if found \
+            else Evidence(UNSETTLED, c.resolved, c.over, falls_behind(records), None, independent_fraction=f)

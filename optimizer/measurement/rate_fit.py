@@ -11,9 +11,10 @@ every r* whose best slope leaves the log likelihood within chi2(1, 0.95) / 2 of 
 crossing have counts on both sides, the interval is narrow; where only a probe with none over and a probe with all
 over bracket it (no overlap to fit a slope on), every root between them is as likely and the interval spans the gap,
 as it should. Requests of one probe are not independent draws (a burst of arrivals delays the requests behind it
-together), so each probe counts as n x its effective fraction (`stability.effective_fraction`, from its TTFTs in send
-order). Only the probes up to the first one with most of its requests over enter the fit: far past the knee the
-engine is in another regime (a queue that grows), and one such probe is enough to bound the rate from above.
+together), so each probe counts as n x its independent fraction: clusters of overs / overs, the runs estimator of
+the extremal index (`evidence.Counted`). Only the probes up to the first one with most of its requests over enter
+the fit: far past the knee the engine is in another regime (a queue that grows), and one such probe is enough to
+bound the rate from above.
 """
 
 from __future__ import annotations

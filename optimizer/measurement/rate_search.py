@@ -44,7 +44,7 @@ class CurvePoint:
     requests: int | None = None  # requests resolved: their side of the limit known
     over_limit: int | None = None  # of them, over the TTFT limit
     verdict: str | None = None  # evidence.PASS, FAIL or UNSETTLED (the cap came first)
-    effective_fraction: float | None = None  # n_eff / n of its TTFTs in send order (stability.effective_fraction)
+    effective_fraction: float | None = None  # clusters / requests over the limit (evidence.Counted), 1 with none
     limit_ms: float | None = None  # the TTFT limit its verdict was settled at
 
     @classmethod
@@ -70,13 +70,13 @@ class CurvePoint:
         )
 
     @classmethod
-    def of_probe(cls, m: ReplayMetrics, ev: Evidence, effective_fraction: float, limit_ms: float) -> CurvePoint:
+    def of_probe(cls, m: ReplayMetrics, ev: Evidence, limit_ms: float) -> CurvePoint:
         """A probe sized by evidence: feasible when its verdict passes (or, unsettled at the cap, when at most 1%
         of its requests were over and it kept pace)."""
         point = cls.of(m, math.inf)
         return cls(**{**point.__dict__, "sustained": m.completed > 0 and not ev.behind, "feasible": ev.passes,
                       "requests": ev.requests, "over_limit": ev.over_limit, "verdict": ev.verdict,
-                      "effective_fraction": round(effective_fraction, 3), "limit_ms": limit_ms})
+                      "effective_fraction": round(ev.independent_fraction, 3), "limit_ms": limit_ms})
 
     def to_dict(self) -> dict:
         # JSON has no infinity: a burst is stored with rate null

@@ -32,16 +32,28 @@ async def _serve(engine: Engine, request: Request, record: RequestRecord, clock:
 
 # Stop sending when this says so: called with the records sent so far (send order) and the replay's clock.
 StopRule = Callable[[Sequence[RequestRecord], float], bool]
+# The error of a request still waiting for its first token when its replay stopped: it was withdrawn, not served.
+WITHDRAWN = "withdrawn: the replay stopped before its first token"
+
+
+def withdraw(record: RequestRecord) -> None:
+    """Mark a request withdrawn before its first token (its task is cancelled, or in virtual time never was served)."""
+    record.first_token_s = None
+    record.chunk_times_s = []
+    record.output_tokens = 0
+    record.ok = False
+    record.error = WITHDRAWN
 
 
 async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], arrivals_s: list[float],
                  clock: Clock, stop: StopRule | None = None) -> list[RequestRecord]:
     """Send `requests[i]` at `arrivals_s[i]` after the start and wait for all of them.
 
-    With `stop`, before each send: when `stop(records, now)` is true, nothing more is sent, and the requests
-    already sent finish (a probe whose verdict is settled: optimizer/measurement/evidence.py). Times in the records
-    are relative to the replay's start. An engine death aborts the replay (EngineDiedError); any other request
-    error is recorded on that request. An engine that runs in virtual time (`simulate_replay`, the simulator) serves
+    With `stop`, before each send: when `stop(records, now)` is true, nothing more is sent, the requests that have
+    their first token finish, and those still waiting for it are withdrawn (cancelled, marked WITHDRAWN): a probe
+    whose verdict is settled (optimizer/measurement/evidence.py) does not wait for a queue to drain. Times in the
+    records are relative to the replay's start. An engine death aborts the replay (EngineDiedError); any other
+    request error is recorded on that request. An engine that runs in virtual time (`simulate_replay`, the simulator) serves
     the whole replay at once instead, with the same records, cut where `stop` would have stopped sending.
     """
     if isinstance(engine, ServesInVirtualTime):
@@ -55,6 +67,10 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
             planned = start + arrivals_s[i]
             await clock.sleep_until(planned)
             if stop is not None and stop(records, clock.now() - start):
+                for rec, task in zip(records, tasks):
+                    if rec.first_token_s is None:
+                        task.cancel()
+                        withdraw(rec)
                 break
             req = requests[i]
             rec = RequestRecord(index=req.index, input_len=req.input_len, planned_s=arrivals_s[i],
@@ -77,6 +93,9 @@ def stopped_in_virtual_time(records: list[RequestRecord], stop: StopRule | None)
     in_order = sorted(records, key=lambda r: (r.sent_s, r.index))
     for i, rec in enumerate(in_order):
         if i and stop(in_order[:i], rec.sent_s):
+            for sent in in_order[:i]:
+                if sent.first_token_s is None or sent.first_token_s > rec.sent_s:
+                    withdraw(sent)
             return in_order[:i]
     return in_order
 

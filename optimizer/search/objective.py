@@ -24,13 +24,8 @@ from optimizer.core.errors import EngineDiedError, EngineStartError
 from optimizer.core.processes import output_to
 from optimizer.engines.compile_cache import cache_env, start_phases
 from optimizer.hardware.device import visible_gpus
-from optimizer.measurement.engine import Engine, EngineFactory, ReportsEngineStats
-from optimizer.measurement.limits import diagnose, summarize_engine
-from optimizer.measurement.metrics import summarize
-from optimizer.measurement.evidence import ProbeRule
-from optimizer.measurement.rate_search import INCUMBENT_FLOOR, CurvePoint, search_rate
-from optimizer.measurement.replay import StopRule, replay, replay_closed_loop
-from optimizer.measurement.stability import effective_fraction
+from optimizer.measurement.engine import Engine, EngineFactory
+from optimizer.measurement.limits import diagnose
 from optimizer.measurement.telemetry import for_device
 from optimizer.measurement.workload import Workload, build_workload, fixed_load_rate
 from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
@@ -44,27 +39,25 @@ from optimizer.search.attrs import (
     MEMORY_WAITED_FOR, PRUNED_DETAIL, PRUNED_REASON, RESULT, TELEMETRY, TIMINGS, WORKER,
 )
 from optimizer.search.breaker import StartFailureBreaker, environment_cause
-from optimizer.search.confirm import start_rates
 from optimizer.search.dashboard import set_constraint
 from optimizer.search.incumbent import fair_incumbent_rate
 from optimizer.search.records import RecordStore
 from optimizer.search.recovery import worker_identity
-from optimizer.search.repeats import confirm_best, measure_fixed_load, with_repeats
+from optimizer.search.probes import TrialReplays
+from optimizer.search.repeats import with_repeats
 
 CONSTRAINT = "ttft_p99_over_limit_ms"
 # The constraint value of a config that cannot run at all: worse than any measured SLO miss.
 CANNOT_RUN_MS = 1e7
 # On the CPU build, when vLLM's default memory fraction (0.92) does not fit beside other processes.
 CPU_BASELINE_MEMORY_FALLBACK = 0.3
-# The baseline's replays at its best rate: 1, since its probes' pooled fit gives its interval (3 before, when their
-# spread was the study's noise level).
-BASELINE_REPEATS = 1
+# The baseline's replays at a load the workload fixes (closed-loop clients, a trace at its own timestamps): their
+# spread is the study's noise level there. A rate search needs none: its probes' pooled fit gives its interval.
+BASELINE_REPEATS = 3
 # How each stored trial was measured: evidence-sized probes and a pooled fit. Trials stored before have none
 # (fixed-length replays judged one by one: MEASURED_BEFORE).
 MEASUREMENT = "probes sized by evidence, pooled fit"
 MEASURED_BEFORE = "fixed-length replays"
-GUESS_REQUESTS = 64  # a first trial's first guess: the pace of this many requests sent at once (not in its curve)
-GUESS_SHARE = 0.8  # of that pace, where its first probe goes
 
 
 @dataclass
@@ -312,82 +305,16 @@ class Objective:
     async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int,
                        engine_points: list[dict[str, Any] | None], repeats: int = 1,
                        confirm: dict[str, Any] | None = None):
-        workload = self.workload_of(confirm)
-        if workload.warmup:
-            await replay(engine, workload.warmup, [0.0] * len(workload.warmup), self.clock)
-        replays = 0
-        stats = engine if isinstance(engine, ReportsEngineStats) else None
-        spec = self.config.workload
-        limit = self.config.ttft_p99_ms
-
-        async def run_replay(rate_rps: float, stop: StopRule | None = None):
-            nonlocal replays
-            # Cold every time: a replay must never be served from the previous replay's prefix cache.
-            await engine.reset_prefix_cache()
-            if stats is not None:
-                await stats.take_engine_stats()  # drop what came before (warm-up, the previous replay's tail)
-            if spec.arrivals == "closed_loop":  # fixed clients, no rate: see measure_fixed_load
-                records = await replay_closed_loop(engine, workload.requests, spec.concurrency or 1, self.clock)
-            else:
-                records = await replay(engine, workload.requests, workload.arrivals_s(rate_rps), self.clock, stop)
-            engine_points.append(summarize_engine(await stats.take_engine_stats()) if stats is not None else None)
-            if self.records is not None:  # between replays, never inside one
-                self.records.save(self.config.study_name, trial_number, replays, rate_rps, records)
-            replays += 1
-            return records
-
-        async def replay_at(rate_rps: float):
-            records = await run_replay(rate_rps)
-            return summarize(records, rate_rps, spec.skip_first_fraction, spec.skip_last_fraction)
-
-        async def probe_at(rate_rps: float) -> CurvePoint:
-            rule = ProbeRule(limit, len(workload.requests), 1 - self.config.search.probe_confidence)
-            records = await run_replay(rate_rps, rule)
-            in_send_order = sorted(records, key=lambda r: r.sent_s)
-            fraction = effective_fraction([r.ttft_s for r in in_send_order if r.ttft_s is not None])
-            return CurvePoint.of_probe(summarize(records, rate_rps, spec.skip_first_fraction,
-                                                 spec.skip_last_fraction), rule.evidence(records), fraction, limit)
-
-        fixed_rate = fixed_load_rate(self.config.workload, workload)
-        if fixed_rate is not None:
-            return await measure_fixed_load(replay_at, fixed_rate, limit, self.config.search, repeats)
-        if confirm is not None:  # the rate at the limit, from where the candidate's search put it
-            start_rps, failed_rps = start_rates(confirm)
-            guess = None
-            if not math.isfinite(start_rps):
-                guess = start_rps = await self._first_guess(engine, workload)
-            result = await search_rate(probe_at, self.config.search, start_rps, failed_rps=failed_rps)
-            result.first_guess_rps = guess
-            return result
-        if incumbent_rate_rps is not None and math.isfinite(incumbent_rate_rps):
-            # the one question that matters first: does it hold where the incumbent does? Below the floor it
-            # cannot win.
-            result = await search_rate(probe_at, self.config.search, incumbent_rate_rps,
-                                       floor_rps=max(INCUMBENT_FLOOR * incumbent_rate_rps,
-                                                     self.config.search.min_rate_rps))
-        else:
-            guess = await self._first_guess(engine, workload)
-            result = await search_rate(probe_at, self.config.search, guess)
-            result.first_guess_rps = guess
-        if result.best is not None and repeats > 1:
-            await confirm_best(result, replay_at, repeats, limit)
-        return result
-
-    async def _first_guess(self, engine: Engine, workload: Workload) -> float:
-        """Where a search with nothing to start from probes first: GUESS_SHARE x the pace of GUESS_REQUESTS sent at
-        once. A guess only: the search brackets up from it when it passes, and its TTFTs are in no curve."""
-        await engine.reset_prefix_cache()
-        first = workload.requests[:GUESS_REQUESTS]
-        records = await replay(engine, first, [0.0] * len(first), self.clock)
-        m = summarize(records, math.inf)
-        return max(GUESS_SHARE * m.request_throughput_rps, self.config.search.min_rate_rps)
+        measuring = TrialReplays(engine, self.workload_of(confirm), self.config, self.clock, self.records, trial_number,
+                                 engine_points)
+        return await measuring.measure(incumbent_rate_rps, repeats, confirm)
 
     def _repeats(self, trial: optuna.Trial) -> int:
-        """Replays at the best rate: the study's `repeats`, and at least BASELINE_REPEATS for the baseline, whose
-        spread is the study's noise level (optimizer/measurement/noise.py)."""
+        """Replays at the best rate: the study's `repeats`; at a fixed load at least BASELINE_REPEATS for the
+        baseline, whose spread is the study's noise level there (optimizer/measurement/noise.py)."""
         if CONFIRM.of(trial) is not None:
             return 1
-        if BASELINE.of(trial):
+        if BASELINE.of(trial) and fixed_load_rate(self.config.workload, self.workload) is not None:
             return max(self.config.repeats, BASELINE_REPEATS)
         return self.config.repeats
 

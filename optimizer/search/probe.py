@@ -42,19 +42,22 @@ BURST_REQUESTS = 60
 # and batching, where configs differ. Measured: the 17M shape's lone prefill on a native-bf16 Xeon core is ~8%
 # of 150 ms, and that demo's defaults meet 150 ms at ~11 req/s while its worst configs do not at any rate.
 PREFILL_SHARE_OF_LIMIT = 0.2
-# Duration model of a demo trial, fitted to two demo studies on a shared Xeon (benchmarks/trial_timing.py): the
-# burst plus 2 Poisson replays at 0.6x the burst ceiling. Measured per trial: replays 8.7 s median in bf16 (most
-# trials stopped at the incumbent's rate), 26.6 s in float32, where the study's trials were estimated 48 s and
-# measured 61 s with the constants before these. The baseline runs ~5 replays and 2 repeats more.
-REPLAYS_PER_TRIAL = 2.0
-KNEE_FRACTION_OF_CEILING = 0.6
-BASELINE_EXTRA_REPLAYS = 7
-CONFIRM_REPLAYS = 5  # a confirmation run's bisection: from the candidate's bracket to within 3%
+# Duration model of a demo trial, in units of one probe at the cap (the workload's request count) at the knee's
+# rate. A trial's probes stop when their verdict is settled: those far from the limit after a few dozen requests,
+# those near it at the cap; most trials probe at the incumbent's rate and its floor. Measured on the demo with
+# probes sized by evidence (docs/machines.md#timing): about 1.5 probes at the cap a trial; the baseline, which
+# brackets from a first guess, about 3 more; a confirmation run, which starts from its trial's bracket, about 3.
+# The knee of a Poisson stream lies near the pace of a burst (in process the demo's defaults hold 150 ms at ~1.3x
+# it), so the knee's rate is taken as the burst's.
+REPLAYS_PER_TRIAL = 1.5
+KNEE_FRACTION_OF_CEILING = 1.0
+BASELINE_EXTRA_REPLAYS = 3
+CONFIRM_REPLAYS = 3
 # The demo promises 40 trials in 40 minutes on any CPU: aim at 54 s per trial, a tenth below, for noise.
 TARGET_S_PER_TRIAL = 54.0
-# When even the quickest shape is estimated past that, each replay sends fewer requests (an engine start and
-# shutdown, ~30 s a trial, cannot shrink), down to this many: the P99 of fewer is the tail's few largest.
-MIN_DEMO_REQUESTS = 60
+# When even the quickest shape is estimated past that, each probe sends at most fewer requests (an engine start
+# and shutdown, ~30 s a trial, cannot shrink), down to this many: with none over, 459 settle a pass at 95%.
+MIN_DEMO_REQUESTS = 500
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,8 @@ def estimate_study_s(result: ProbeResult, budget: int, num_requests: int, speedu
     fresh engine and CONFIRM_REPLAYS replays each). `speedup`: how much faster the chosen shape serves than the
     probed one (>= 1: a smaller model at the same per-step overhead)."""
     ceiling = max(result.burst_rps * speedup, 1e-6)
-    burst_s = num_requests / ceiling
     replay_s = num_requests / (KNEE_FRACTION_OF_CEILING * ceiling)
-    trial_s = result.start_s + result.shutdown_s + burst_s + REPLAYS_PER_TRIAL * replay_s
+    trial_s = result.start_s + result.shutdown_s + REPLAYS_PER_TRIAL * replay_s
     run_s = result.start_s + result.shutdown_s + CONFIRM_REPLAYS * replay_s
     return (budget - confirm_runs) * trial_s + BASELINE_EXTRA_REPLAYS * replay_s + confirm_runs * run_s
 

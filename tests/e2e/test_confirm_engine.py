@@ -8,7 +8,7 @@ import re
 import pytest
 from optuna.trial import TrialState
 
-from optimizer.measurement.rate_search import BRACKET_MAX_REPLAYS
+from optimizer.config.settings import RateSearchSpec
 from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PIDS, RESULT, STUDY_CONFIRMATION
 from optimizer.search.score import confirmation, recommended
 from optimizer.search.study import finished_count
@@ -33,8 +33,11 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
     assert all(pids) and len(set(pids)) == len(pids)  # every run on an engine of its own
     for t in runs:
         r = RESULT.of(t)
-        if r["feasible"] and r.get("failed_rate_rps"):  # bisected to within 3%, or out of replays trying
-            assert r["failed_rate_rps"] / r["rate_rps"] <= 1.03 + 1e-6 or len(CURVE.of(t)) == BRACKET_MAX_REPLAYS
+        if r["feasible"] and r.get("failed_rate_rps"):  # bisected to within 3%, its fit within +-3%, or out of probes
+            fit = r["rate_at_limit"]
+            assert r["failed_rate_rps"] / r["rate_rps"] <= 1.03 + 1e-6 \
+                or (fit["high_rps"] - fit["low_rps"]) / 2 <= 0.03 * fit["rate_rps"] + 1e-6 \
+                or len(CURVE.of(t)) == RateSearchSpec().max_replays
     c = confirmation(study)
     assert c.complete and recommended(study).number == c.best.number
     out = proc.stdout

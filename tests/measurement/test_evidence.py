@@ -105,3 +105,34 @@ def test_near_the_limit_a_probe_runs_to_its_cap_unsettled():
     assert ev.verdict == UNSETTLED and ev.requests == 400 and ev.over_limit == 4
     assert ev.passes  # at the cap, the share over (1%) is the best guess
     assert not math.isnan(ev.over_share)
+
+
+def test_overs_in_one_burst_count_as_one_cluster():
+    # 200 requests; overs at 10, 11, 12 (one burst) and at 100 (alone): 4 over, 2 clusters
+    over_at = {10, 11, 12, 100}
+    records = [rec(i, i / 10.0, 0.3 if i in over_at else 0.05) for i in range(200)]
+    c = count(records, 100.0, 150.0)
+    assert (c.over, c.clusters) == (4, 2) and c.independent_fraction == pytest.approx(0.5)
+
+
+def test_a_burst_of_overs_early_does_not_settle_a_fail_alone():
+    # 4 overs in a row among the first 25: as requests they fail the first look, as one cluster they do not
+    records = [rec(i, i / 10.0, 0.3 if i in (5, 6, 7, 8) else 0.05) for i in range(30)]
+    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    assert not rule(records[:26], 30.0)
+    assert count_verdict(25, 4, 0.05 / 7) == FAIL
+
+
+def test_requests_withdrawn_when_a_probe_stops_count_only_past_the_limit():
+    from optimizer.measurement.replay import WITHDRAWN, withdraw
+
+    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    records = steady(30, ttft=0.3)  # every request far over the limit: the first look fails it
+    now = records[25].sent_s + 1.0
+    assert rule(records[:26], now)
+    late, fresh = rec(26, now - 0.2, None), rec(27, now - 0.05, None)
+    for r in (late, fresh):
+        withdraw(r)
+    kept = rule.kept(records[:26] + [late, fresh], WITHDRAWN)
+    assert late in kept and fresh not in kept  # waited 200 ms (over) / 50 ms (never judged)
+    assert count(kept, math.inf, 150.0).over == 27

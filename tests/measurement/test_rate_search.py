@@ -26,7 +26,7 @@ def point(rate, requests, over, verdict):
                       ttft=d, tpot=d, itl=d, e2e=d)
     from optimizer.measurement.evidence import Evidence
 
-    return CurvePoint.of_probe(m, Evidence(verdict, requests, over, False, requests), 1.0, 150.0)
+    return CurvePoint.of_probe(m, Evidence(verdict, requests, over, False, requests), 150.0)
 
 
 def knee_engine(knee, calls, seed=0, cap=1000):

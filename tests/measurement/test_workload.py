@@ -91,7 +91,7 @@ def _digest(s):
 
 
 @pytest.mark.parametrize("fields,expected", [
-    (CPU_DEMO_WORKLOAD, "4b0c5fc357a7997d"),
+    (CPU_DEMO_WORKLOAD, "65b2118936ce793f"),  # 1000 requests since probes are sized by evidence (120 before)
     ({}, "a237a8356c031982"),
     (dict(long_prompt_fraction=0.3, long_input_len_min=600, long_input_len_max=900, seed=3), "20f06cbc38fa2bd1"),
     (dict(burstiness=0.5, seed=5, num_requests=50), "2b1333bf3a7f60fc"),

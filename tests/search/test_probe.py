@@ -53,12 +53,12 @@ def test_the_largest_shape_that_fits_the_limit_is_chosen():
 
 def test_study_duration_estimate_by_hand():
     r = result(prefill_ms=20.0, burst_rps=20.0, start_s=17.0, shutdown_s=5.0)
-    # 120 requests: burst 6 s; a replay at 0.6x the ceiling 10 s; a trial 17 + 5 + 6 + 2 x 10 = 48 s
-    replay_s = 120 / (KNEE_FRACTION_OF_CEILING * 20.0)
-    trial_s = 17.0 + 5.0 + 120 / 20.0 + REPLAYS_PER_TRIAL * replay_s
-    assert replay_s == pytest.approx(10.0) and trial_s == pytest.approx(48.0)
-    assert estimate_study_s(r, 40, 120) == pytest.approx(40 * trial_s + BASELINE_EXTRA_REPLAYS * replay_s)
-    assert estimate_study_s(r, 40, 120, speedup=2.0) < estimate_study_s(r, 40, 120)
+    # a probe of 1000 requests at the knee (the burst's pace) 50 s; a trial 17 + 5 + 1.5 x 50 = 97 s
+    replay_s = 1000 / (KNEE_FRACTION_OF_CEILING * 20.0)
+    trial_s = 17.0 + 5.0 + REPLAYS_PER_TRIAL * replay_s
+    assert replay_s == pytest.approx(50.0) and trial_s == pytest.approx(97.0)
+    assert estimate_study_s(r, 40, 1000) == pytest.approx(40 * trial_s + BASELINE_EXTRA_REPLAYS * replay_s)
+    assert estimate_study_s(r, 40, 1000, speedup=2.0) < estimate_study_s(r, 40, 1000)
 
 
 def test_probe_measures_prefill_decode_and_the_ceiling():
@@ -76,35 +76,35 @@ def test_probe_measures_prefill_decode_and_the_ceiling():
 def test_a_slow_study_takes_a_smaller_shape():
     from optimizer.search.probe import TARGET_S_PER_TRIAL, estimate_shape_s
 
-    # engine start 25 s, burst ceiling 12/s: the 17M model's 40 trials are estimated past 54 s a trial
-    slow = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=12.0, start_s=25.0)
-    in_time = [s for s in DEMO_LADDER if estimate_shape_s(slow, s, 40, 120) <= TARGET_S_PER_TRIAL * 40]
+    # engine start 25 s, burst ceiling 40/s: the 17M model's 40 trials are estimated past 54 s a trial
+    slow = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=40.0, start_s=25.0)
+    in_time = [s for s in DEMO_LADDER if estimate_shape_s(slow, s, 40, 1000) <= TARGET_S_PER_TRIAL * 40]
     assert DEMO_LADDER[0] not in in_time and in_time
-    assert choose_scale(slow, 150.0, 40, 120).model == in_time[0].name
+    assert choose_scale(slow, 150.0, 40, 1000).model == in_time[0].name
     # smaller models replay faster: the estimates fall down the ladder
-    estimates = [estimate_shape_s(slow, s, 40, 120) for s in DEMO_LADDER]
+    estimates = [estimate_shape_s(slow, s, 40, 1000) for s in DEMO_LADDER]
     assert estimates == sorted(estimates, reverse=True)
     # a start so slow that no shape is in time: the smallest, whose prefill fits too
-    hopeless = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=12.0, start_s=80.0)
-    assert choose_scale(hopeless, 150.0, 40, 120).model == DEMO_LADDER[-1].name
+    hopeless = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=40.0, start_s=80.0)
+    assert choose_scale(hopeless, 150.0, 40, 1000).model == DEMO_LADDER[-1].name
 
 
 def test_when_even_the_smallest_shape_is_late_each_replay_sends_fewer_requests():
     from optimizer.search.probe import MIN_DEMO_REQUESTS, TARGET_S_PER_TRIAL, estimate_shape_s, requests_in_time
 
-    # slow replays (ceiling 8/s): the 4M shape with 120 requests is estimated past 54 s a trial
-    slow = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=8.0, start_s=25.0)
+    # slow replays (ceiling 25/s): the 4M shape with 1000 requests is estimated past 54 s a trial
+    slow = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=25.0, start_s=25.0)
     smallest = DEMO_LADDER[-1]
-    assert estimate_shape_s(slow, smallest, 40, 120) > TARGET_S_PER_TRIAL * 40
-    scale = choose_scale(slow, 150.0, 40, 120)
-    assert scale.model == smallest.name and MIN_DEMO_REQUESTS < scale.num_requests < 120
+    assert estimate_shape_s(slow, smallest, 40, 1000) > TARGET_S_PER_TRIAL * 40
+    scale = choose_scale(slow, 150.0, 40, 1000)
+    assert scale.model == smallest.name and MIN_DEMO_REQUESTS < scale.num_requests < 1000
     assert scale.num_requests % 10 == 0
     # the count is the largest that fits: ten more would not
     assert estimate_shape_s(slow, smallest, 40, scale.num_requests) <= TARGET_S_PER_TRIAL * 40
     assert estimate_shape_s(slow, smallest, 40, scale.num_requests + 10) > TARGET_S_PER_TRIAL * 40
     assert scale.estimated_s == pytest.approx(estimate_shape_s(slow, smallest, 40, scale.num_requests))
     # a start so slow that no count is in time: the floor, never fewer
-    assert requests_in_time(result(prefill_ms=20.0, burst_rps=4.0, start_s=80.0), smallest, 40, 120) == \
+    assert requests_in_time(result(prefill_ms=20.0, burst_rps=5.0, start_s=80.0), smallest, 40, 1000) == \
         MIN_DEMO_REQUESTS
     # in time already: the count asked for
-    assert choose_scale(result(prefill_ms=20.0), 150.0, 40, 120).num_requests == 120
+    assert choose_scale(result(prefill_ms=20.0, burst_rps=60.0), 150.0, 40, 1000).num_requests == 1000

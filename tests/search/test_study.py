@@ -113,7 +113,8 @@ def test_summary_names_gain_and_changes(tmp_path, config_only_model):
     baseline = study.trials[0]
     assert baseline.user_attrs["baseline"]
     # ties (two configs passing at the same rate serve the same tokens/s): the lower TTFT P99 ranks first
-    best = max((t for t in study.trials if t.user_attrs["result"]["feasible"]), key=lambda t: (t.values[0], -t.values[1]))
+    best = max((t for t in study.trials if t.user_attrs["result"]["feasible"]),
+               key=lambda t: (t.values[0], -t.values[1]))
     assert best.number != baseline.number
     assert decide(study, config).best.number == best.number
     assert re.search(rf"^recommended +#{best.number} +{best.values[0]:.1f} ", text, re.M)

@@ -1,0 +1,112 @@
+"""One trial's replays on its engine: the warm-up, probes sized by evidence, and the rate search from where the
+study stands (the incumbent's rate, the candidate's bracket for a confirmation run, or a first guess)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from optimizer.config.settings import StudyConfig
+from optimizer.core.clock import Clock
+from optimizer.measurement.engine import Engine, ReportsEngineStats
+from optimizer.measurement.evidence import ProbeRule
+from optimizer.measurement.limits import summarize_engine
+from optimizer.measurement.metrics import RequestRecord, ReplayMetrics, summarize
+from optimizer.measurement.rate_search import INCUMBENT_FLOOR, CurvePoint, RateSearchResult, search_rate
+from optimizer.measurement.replay import WITHDRAWN, replay, replay_closed_loop
+from optimizer.measurement.workload import Workload, fixed_load_rate
+from optimizer.search.confirm import start_rates
+from optimizer.search.records import RecordStore
+from optimizer.search.repeats import confirm_best, measure_fixed_load
+
+GUESS_REQUESTS = 64  # a first trial's first guess: the pace of this many requests sent at once (not in its curve)
+GUESS_SHARE = 0.8  # of that pace, where its first probe goes
+
+
+@dataclass
+class TrialReplays:
+    """The replays of one trial: each cold, its records stored, the engine's view of it kept in `engine_points`."""
+
+    engine: Engine
+    workload: Workload
+    config: StudyConfig
+    clock: Clock
+    records: RecordStore | None
+    trial_number: int
+    engine_points: list[dict[str, Any] | None]
+    replays: int = 0
+
+    async def run_replay(self, rate_rps: float, rule: ProbeRule | None = None) -> list[RequestRecord]:
+        """One cold replay at `rate_rps` (a probe when `rule` is given: it stops when the rule's verdict is settled)."""
+        engine, spec, workload = self.engine, self.config.workload, self.workload
+        stats = engine if isinstance(engine, ReportsEngineStats) else None
+        # Cold every time: a replay must never be served from the previous replay's prefix cache.
+        await engine.reset_prefix_cache()
+        if stats is not None:
+            await stats.take_engine_stats()  # drop what came before (warm-up, the previous replay's tail)
+        if spec.arrivals == "closed_loop":  # fixed clients, no rate: see measure_fixed_load
+            records = await replay_closed_loop(engine, workload.requests, spec.concurrency or 1, self.clock)
+        else:
+            records = await replay(engine, workload.requests, workload.arrivals_s(rate_rps), self.clock, rule)
+            if rule is not None:  # withdrawn before their first token: judged only when already past the limit
+                records = rule.kept(records, WITHDRAWN)
+        self.engine_points.append(summarize_engine(await stats.take_engine_stats()) if stats is not None else None)
+        if self.records is not None:  # between replays, never inside one
+            self.records.save(self.config.study_name, self.trial_number, self.replays, rate_rps, records)
+        self.replays += 1
+        return records
+
+    async def replay_at(self, rate_rps: float) -> ReplayMetrics:
+        """A replay of the workload's full length."""
+        spec = self.config.workload
+        return summarize(await self.run_replay(rate_rps), rate_rps, spec.skip_first_fraction, spec.skip_last_fraction)
+
+    async def probe_at(self, rate_rps: float) -> CurvePoint:
+        """A probe sized by evidence (measurement/evidence.py), as one curve point with its counts."""
+        spec, limit = self.config.workload, self.config.ttft_p99_ms
+        rule = ProbeRule(limit, len(self.workload.requests), 1 - self.config.search.probe_confidence)
+        records = await self.run_replay(rate_rps, rule)
+        evidence = rule.evidence(sorted(records, key=lambda r: (r.sent_s, r.index)))
+        return CurvePoint.of_probe(summarize(records, rate_rps, spec.skip_first_fraction, spec.skip_last_fraction),
+                                   evidence, limit)
+
+    async def first_guess(self) -> float:
+        """Where a search with nothing to start from probes first: GUESS_SHARE x the pace of GUESS_REQUESTS sent at
+        once. A guess only: the search brackets up from it when it passes, and its TTFTs are in no curve."""
+        await self.engine.reset_prefix_cache()
+        first = self.workload.requests[:GUESS_REQUESTS]
+        records = await replay(self.engine, first, [0.0] * len(first), self.clock)
+        return max(GUESS_SHARE * summarize(records, math.inf).request_throughput_rps, self.config.search.min_rate_rps)
+
+    async def measure(self, incumbent_rate_rps: float | None, repeats: int = 1,
+                      confirm: dict[str, Any] | None = None) -> RateSearchResult:
+        """The warm-up, then the trial's measurement: at a load the workload fixes, replays there; for a confirmation
+        run, the rate at the limit from its candidate's bracket; otherwise from the incumbent's rate (stopping below
+        its floor) or a first guess."""
+        workload, search, limit = self.workload, self.config.search, self.config.ttft_p99_ms
+        if workload.warmup:
+            await replay(self.engine, workload.warmup, [0.0] * len(workload.warmup), self.clock)
+        fixed_rate = fixed_load_rate(self.config.workload, workload)
+        if fixed_rate is not None:
+            return await measure_fixed_load(self.replay_at, fixed_rate, limit, search, repeats)
+        if confirm is not None:
+            start_rps, failed_rps = start_rates(confirm)
+            guess = None
+            if not math.isfinite(start_rps):
+                guess = start_rps = await self.first_guess()
+            result = await search_rate(self.probe_at, search, start_rps, failed_rps=failed_rps)
+            result.first_guess_rps = guess
+            return result
+        if incumbent_rate_rps is not None and math.isfinite(incumbent_rate_rps):
+            # the one question that matters first: does it hold where the incumbent does? Below the floor it
+            # cannot win.
+            result = await search_rate(self.probe_at, search, incumbent_rate_rps,
+                                       floor_rps=max(INCUMBENT_FLOOR * incumbent_rate_rps, search.min_rate_rps))
+        else:
+            guess = await self.first_guess()
+            result = await search_rate(self.probe_at, search, guess)
+            result.first_guess_rps = guess
+        if result.best is not None and repeats > 1:
+            await confirm_best(result, self.replay_at, repeats, limit)
+        return result
