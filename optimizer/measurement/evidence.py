@@ -17,7 +17,10 @@ requests at the default looks (MLPerf's 99% bound asks 459 too); failing takes a
 Far below the limit a probe need not send hundreds: at a look of at least FAR_MIN_REQUESTS requests, none over, the
 slowest below FAR_FRACTION x the limit, and an exponential tail fitted to the top decile
 (`stability.exponential_tail`) putting under FAR_TAIL_SHARE of requests over the limit, it passes "far below".
-Near the limit only the count decides.
+Near the limit only the count decides. No pass is vouched for before the probe has sent for STEADY_E2E x the
+longest end-to-end latency it has seen: until the engine's batch has turned over a few times, a probe far past
+capacity sees only the first tokens of a batch that is still filling (a few dozen requests at 4x the demo's
+capacity all came within the limit on the simulator, while 4000 at 2x had 96% over).
 
 **Falling behind** is judged on the arrivals' own window, never on the last request's drain: the backlog (requests
 sent without a first token yet) at the latest send against the backlog halfway through the sends. A queue that keeps
@@ -47,6 +50,7 @@ BEHIND_MIN_REQUESTS = 10
 # stays over the limit is not one event, however long).
 CLUSTER_GAP = 4
 CLUSTER_MAX = 10
+STEADY_E2E = 5
 
 PASS, FAIL, UNSETTLED = "pass", "fail", "unsettled"
 
@@ -54,8 +58,10 @@ PASS, FAIL, UNSETTLED = "pass", "fail", "unsettled"
 class Sent(Protocol):
     """What the evidence reads of a request record (`metrics.RequestRecord` has it)."""
 
+    index: int
     sent_s: float
     first_token_s: float | None
+    chunk_times_s: list[float]
     ok: bool
     error: str
 
@@ -113,6 +119,16 @@ class Counted:
     ttft_ms: tuple[float, ...]  # of the resolved requests with a first token
     pending: int  # sent, neither a first token yet nor past the limit
     clusters: int = 0  # runs of requests over the limit, in send order (CLUSTER_GAP apart, CLUSTER_MAX long)
+    sending_s: float = 0.0  # from the first send to the moment (or to the last send, for a finished probe)
+    longest_e2e_s: float = 0.0  # the longest end-to-end latency of the requests finished by then
+    over_indices: tuple[int, ...] = ()  # the workload indices of the requests over the limit
+
+    @property
+    def steady(self) -> bool:
+        """Sent for at least STEADY_E2E x the longest request's life: the engine's batch has turned over several
+        times, so what a pass rests on is the engine's steady state, not its filling up (a short probe far past
+        capacity sees only first tokens while the batch fills)."""
+        return self.sending_s >= STEADY_E2E * self.longest_e2e_s
 
     @property
     def independent_fraction(self) -> float:
@@ -127,10 +143,15 @@ def count(records: Sequence[Sent], now_s: float, limit_ms: float) -> Counted:
     limit_s = limit_ms / 1000.0
     resolved = over = pending = clusters = size = 0
     last_over = -CLUSTER_GAP - 1
+    first_s, last_s, longest_s = math.inf, -math.inf, 0.0
     ttfts: list[float] = []
+    over_at: list[int] = []
     for i, r in enumerate(records):
         if r.sent_s > now_s:
             continue
+        first_s, last_s = min(first_s, r.sent_s), max(last_s, r.sent_s)
+        if r.ok and r.chunk_times_s and r.chunk_times_s[-1] <= now_s:
+            longest_s = max(longest_s, r.chunk_times_s[-1] - r.sent_s)
         known = r.first_token_s is not None and r.first_token_s <= now_s
         if known:
             ttft = r.first_token_s - r.sent_s  # type: ignore[operator]
@@ -145,11 +166,16 @@ def count(records: Sequence[Sent], now_s: float, limit_ms: float) -> Counted:
             continue
         if is_over:
             over += 1
+            over_at.append(r.index)
             if i - last_over > CLUSTER_GAP or size >= CLUSTER_MAX:
                 clusters, size = clusters + 1, 0
             size += 1
             last_over = i
-    return Counted(resolved, over, tuple(ttfts), pending, clusters)
+    if not math.isfinite(first_s):
+        sending_s = 0.0
+    else:  # a finished probe (now inf) sent until its last send
+        sending_s = (last_s if math.isinf(now_s) else now_s) - first_s
+    return Counted(resolved, over, tuple(ttfts), pending, clusters, sending_s, longest_s, tuple(over_at))
 
 
 def backlog_at(records: Sequence[Sent], t_s: float) -> int:
@@ -180,6 +206,7 @@ class Evidence:
     settled_at: int | None  # the look that settled it (None: unsettled)
     far: bool = False  # passed far below the limit, on the fitted tail
     independent_fraction: float = 1.0  # Counted.independent_fraction: clusters / over
+    over_indices: tuple[int, ...] = ()  # which requests (workload indices) were over
 
     @property
     def over_share(self) -> float:
@@ -233,7 +260,9 @@ class ProbeRule:
         behind = falls_behind(records, now_s)
         f = c.independent_fraction  # the test counts clusters, not requests: n x f trials, f x k over
         verdict = FAIL if behind else count_verdict(round(c.resolved * f), c.clusters, self.alpha_look)
-        if verdict == UNSETTLED and c.over == 0 and far_below(c.ttft_ms, self.limit_ms):
+        if verdict == PASS and not c.steady:
+            verdict = UNSETTLED  # too soon to vouch for a pass: the batch may still be filling
+        if verdict == UNSETTLED and c.over == 0 and c.steady and far_below(c.ttft_ms, self.limit_ms):
             return Evidence(PASS, c.resolved, c.over, behind, look, far=True)
         if verdict == UNSETTLED:
             return None
@@ -244,9 +273,7 @@ class ProbeRule:
         cap's look."""
         c = count(records, math.inf, self.limit_ms)
         f = c.independent_fraction
-        if self.settled is not None:
-            s = self.settled
-            return Evidence(s.verdict, c.resolved, c.over, s.behind, s.settled_at, s.far, f)
-        found = self._judge(records, c, None, len(records))
-        return Evidence(found.verdict, c.resolved, c.over, found.behind, found.settled_at, found.far, f) if found \
-            else Evidence(UNSETTLED, c.resolved, c.over, falls_behind(records), None, independent_fraction=f)
+        found = self.settled or self._judge(records, c, None, len(records))
+        if found is None:
+            return Evidence(UNSETTLED, c.resolved, c.over, falls_behind(records), None, False, f, c.over_indices)
+        return Evidence(found.verdict, c.resolved, c.over, found.behind, found.settled_at, found.far, f, c.over_indices)

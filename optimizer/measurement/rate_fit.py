@@ -12,8 +12,14 @@ crossing have counts on both sides, the interval is narrow; where only a probe w
 over bracket it (no overlap to fit a slope on), every root between them is as likely and the interval spans the gap,
 as it should. Requests of one probe are not independent draws (a burst of arrivals delays the requests behind it
 together), so each probe counts as n x its independent fraction: clusters of overs / overs, the runs estimator of
-the extremal index (`evidence.Counted`). Only the probes up to the first one with most of its requests over enter
-the fit: far past the knee the engine is in another regime (a queue that grows), and one such probe is enough to
+the extremal index (`evidence.Counted`).
+
+That interval counts the requests as a sample of the probes' own; it knows nothing of the draw they came from.
+Every probe of a trial replays the same requests in the same order (common random numbers: configs are compared on
+the same draw), so a burst of long prompts early in the draw pushes every probe the same way. The block bootstrap
+over the draw measures that: blocks of BLOCK_REQUESTS consecutive requests, drawn with replacement, the same blocks
+for every probe (each probe stores which requests were over), the counts recomputed, the root found again. The
+interval is the union of the two. Only the probes up to the first one with most of its requests over enter the fit: far past the knee the engine is in another regime (a queue that grows), and one such probe is enough to
 bound the rate from above.
 """
 
@@ -32,7 +38,10 @@ SLOPES_PER_UNIT = np.geomspace(0.05, 20.0, 48)  # how steeply the logit of the s
 GRID_STEP = 0.01  # units of SCALE: candidate rates 0.05% apart
 GRID_MARGIN = 3.0  # candidate rates reach 15% past the lowest and highest probes
 CHI2_1_95 = 3.841  # the 95% quantile of chi-square with 1 degree of freedom
-FIT_METHOD = "pooled logistic fit of the share over the limit, 95% profile-likelihood interval"
+BLOCK_REQUESTS = 50  # the block bootstrap's blocks: consecutive requests, longer than a burst's reach
+RESAMPLES = 100
+FIT_METHOD = ("pooled logistic fit of the share over the limit; 95% interval: profile likelihood, widened to a block "
+              "bootstrap over the workload's requests")
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,7 @@ class ProbeCount:
     requests: int
     over_limit: int
     effective_fraction: float = 1.0
+    over_indices: tuple[int, ...] | None = None  # which requests (workload indices) were over; None: not stored
 
 
 @dataclass(frozen=True)
@@ -104,8 +114,31 @@ def profile(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE) -> tuple[
     return ref * np.exp(SCALE * roots), ll
 
 
-def fit_rate_at_limit(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE) -> RateAtLimit | None:
-    """The rate at the limit (the most likely root) and its 95% profile-likelihood interval; None when no probe
+def most_likely_rps(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE) -> float:
+    rates, ll = profile(probes, share)
+    return float(rates[int(np.argmax(ll))])
+
+
+def resampled(probes: Sequence[ProbeCount], rng: np.random.Generator) -> list[ProbeCount]:
+    """The probes' counts on one block-bootstrap draw of the workload's requests: blocks of BLOCK_REQUESTS
+    consecutive requests drawn with replacement, the same blocks for every probe (each replayed the same requests,
+    in the same order, at its own rate)."""
+    longest = max(p.requests for p in probes)
+    blocks = rng.integers(0, math.ceil(longest / BLOCK_REQUESTS), size=math.ceil(longest / BLOCK_REQUESTS))
+    starts = blocks * BLOCK_REQUESTS
+    out = []
+    for p in probes:
+        over = np.asarray(p.over_indices or (), dtype=int)
+        n = int(np.clip(p.requests - starts, 0, BLOCK_REQUESTS).sum())
+        k = int(sum(((over >= s) & (over < s + BLOCK_REQUESTS)).sum() for s in starts)) if len(over) else 0
+        out.append(ProbeCount(p.rate_rps, max(n, 1), min(k, max(n, 1)), p.effective_fraction))
+    return out
+
+
+def fit_rate_at_limit(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE, resamples: int = RESAMPLES,
+                      seed: int = 0) -> RateAtLimit | None:
+    """The rate at the limit (the most likely root) and its 95% interval: the profile-likelihood interval, widened
+    to the block bootstrap's 2.5%-97.5% range when every probe stored which requests were over. None when no probe
     passed (no rate bounds it from below)."""
     used = used_in_fit(probes)
     if not used or all(p.over_limit / p.requests > share for p in used):
@@ -117,4 +150,10 @@ def fit_rate_at_limit(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE)
     rates, ll = profile(used, share)
     inside = rates[ll >= ll.max() - CHI2_1_95 / 2]
     best = float(rates[int(np.argmax(ll))])
-    return RateAtLimit(best, float(inside.min()), float(inside.max()), total, len(used))
+    low, high = float(inside.min()), float(inside.max())
+    if resamples and all(p.over_indices is not None for p in used):
+        rng = np.random.default_rng(seed)
+        boot = [most_likely_rps(resampled(used, rng), share) for _ in range(resamples)]
+        b_low, b_high = (float(v) for v in np.quantile(boot, [0.025, 0.975]))
+        low, high = min(low, b_low), max(high, b_high)
+    return RateAtLimit(best, low, high, total, len(used))

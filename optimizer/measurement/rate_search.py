@@ -46,6 +46,7 @@ class CurvePoint:
     verdict: str | None = None  # evidence.PASS, FAIL or UNSETTLED (the cap came first)
     effective_fraction: float | None = None  # clusters / requests over the limit (evidence.Counted), 1 with none
     limit_ms: float | None = None  # the TTFT limit its verdict was settled at
+    over_indices: list[int] | None = None  # the workload indices of its requests over the limit
 
     @classmethod
     def of(cls, m: ReplayMetrics, limit_ms: float) -> CurvePoint:
@@ -76,7 +77,8 @@ class CurvePoint:
         point = cls.of(m, math.inf)
         return cls(**{**point.__dict__, "sustained": m.completed > 0 and not ev.behind, "feasible": ev.passes,
                       "requests": ev.requests, "over_limit": ev.over_limit, "verdict": ev.verdict,
-                      "effective_fraction": round(ev.independent_fraction, 3), "limit_ms": limit_ms})
+                      "effective_fraction": round(ev.independent_fraction, 3), "limit_ms": limit_ms,
+                      "over_indices": list(ev.over_indices)})
 
     def to_dict(self) -> dict:
         # JSON has no infinity: a burst is stored with rate null
@@ -129,7 +131,8 @@ ReplayAt = Callable[[float], Awaitable[ReplayMetrics]]
 
 def probe_counts(points: list[CurvePoint]) -> list[ProbeCount]:
     """The probes of a curve as the fit reads them (points without counts, from fixed-length replays, are left out)."""
-    return [ProbeCount(p.offered_rate_rps, p.requests, p.over_limit, p.effective_fraction or 1.0)
+    return [ProbeCount(p.offered_rate_rps, p.requests, p.over_limit, p.effective_fraction or 1.0,
+                       None if p.over_indices is None else tuple(p.over_indices))
             for p in points if p.requests and p.over_limit is not None and math.isfinite(p.offered_rate_rps)]
 
 
@@ -165,8 +168,9 @@ async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
             continue
         if hi <= lo * (1 + precision):
             break
-        result.fit = fit_rate_at_limit(probe_counts(result.points))
-        if result.fit is not None and result.fit.half_width <= precision:
+        # the profile interval alone while searching (the bootstrap's widening once, at the end)
+        found = fit_rate_at_limit(probe_counts(result.points), resamples=0)
+        if found is not None and found.half_width <= precision:
             break
         rate = math.sqrt(lo * hi)
     passed = [p for p in result.points if p.feasible]

@@ -171,7 +171,7 @@ def test_a_second_worker_waits_for_the_pilot_another_one_runs():
     (["--ttft-p99", "1s", "--model", "M"], True, None),  # a real model: auto unless the count is given
     (["--ttft-p99", "1s", "--model", "M", "--num-requests", "500"], False, 500),
     (["--ttft-p99", "1s", "--num-requests", "auto"], True, None),
-    (["--ttft-p99", "1s"], False, 120),  # the embedded CPU demo keeps its short replays
+    (["--ttft-p99", "1s"], False, 1000),  # the embedded CPU demo: probes of at most 1000 requests
 ])
 def test_the_command_line_chooses_auto_where_the_count_is_not_given(tmp_path, argv, auto, count):
     from optimizer.cli.run import build_parser, resolve_config

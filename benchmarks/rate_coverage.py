@@ -1,0 +1,122 @@
+"""Does a trial's rate interval cover its rate at the limit re-measured on another draw? On the simulator, with the
+shared-CPU noise injected.
+
+    .venv/bin/python benchmarks/rate_coverage.py [--trials 20] [--run-cv 0.15] [--replay-cv 0.05]
+
+Each of `--trials` times, for vLLM's defaults on the CPU demo setup (TTFT P99 <= 150 ms, probes of at most 1000
+requests): a fresh engine measures the trial as the study does (optimizer/search/probes.py: first guess, probes
+sized by evidence, the pooled fit), on workload seed s. Then the same rate is measured again on other draws: 4 whole
+replays of the trial's length (1000 requests, seeds s + 10000 + d) at 5 rates around the trial's (0.9x to 1.1x),
+every request pooled in the same fit (a rate at the limit depends on the replays' length, so the length is kept):
+
+- on the same engine: what the trial's interval claims to cover (the sample of requests, not the machine);
+- on a fresh engine: a new start's own speed too (the noise's `run_cv`), which no single trial can see.
+
+Printed: the trials' rates, their intervals' half-widths (median and worst), the simulated minutes of replay per
+trial, precision per minute (half-width x sqrt(minutes)), and the share of re-measured rates inside the interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sample_efficiency import setup  # noqa: E402
+from sim_noise import DEFAULTS  # noqa: E402
+
+from optimizer.core.clock import MonotonicClock  # noqa: E402
+from optimizer.engines.sim.noise import SHARED_CPU, NoiseSource, SimNoise  # noqa: E402
+from optimizer.engines.simulated import SimulatedEngine  # noqa: E402
+from optimizer.engines.sim.steptime import StepTimeModel  # noqa: E402
+from optimizer.measurement.evidence import count  # noqa: E402
+from optimizer.measurement.rate_fit import ProbeCount, RateAtLimit, fit_rate_at_limit  # noqa: E402
+from optimizer.measurement.replay import replay  # noqa: E402
+from optimizer.measurement.workload import build_workload  # noqa: E402
+from optimizer.search.probes import TrialReplays  # noqa: E402
+
+REMEASURE_DRAWS = 4  # replays of the trial's own length (the workload's count) at each rate, each its own draw
+REMEASURE_RATES = (0.9, 0.95, 1.0, 1.05, 1.1)
+
+
+async def trial(engine: SimulatedEngine, bench, seed: int) -> tuple[RateAtLimit | None, float]:
+    """One trial's rate at the limit on a workload of `seed`, and the seconds its probes spent sending (what a real
+    replay would take: each probe's requests at its rate)."""
+    spec = bench.config.workload.model_copy(update={"seed": seed})
+    workload = build_workload(spec, bench.info.vocab_size)
+    result = await TrialReplays(engine, workload, bench.config, MonotonicClock(), None, 0, []).measure(None)
+    return result.fit, sum((pt.requests or 0) / pt.offered_rate_rps for pt in result.points)
+
+
+async def remeasure(engine: SimulatedEngine, bench, seed: int, around_rps: float) -> RateAtLimit | None:
+    """The rate at the limit from REMEASURE_DRAWS whole replays of other draws (the trial's length: the rate at the
+    limit of a replay depends on its length) at each of REMEASURE_RATES x `around_rps`, every request pooled."""
+    limit, probes = bench.config.ttft_p99_ms, []
+    for d in range(REMEASURE_DRAWS):
+        spec = bench.config.workload.model_copy(update={"seed": seed + d})
+        workload = build_workload(spec, bench.info.vocab_size)
+        for f in REMEASURE_RATES:
+            rate = around_rps * f
+            await engine.reset_prefix_cache()
+            records = await replay(engine, workload.requests, workload.arrivals_s(rate), MonotonicClock())
+            c = count(sorted(records, key=lambda r: (r.sent_s, r.index)), float("inf"), limit)
+            probes.append(ProbeCount(rate, c.resolved, c.over, c.independent_fraction))
+    return fit_rate_at_limit(probes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--run-cv", type=float, default=SHARED_CPU.run_cv, help="per-engine log-normal sigma")
+    p.add_argument("--replay-cv", type=float, default=SHARED_CPU.replay_cv, help="per-replay log-normal sigma")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    bench = setup(150.0, 1)
+    noise = NoiseSource(SimNoise(run_cv=args.run_cv, replay_cv=args.replay_cv, drift_per_hour=0.0, seed=args.seed))
+    params = {**bench.config.engine_args, **DEFAULTS}
+    rows = []
+
+    async def one(i: int) -> tuple:
+        engine = SimulatedEngine(bench.info, StepTimeModel(), "cpu", noise=noise)
+        await engine.start(params)
+        fit, replay_s = await trial(engine, bench, seed=i)
+        same = await remeasure(engine, bench, 10_000 + 10 * i, fit.rate_rps) if fit else None
+        await engine.shutdown()
+        fresh_engine = SimulatedEngine(bench.info, StepTimeModel(), "cpu", noise=noise)
+        await fresh_engine.start(params)
+        fresh = await remeasure(fresh_engine, bench, 20_000 + 10 * i, fit.rate_rps) if fit else None
+        await fresh_engine.shutdown()
+        return fit, replay_s, same, fresh
+
+    for i in range(args.trials):
+        rows.append(asyncio.run(one(i)))
+    fits = [r for r in rows if r[0] is not None and r[0].half_width < float("inf")]
+    halves = [f.half_width for f, *_ in fits]
+    minutes = [s / 60 for _, s, *_ in fits]
+    per_minute = [h * m ** 0.5 for h, m in zip(halves, minutes)]
+    inside_same = sum(1 for f, _, s, _ in fits if s is not None and f.contains(s.rate_rps))
+    inside_fresh = sum(1 for f, _, _, s in fits if s is not None and f.contains(s.rate_rps))
+    print(f"vLLM's defaults on the simulator, CPU demo workload (at most 1000 requests a probe), TTFT P99 <= 150 ms; "
+          f"noise run_cv {args.run_cv}, replay_cv {args.replay_cv}; {args.trials} trials")
+    for f, s, same, fresh in rows:
+        print(f"  trial: {f.rate_rps:7.2f} req/s [{f.low_rps:.2f}, {f.high_rps:.2f}] +-{f.half_width:5.1%} "
+              f"({f.requests} requests, {s / 60:.1f} min)   re-measured: same engine "
+              f"{same.rate_rps if same else float('nan'):7.2f}, fresh engine {fresh.rate_rps if fresh else float('nan'):7.2f}"
+              if f else "  trial: no rate passed")
+    print(f"half-width: median {statistics.median(halves):.1%}, worst {max(halves):.1%}; replay per trial: median "
+          f"{statistics.median(minutes):.2f} min of sending; precision per minute (half-width x sqrt(min)): median "
+          f"{statistics.median(per_minute):.3f}")
+    print(f"coverage: same engine, another draw {inside_same}/{len(fits)}; fresh engine, another draw "
+          f"{inside_fresh}/{len(fits)} ({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
