@@ -11,13 +11,18 @@ import sys
 from pathlib import Path
 
 from optimizer.cli.common import add_common_flags, guarded, load_study
+from optimizer.cli.manual import new_parser
 
 
 def cmd_export(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="optimize export",
-                                description="Write the recommended config of a study as `vllm serve` flags (printed), "
-                                            "as a YAML file for `vllm serve --config`, as a JSON of engine keyword "
-                                            "arguments (AsyncEngineArgs) and as a docker compose service.")
+    p = new_parser(
+        "optimize export",
+        "Write the recommended config of a study as a serve command (printed on stdout), as a YAML file for "
+        "`vllm serve --config`, as a JSON of engine keyword arguments (AsyncEngineArgs) and as a docker compose "
+        "service. Each carries the limit, the workload and the measured numbers in its header.",
+        [("optimize export --study llama", "print the serve command; write studies/llama.recommended.yaml, ..."),
+         ("optimize export --study llama --out deploy/", "the files into deploy/ instead"),
+         ("optimize export --study llama | sh", "start the server with the recommended config")])
     add_common_flags(p)
     p.add_argument("--out", help="folder for the exported files (default: the studies dir)")
     ns = p.parse_args(argv)
