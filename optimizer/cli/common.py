@@ -153,6 +153,11 @@ def load_study(ns: argparse.Namespace):
 
 
 def guarded(debug: bool, fn) -> int:
+    """Run a command: library noise kept off the console unless `debug` (cli/console.py), and any error turned into
+    one line and its exit code."""
+    from optimizer.cli.console import quiet_libraries
+
+    quiet_libraries(debug)  # before the command imports vLLM or uses Optuna
     try:
         return fn()
     except OptimizerError as exc:
