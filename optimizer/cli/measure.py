@@ -110,7 +110,7 @@ async def _run(engine: Any, ns: argparse.Namespace, fields: dict[str, Any], rate
     from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
     from optimizer.config.settings import build
     from optimizer.measurement.metrics import summarize
-    from optimizer.config.model import DEFAULT_MODEL_NAME
+    from optimizer.config.model import is_demo_model
     from optimizer.measurement.replay import replay
     from optimizer.measurement.workload import build_workload
 
@@ -119,7 +119,7 @@ async def _run(engine: Any, ns: argparse.Namespace, fields: dict[str, Any], rate
     except UsageError as exc:  # the engine speaks of the URL; the user gave it as --url
         raise UsageError(f"{exc} (--url)") from None
     try:
-        if engine.model_root.rstrip("/").endswith(DEFAULT_MODEL_NAME):  # the study's workload for the demo model
+        if is_demo_model(engine.model_root):  # the study's workload for a demo model, whichever shape was chosen
             try:
                 from optimizer.config.presets import demo_workload
 
