@@ -41,7 +41,11 @@ def _export(ns: argparse.Namespace) -> int:
     confirmed = confirmed_numbers(study, best.number) if best is not None else None
     done = export_all(best, config, Path(ns.out or ns.studies_dir), model_path(config), confirmed)
     print(done.command)
-    print(f"wrote {done.yaml_path} (use: vllm serve --config {done.yaml_path})", file=sys.stderr)
-    print(f"wrote {done.json_path} (use: AsyncEngineArgs(**json.load(f)['engine_args']))", file=sys.stderr)
-    print(f"wrote {done.compose_path} (use: docker compose -f {done.compose_path} up)", file=sys.stderr)
+    if not ns.quiet:
+        for note in done.notes:
+            print(f"note: {note}", file=sys.stderr)
+    if not ns.quiet:
+        print(f"wrote {done.yaml_path} (use: {done.config_command})", file=sys.stderr)
+        print(f"wrote {done.json_path} (use: AsyncEngineArgs(**json.load(f)['engine_args']))", file=sys.stderr)
+        print(f"wrote {done.compose_path} (use: docker compose -f {done.compose_path} up)", file=sys.stderr)
     return 0
