@@ -18,7 +18,8 @@ from optimizer.cli.manual import new_parser
 from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD
 
 
-def cmd_calibrate(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `optimize calibrate`, with its help page (cli/manual.py)."""
     p = new_parser(
         "optimize calibrate",
         "Run short probes on the real engine (one start), fit the simulator's step-time model, then replay the "
@@ -39,7 +40,11 @@ def cmd_calibrate(argv: list[str]) -> int:
     p.add_argument("--num-requests", default=str(CPU_DEMO_WORKLOAD["num_requests"]),
                    help="requests per validation replay, of the CPU demo workload (default: %(default)s)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    ns = p.parse_args(argv)
+    return p
+
+
+def cmd_calibrate(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     return guarded(ns.debug, lambda: _calibrate(ns))
 
 

@@ -14,7 +14,8 @@ from optimizer.cli.common import add_common_flags, guarded, load_study
 from optimizer.cli.manual import new_parser
 
 
-def cmd_export(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `optimize export`, with its help page (cli/manual.py)."""
     p = new_parser(
         "optimize export",
         "Write the recommended config of a study as a serve command (printed on stdout), as a YAML file for "
@@ -25,7 +26,11 @@ def cmd_export(argv: list[str]) -> int:
          ("optimize export --study llama | sh", "start the server with the recommended config")])
     add_common_flags(p)
     p.add_argument("--out", help="folder for the exported files (default: the studies dir)")
-    ns = p.parse_args(argv)
+    return p
+
+
+def cmd_export(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     return guarded(ns.debug, lambda: _export(ns))
 
 

@@ -18,7 +18,8 @@ from optimizer.core.units import parse_duration_ms
 from optimizer.search.attrs import PRUNED_DETAIL, PRUNED_REASON
 
 
-def cmd_report(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `optimize report`, with its help page (cli/manual.py)."""
     p = new_parser(
         "optimize report",
         "Print the feasible Pareto front of a study (output throughput vs TTFT P99), the recommendation against "
@@ -40,7 +41,11 @@ def cmd_report(argv: list[str]) -> int:
     p.add_argument("--trial", help="print this trial's replays (its latency-vs-load curve) instead of the front")
     p.add_argument("--bench-json", metavar="PATH", help="write the result of --trial (default: the recommended trial) "
                    "in the JSON format of `vllm bench serve --save-result`")
-    ns = p.parse_args(argv)
+    return p
+
+
+def cmd_report(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     return guarded(ns.debug, lambda: _report(ns))
 
 

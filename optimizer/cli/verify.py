@@ -16,7 +16,8 @@ from optimizer.core.errors import UsageError
 from optimizer.search.attrs import STUDY_VERIFY
 
 
-def cmd_verify(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `optimize verify`, with its help page (cli/manual.py)."""
     p = new_parser(
         "optimize verify",
         "Run the recommended config and the next best ones again, each on a fresh engine at the rate it was "
@@ -30,7 +31,11 @@ def cmd_verify(argv: list[str]) -> int:
     p.add_argument("--seeds", default="2", help="other arrival seeds per config (default: %(default)s)")
     p.add_argument("--margin", default="5%", help="throughput margin within which the most robust config wins "
                    "(default: %(default)s)")
-    ns = p.parse_args(argv)
+    return p
+
+
+def cmd_verify(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     return guarded(ns.debug, lambda: _verify(ns))
 
 

