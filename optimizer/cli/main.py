@@ -1,7 +1,7 @@
 """`optimize`: one entry, one module per subcommand. Exit 0 ok, 1 failure, 2 bad usage, 130/143 a stop.
 
     optimize --ttft-p99 150ms --budget 40       run (or resume) a study                      (cli/run.py)
-    optimize export --study NAME                write the recommended config, print its serve command (cli/export.py)
+    optimize export --study NAME                the serve command, YAML, JSON, compose        (cli/export.py)
     optimize report --study NAME [--ttft-p99 X] the Pareto front, plots, a re-ranking          (cli/report.py)
     optimize verify --study NAME                the best configs again under other seeds, ...  (cli/verify.py)
     optimize measure --url URL --rate 5         the workload against a running server         (cli/measure.py)
