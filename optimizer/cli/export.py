@@ -49,7 +49,6 @@ def _export(ns: argparse.Namespace) -> int:
     if not ns.quiet:
         for note in done.notes:
             print(f"note: {note}", file=sys.stderr)
-    if not ns.quiet:
         print(f"wrote {done.yaml_path} (use: {done.config_command})", file=sys.stderr)
         print(f"wrote {done.json_path} (use: AsyncEngineArgs(**json.load(f)['engine_args']))", file=sys.stderr)
         print(f"wrote {done.compose_path} (use: docker compose -f {done.compose_path} up)", file=sys.stderr)

@@ -110,10 +110,11 @@ def to_serve_command(args: dict[str, Any], env: dict[str, str] | None = None,
     return " ".join([*prefix, *(shlex.quote(a) for a in [*launcher, *argv])])
 
 
-def config_command(yaml_path: Path, launcher: list[str] | None = None) -> str:
-    """The command that serves the exported `--config` YAML (its `model:` key names the model)."""
+def config_command(yaml_path: Path, env: dict[str, str] | None = None, launcher: list[str] | None = None) -> str:
+    """The command that serves the exported `--config` YAML (its `model:` key names the model), with `env` set."""
     launcher = serve_launcher() if launcher is None else launcher
-    return " ".join(shlex.quote(a) for a in [*launcher, "--config", str(yaml_path)])
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    return " ".join([*prefix, *(shlex.quote(a) for a in [*launcher, "--config", str(yaml_path)])])
 
 
 def yaml_entries(args: dict[str, Any]) -> dict[str, Any]:
@@ -303,7 +304,7 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
     yaml_path = _write(out_dir / f"{name}.recommended.yaml", to_yaml(args, header))
     return Exported(
         command=to_serve_command(args, env, launcher),
-        config_command=config_command(yaml_path, launcher),
+        config_command=config_command(yaml_path, env, launcher),
         notes=notes,
         yaml_path=yaml_path,
         json_path=_write(out_dir / f"{name}.engine_args.json", to_engine_json(args, meta)),

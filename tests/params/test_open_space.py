@@ -91,6 +91,8 @@ def test_what_was_searched_beyond_the_defaults_is_exported(tmp_path):
     assert not any(k.startswith("env:") for k in args)
     done = export_all(trial, config, tmp_path / "out", config.model)
     assert done.command.startswith(f"VLLM_USE_FLASHINFER_SAMPLER=1 {shlex.join(serve_launcher())} ")
+    assert done.config_command == f"VLLM_USE_FLASHINFER_SAMPLER=1 {shlex.join(serve_launcher())} --config " \
+                                  f"{shlex.quote(str(done.yaml_path))}"  # the YAML holds no environment
     assert "no-async-scheduling" in yaml.safe_load(done.yaml_path.read_text())
     assert "# Environment (set before vllm serve): VLLM_USE_FLASHINFER_SAMPLER=1." in done.yaml_path.read_text()
     compose = yaml.safe_load(done.compose_path.read_text())["services"]["vllm"]
