@@ -296,7 +296,8 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
         header.append(confirmed_line(confirmed))
         meta["confirmed"] = confirmed
     if env:  # a --config YAML holds no environment: say what to set
-        header.append("Environment (set before starting the server): " + " ".join(f"{k}={v}" for k, v in env.items()) + ".")
+        header.append("Environment (set before starting the server): "
+                      + " ".join(f"{k}={v}" for k, v in env.items()) + ".")
         meta["environment"] = env
     out_dir.mkdir(parents=True, exist_ok=True)
     name = config.study_name

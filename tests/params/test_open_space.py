@@ -94,7 +94,8 @@ def test_what_was_searched_beyond_the_defaults_is_exported(tmp_path):
     assert done.config_command == f"VLLM_USE_FLASHINFER_SAMPLER=1 {shlex.join(serve_launcher())} --config " \
                                   f"{shlex.quote(str(done.yaml_path))}"  # the YAML holds no environment
     assert "no-async-scheduling" in yaml.safe_load(done.yaml_path.read_text())
-    assert "# Environment (set before starting the server): VLLM_USE_FLASHINFER_SAMPLER=1." in done.yaml_path.read_text()
+    header = "# Environment (set before starting the server): VLLM_USE_FLASHINFER_SAMPLER=1."
+    assert header in done.yaml_path.read_text()
     compose = yaml.safe_load(done.compose_path.read_text())["services"]["vllm"]
     assert compose["environment"] == ["VLLM_USE_FLASHINFER_SAMPLER=1", "VLLM_API_KEY"]  # the API key passed through
     assert json.loads(done.json_path.read_text())["metadata"]["environment"] == {"VLLM_USE_FLASHINFER_SAMPLER": "1"}
