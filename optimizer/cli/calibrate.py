@@ -14,17 +14,21 @@ import sys
 from pathlib import Path
 
 from optimizer.cli.common import guarded, positive_int
+from optimizer.cli.manual import new_parser
 from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD
 
 
-def cmd_calibrate(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="optimize calibrate",
-        description="Run short probes on the real engine (one start), fit the simulator's step-time model, then "
-                    "replay the workload on held-out configs on both the real engine and the simulator and print "
-                    "the simulator's error (output throughput, TTFT P99). Writes a JSON that `--calibration FILE` "
-                    "of a study or benchmark reads. Takes about 5 minutes on the CPU engine with the default model.",
-        epilog="Example: optimize calibrate --out studies/calibration.json")
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `optimize calibrate`, with its help page (cli/manual.py)."""
+    p = new_parser(
+        "optimize calibrate",
+        "Run short probes on the real engine (one start), fit the simulator's step-time model, then replay the "
+        "workload on held-out configs on both the real engine and the simulator and print the simulator's error "
+        "(output throughput, TTFT P99). Writes a JSON that `--calibration FILE` of a study or benchmark reads. "
+        "Takes about 5 minutes on the CPU engine with the default model.",
+        [("optimize calibrate --out studies/calibration.json", "fit and check the simulator on this machine"),
+         ("optimize --prescreen 60 --calibration studies/calibration.json --ttft-p99 150ms --budget 15",
+          "then use it: 60 simulated trials before 15 real ones")])
     p.add_argument("--model", help="local model directory, or one of the embedded demo models (tiny-llama-17m, "
                    "tiny-llama-7m, tiny-llama-4m: calibrate the one your demo study chose); default: tiny-llama-17m")
     p.add_argument("--dummy-weights", action="store_true", help="random weights from config.json alone")
@@ -36,7 +40,11 @@ def cmd_calibrate(argv: list[str]) -> int:
     p.add_argument("--num-requests", default=str(CPU_DEMO_WORKLOAD["num_requests"]),
                    help="requests per validation replay, of the CPU demo workload (default: %(default)s)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    ns = p.parse_args(argv)
+    return p
+
+
+def cmd_calibrate(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     return guarded(ns.debug, lambda: _calibrate(ns))
 
 

@@ -37,8 +37,12 @@ def add_common_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_format_flag(p: argparse.ArgumentParser) -> None:
-    """`--format`: how rows are printed, by the one renderer (decision/tables.py), which checks the name."""
-    p.add_argument("--format", default="table", help="table, json or csv (default: %(default)s)")
+    """`--format`: how rows are printed, by the one renderer (decision/tables.py), which checks the name (so a wrong
+    one is the usual one-line error, not argparse's usage dump); the choices are listed in the help."""
+    from optimizer.decision.tables import FORMATS
+
+    p.add_argument("--format", default="table", metavar="{" + ",".join(FORMATS) + "}",
+                   help="how the rows are printed (default: %(default)s)")
 
 
 def positive_int(text: str | None, what: str) -> int | None:
@@ -57,9 +61,12 @@ def add_workload_flags(p: argparse.ArgumentParser, count_help: str) -> None:
     """The flags that describe the replayed requests, shared by a study and by `optimize measure`."""
     p.add_argument("--workload", help="YAML file of workload fields (num_requests, input_len_min, ..., preset); "
                    "see docs/workload.md")
-    p.add_argument("--preset", help="named workload: chat, rag (long prompts, shared prefixes), batch (long "
-                   "outputs), bursty; flags and --workload fields override its fields; scaled down for the "
-                   "embedded CPU demo model")
+    from optimizer.config.presets import PRESETS
+
+    p.add_argument("--preset", metavar="{" + ",".join(PRESETS) + "}",
+                   help="named workload: chat, rag (long prompts, shared prefixes), batch (long "
+                   "outputs), bursty (gamma arrivals); flags and --workload fields override its fields; scaled down "
+                   "for the embedded CPU demo model")
     p.add_argument("--num-requests", type=str, help=count_help)
     p.add_argument("--input-len", help="prompt lengths MIN:MAX in tokens")
     p.add_argument("--output-len", help="completion lengths MIN:MAX in tokens")
@@ -146,6 +153,11 @@ def load_study(ns: argparse.Namespace):
 
 
 def guarded(debug: bool, fn) -> int:
+    """Run a command: library noise kept off the console unless `debug` (cli/console.py), and any error turned into
+    one line and its exit code."""
+    from optimizer.cli.console import quiet_libraries
+
+    quiet_libraries(debug)  # before the command imports vLLM or uses Optuna
     try:
         return fn()
     except OptimizerError as exc:

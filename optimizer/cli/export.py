@@ -11,16 +11,27 @@ import sys
 from pathlib import Path
 
 from optimizer.cli.common import add_common_flags, guarded, load_study
+from optimizer.cli.manual import new_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `optimize export`, with its help page (cli/manual.py)."""
+    p = new_parser(
+        "optimize export",
+        "Write the recommended config of a study as a serve command (printed on stdout; on the CPU build, whose "
+        "`vllm` console script cannot run, the server module), as a YAML file for the server's --config, as a JSON "
+        "of engine keyword arguments (AsyncEngineArgs) and as a docker compose service. Each carries the limit, the "
+        "workload, the measured numbers and what was not tuned in its header.",
+        [("optimize export --study llama", "print the serve command; write studies/llama.recommended.yaml, ..."),
+         ("optimize export --study llama --out deploy/", "the files into deploy/ instead"),
+         ("optimize export --study llama | sh", "start the server with the recommended config")])
+    add_common_flags(p)
+    p.add_argument("--out", help="folder for the exported files (default: the studies dir)")
+    return p
 
 
 def cmd_export(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="optimize export",
-                                description="Write the recommended config of a study as `vllm serve` flags (printed), "
-                                            "as a YAML file for `vllm serve --config`, as a JSON of engine keyword "
-                                            "arguments (AsyncEngineArgs) and as a docker compose service.")
-    add_common_flags(p)
-    p.add_argument("--out", help="folder for the exported files (default: the studies dir)")
-    ns = p.parse_args(argv)
+    ns = build_parser().parse_args(argv)
     return guarded(ns.debug, lambda: _export(ns))
 
 
@@ -36,7 +47,10 @@ def _export(ns: argparse.Namespace) -> int:
     confirmed = confirmed_numbers(study, best.number) if best is not None else None
     done = export_all(best, config, Path(ns.out or ns.studies_dir), model_path(config), confirmed)
     print(done.command)
-    print(f"wrote {done.yaml_path} (use: vllm serve --config {done.yaml_path})", file=sys.stderr)
-    print(f"wrote {done.json_path} (use: AsyncEngineArgs(**json.load(f)['engine_args']))", file=sys.stderr)
-    print(f"wrote {done.compose_path} (use: docker compose -f {done.compose_path} up)", file=sys.stderr)
+    if not ns.quiet:
+        for note in done.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(f"wrote {done.yaml_path} (use: {done.config_command})", file=sys.stderr)
+        print(f"wrote {done.json_path} (use: AsyncEngineArgs(**json.load(f)['engine_args']))", file=sys.stderr)
+        print(f"wrote {done.compose_path} (use: docker compose -f {done.compose_path} up)", file=sys.stderr)
     return 0

@@ -1,14 +1,14 @@
 """`optimize`: one entry, one module per subcommand. Exit 0 ok, 1 failure, 2 bad usage, 130/143 a stop.
 
     optimize --ttft-p99 150ms --budget 40       run (or resume) a study                      (cli/run.py)
-    optimize export --study NAME                write the recommended config for `vllm serve` (cli/export.py)
+    optimize export --study NAME                the serve command, YAML, JSON, compose        (cli/export.py)
     optimize report --study NAME [--ttft-p99 X] the Pareto front, plots, a re-ranking          (cli/report.py)
     optimize verify --study NAME                the best configs again under other seeds, ...  (cli/verify.py)
     optimize measure --url URL --rate 5         the workload against a running server         (cli/measure.py)
     optimize calibrate                          fit the simulator to the real engine          (cli/calibrate.py)
 
-Each subcommand module has its own parser and one `cmd_NAME(argv)`; the study itself is the command without a
-subcommand, so `optimize --ttft-p99 150ms` needs no verb.
+Each subcommand module has its own parser (cli/manual.py: examples and exit codes in every --help) and one
+`cmd_NAME(argv)`; the study itself is the command without a subcommand, so `optimize --ttft-p99 150ms` needs no verb.
 """
 
 from __future__ import annotations
@@ -17,21 +17,8 @@ import importlib
 import sys
 
 from optimizer.cli.common import attach_negative_values
+from optimizer.cli.manual import SUBCOMMANDS
 from optimizer.core.signals import quiet_resource_tracker
-
-# subcommand -> (module, what it does): imported only when named, so that `optimize --help` stays fast
-SUBCOMMANDS = {
-    "export": ("optimizer.cli.export", "writes the recommended config (vllm serve flags, YAML, JSON, compose)"),
-    "report": ("optimizer.cli.report", "prints the Pareto front and writes plots; --ttft-p99 re-ranks"),
-    "verify": ("optimizer.cli.verify", "measures the best configs again under other seeds, bursts, long prompts"),
-    "measure": ("optimizer.cli.measure", "replays the workload against a running server"),
-    "calibrate": ("optimizer.cli.calibrate", "fits the simulator that --prescreen uses"),
-}
-
-
-def epilog() -> str:
-    verbs = "; ".join(f"'optimize {name}' {what}" for name, (_, what) in SUBCOMMANDS.items())
-    return f"Subcommands: {verbs} (see each one's --help). Example: optimize --ttft-p99 150ms --budget 40"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,4 +29,4 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(module, f"cmd_{argv[0]}")(argv[1:])
     from optimizer.cli.run import cmd_run
 
-    return cmd_run(argv, epilog())
+    return cmd_run(argv)

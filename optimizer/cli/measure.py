@@ -13,16 +13,21 @@ import sys
 from typing import Any
 
 from optimizer.cli.common import add_format_flag, add_workload_flags, guarded, positive_int, workload_settings
+from optimizer.cli.manual import new_parser
 from optimizer.core.errors import UsageError
 
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="optimize measure",
-        description="Measure a running vLLM server (OpenAI-compatible API) with the same workload a study replays: "
-                    "Poisson arrivals at each --rate, token-id prompts, ignore_eos, streamed; TTFT, TPOT and "
-                    "throughput measured on this side, as clients see them. Nothing is restarted. The prefix cache "
-                    "is reset before each rate when the server allows it (started with VLLM_SERVER_DEV_MODE=1).",
-        epilog="Example: optimize measure --url http://127.0.0.1:8000 --rate 2,5,inf --num-requests 200")
+    p = new_parser(
+        "optimize measure",
+        "Measure a running vLLM server (OpenAI-compatible API) with the same workload a study replays: Poisson "
+        "arrivals at each --rate, token-id prompts, ignore_eos, streamed; TTFT, TPOT and throughput measured on "
+        "this side, as clients see them. Nothing is restarted. The prefix cache is reset before each rate when the "
+        "server allows it (started with VLLM_SERVER_DEV_MODE=1).",
+        [("optimize measure --url http://127.0.0.1:8000 --rate 2,5,inf --num-requests 200",
+          "three rates (inf: all requests at once), 200 requests each"),
+         ("optimize measure --url http://127.0.0.1:8000 --rate 4 --preset chat --format json",
+          "the chat workload at 4 req/s, as JSON")])
     p.add_argument("--url", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--rate", action="append", required=True,
                    help="offered rate in requests/s, or inf for all at once; several as 2,5,inf or repeated")
@@ -105,7 +110,7 @@ async def _run(engine: Any, ns: argparse.Namespace, fields: dict[str, Any], rate
     from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
     from optimizer.config.settings import build
     from optimizer.measurement.metrics import summarize
-    from optimizer.config.model import DEFAULT_MODEL_NAME
+    from optimizer.config.model import is_demo_model
     from optimizer.measurement.replay import replay
     from optimizer.measurement.workload import build_workload
 
@@ -114,7 +119,7 @@ async def _run(engine: Any, ns: argparse.Namespace, fields: dict[str, Any], rate
     except UsageError as exc:  # the engine speaks of the URL; the user gave it as --url
         raise UsageError(f"{exc} (--url)") from None
     try:
-        if engine.model_root.rstrip("/").endswith(DEFAULT_MODEL_NAME):  # the study's workload for the demo model
+        if is_demo_model(engine.model_root):  # the study's workload for a demo model, whichever shape was chosen
             try:
                 from optimizer.config.presets import demo_workload
 

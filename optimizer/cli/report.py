@@ -12,20 +12,24 @@ import sys
 from pathlib import Path
 
 from optimizer.cli.common import add_common_flags, add_format_flag, guarded, load_study
+from optimizer.cli.manual import new_parser
 from optimizer.core.errors import UsageError
 from optimizer.core.units import parse_duration_ms
 from optimizer.search.attrs import PRUNED_DETAIL, PRUNED_REASON
 
 
-def cmd_report(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="optimize report",
-        description="Print the feasible Pareto front of a study (output throughput vs TTFT P99), the recommendation "
-                    "against vLLM's defaults and the parameter importances; write STUDY.report.png and a "
-                    "self-contained STUDY.report.html. With --ttft-p99 the stored replays are re-ranked for another "
-                    "limit without rerunning anything.",
-        epilog="Examples: optimize report --study s; optimize report --study s --ttft-p99 300ms --format csv; "
-               "optimize report --study s --trial 3 --bench-json s-3.json")
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `optimize report`, with its help page (cli/manual.py)."""
+    p = new_parser(
+        "optimize report",
+        "Print the feasible Pareto front of a study (output throughput vs TTFT P99), the recommendation against "
+        "vLLM's defaults and the parameter importances; write STUDY.report.png and a self-contained "
+        "STUDY.report.html. With --ttft-p99 the stored replays are re-ranked for another limit without rerunning "
+        "anything.",
+        [("optimize report --study llama", "the front and the recommendation; writes the PNG and HTML"),
+         ("optimize report --study llama --ttft-p99 300ms --format csv", "re-ranked for a 300 ms limit, as CSV"),
+         ("optimize report --study llama --trial 3", "trial #3's replays: its latency-vs-load curve"),
+         ("optimize report --study llama --bench-json best.json", "the recommendation as `vllm bench serve` JSON")])
     add_common_flags(p)
     add_format_flag(p)
     p.add_argument("--out", help="folder for the PNG and HTML report (default: the studies dir)")
@@ -37,7 +41,11 @@ def cmd_report(argv: list[str]) -> int:
     p.add_argument("--trial", help="print this trial's replays (its latency-vs-load curve) instead of the front")
     p.add_argument("--bench-json", metavar="PATH", help="write the result of --trial (default: the recommended trial) "
                    "in the JSON format of `vllm bench serve --save-result`")
-    ns = p.parse_args(argv)
+    return p
+
+
+def cmd_report(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     return guarded(ns.debug, lambda: _report(ns))
 
 

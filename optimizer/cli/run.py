@@ -11,20 +11,32 @@ from typing import Any
 from optimizer.cli.common import (
     add_common_flags, add_workload_flags, existing_config, guarded, positive_int, storage_url, workload_settings,
 )
+from optimizer.cli.manual import main_usage, new_parser, subcommands_text
 from optimizer.core.errors import UsageError
 from optimizer.core.units import parse_duration_ms
 
 DEFAULT_BUDGET = 40
 
 
-def build_parser(epilog: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="optimize",
-        description="Find the vLLM engine configuration that serves the most throughput while TTFT P99 stays "
-                    "under your limit. Each trial starts the engine with one parameter set and replays the same "
-                    "Poisson workload at several rates; the study lives in a database and resumes where it "
-                    "stopped when the same command runs again.",
-        epilog=epilog,
+EXAMPLES = (
+    ("optimize --ttft-p99 150ms --budget 40", "a study of the embedded demo model (or resume it)"),
+    ("optimize --study llama --model /models/llama --ttft-p99 200ms --budget 8h", "your model, for 8 hours"),
+    ("optimize --study llama --budget 80", "resume study llama and extend it to 80 trials"),
+    ("optimize report --study llama", "the recommendation, the Pareto front, STUDY.report.html"),
+    ("optimize report --study llama --ttft-p99 300ms", "re-rank the stored replays for another limit"),
+    ("optimize export --study llama", "print the serve command; write its YAML, JSON, compose"),
+    ("optimize measure --url http://127.0.0.1:8000 --rate 2,5,inf", "the workload against a running server"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = new_parser(
+        "optimize",
+        "Find the vLLM engine configuration that serves the most throughput while TTFT P99 stays under your "
+        "limit. Each trial starts the engine with one parameter set and replays the same Poisson workload at "
+        "several rates; the study lives in a database and resumes where it stopped when the same command runs "
+        "again. Without a subcommand, optimize runs (or resumes) a study; the subcommands read or use a study.",
+        EXAMPLES, usage=main_usage(), before_examples=subcommands_text(),
     )
     add_common_flags(p)
     p.add_argument("--ttft-p99", help="the TTFT P99 limit with a unit, e.g. 150ms or 0.5s (required for a new study)")
@@ -215,8 +227,8 @@ def _sigterm_as_interrupt() -> None:
     install_stop_handlers()
 
 
-def cmd_run(argv: list[str], epilog: str | None = None) -> int:
-    ns = build_parser(epilog).parse_args(argv)
+def cmd_run(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     return guarded(ns.debug, lambda: run_study(ns))
 
 

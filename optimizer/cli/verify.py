@@ -11,23 +11,31 @@ import sys
 from pathlib import Path
 
 from optimizer.cli.common import add_common_flags, guarded, load_study, positive_int
+from optimizer.cli.manual import new_parser
 from optimizer.core.errors import UsageError
 from optimizer.search.attrs import STUDY_VERIFY
 
 
-def cmd_verify(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="optimize verify",
-        description="Run the recommended config and the next best ones again, each on a fresh engine at the rate it "
-                    "was recommended for, under other arrival seeds, burstier (gamma) arrivals and a surge of long "
-                    "prompts; report the worst case against the limit and recommend the most robust config within "
-                    "a small throughput margin of the best.")
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `optimize verify`, with its help page (cli/manual.py)."""
+    p = new_parser(
+        "optimize verify",
+        "Run the recommended config and the next best ones again, each on a fresh engine at the rate it was "
+        "recommended for, under other arrival seeds, burstier (gamma) arrivals and a surge of long prompts; report "
+        "the worst case against the limit and recommend the most robust config within a small throughput margin "
+        "of the best. Starts engines: minutes per config.",
+        [("optimize verify --study llama", "the 3 best configs, 2 other seeds each"),
+         ("optimize verify --study llama --top 1 --seeds 4 --margin 10%", "the recommendation alone, 4 seeds")])
     add_common_flags(p)
     p.add_argument("--top", default="3", help="how many of the best feasible configs to verify (default: %(default)s)")
     p.add_argument("--seeds", default="2", help="other arrival seeds per config (default: %(default)s)")
     p.add_argument("--margin", default="5%", help="throughput margin within which the most robust config wins "
                    "(default: %(default)s)")
-    ns = p.parse_args(argv)
+    return p
+
+
+def cmd_verify(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     return guarded(ns.debug, lambda: _verify(ns))
 
 

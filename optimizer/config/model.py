@@ -60,6 +60,11 @@ DEFAULT_MODEL_NAME = DEMO_LADDER[0].name
 DEFAULT_MODEL_CONFIG = DEMO_LADDER[0].config
 
 
+def is_demo_model(path_or_name: str) -> bool:
+    """Whether `path_or_name` is one of the embedded demo models (its name, or a directory named after it)."""
+    return Path(path_or_name.rstrip("/")).name in {shape.name for shape in DEMO_LADDER}
+
+
 def demo_shape(name: str) -> DemoShape:
     """The embedded shape called `name`, or a UsageError that lists them."""
     for shape in DEMO_LADDER:

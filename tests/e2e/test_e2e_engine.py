@@ -5,6 +5,7 @@ Slow by nature (an engine start is ~20 s here): the scenario is one module-scope
 
 import asyncio
 import json
+import shlex
 import subprocess
 import sys
 
@@ -89,7 +90,9 @@ def test_resume_adds_trials_and_repeats_nothing(studies, model_cache):
 def test_export_yaml_starts_a_vllm_engine_with_the_recommended_values(studies, model_cache, tmp_path):
     proc = optimize(model_cache, studies, "export")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("vllm serve ")
+    from optimizer.decision.export import serve_launcher
+
+    assert proc.stdout.startswith(shlex.join(serve_launcher()) + " ")  # the server module on the CPU build
     path = studies / "default.recommended.yaml"
     text = path.read_text()
     assert "# SLO: TTFT P99 <= 150ms" in text

@@ -3,6 +3,7 @@ environment variables as `env:NAME`; the CUDA defaults add the GPU knobs; the KV
 what was searched is exported."""
 
 import json
+import shlex
 
 import pytest
 import yaml
@@ -11,7 +12,7 @@ from optimizer.config.model import model_info
 from optimizer.config.settings import Choice, IntRange, SpaceSpec
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core.errors import UsageError
-from optimizer.decision.export import export_all, serve_args
+from optimizer.decision.export import export_all, serve_args, serve_launcher
 from optimizer.params.open_space import cuda_knobs, split_env
 from optimizer.params.parallel import per_gpu
 from optimizer.params.preflight import GIB, DeviceMemory, estimate
@@ -89,9 +90,12 @@ def test_what_was_searched_beyond_the_defaults_is_exported(tmp_path):
     assert args["kv_cache_dtype"] == "fp8" and args["async_scheduling"] is False
     assert not any(k.startswith("env:") for k in args)
     done = export_all(trial, config, tmp_path / "out", config.model)
-    assert done.command.startswith("VLLM_USE_FLASHINFER_SAMPLER=1 vllm serve ")
+    assert done.command.startswith(f"VLLM_USE_FLASHINFER_SAMPLER=1 {shlex.join(serve_launcher())} ")
+    assert done.config_command == f"VLLM_USE_FLASHINFER_SAMPLER=1 {shlex.join(serve_launcher())} --config " \
+                                  f"{shlex.quote(str(done.yaml_path))}"  # the YAML holds no environment
     assert "no-async-scheduling" in yaml.safe_load(done.yaml_path.read_text())
-    assert "# Environment (set before vllm serve): VLLM_USE_FLASHINFER_SAMPLER=1." in done.yaml_path.read_text()
+    header = "# Environment (set before starting the server): VLLM_USE_FLASHINFER_SAMPLER=1."
+    assert header in done.yaml_path.read_text()
     compose = yaml.safe_load(done.compose_path.read_text())["services"]["vllm"]
     assert compose["environment"] == ["VLLM_USE_FLASHINFER_SAMPLER=1", "VLLM_API_KEY"]  # the API key passed through
     assert json.loads(done.json_path.read_text())["metadata"]["environment"] == {"VLLM_USE_FLASHINFER_SAMPLER": "1"}

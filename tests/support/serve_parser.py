@@ -32,3 +32,29 @@ def parse_serve(argv: list[str]) -> argparse.Namespace:
     if getattr(ns, "model_tag", None) is not None:
         ns.model = ns.model_tag
     return ns
+
+
+def module_parser() -> argparse.ArgumentParser:
+    """The parser of `python -m vllm.entrypoints.openai.api_server` (engines/server.py's SERVER_MODULE), built as
+    its `main` builds it: one flat parser, whose positional model is parsed and then ignored (only `vllm serve`
+    copies it into --model)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+def parse_printed(command: str) -> argparse.Namespace:
+    """What a printed serve command parses to, by the parser of whichever launcher it names: `vllm serve ...`, or
+    `PYTHON -m SERVER_MODULE ...`. Leading NAME=VALUE environment assignments are skipped."""
+    import shlex
+
+    from optimizer.engines.server import SERVER_MODULE
+
+    words = shlex.split(command)
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        words.pop(0)
+    if words[:2] == ["vllm", "serve"]:
+        return parse_serve(words[2:])
+    assert words[1:3] == ["-m", SERVER_MODULE], command
+    return module_parser().parse_args(words[3:])
