@@ -33,9 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = new_parser(
         "optimize",
         "Find the vLLM engine configuration that serves the most throughput while TTFT P99 stays under your "
-        "limit. Each trial starts the engine with one parameter set and replays the same Poisson workload at "
-        "several rates; the study lives in a database and resumes where it stopped when the same command runs "
-        "again. Without a subcommand, optimize runs (or resumes) a study; the subcommands read or use a study.",
+        "limit. Each trial starts the engine with one parameter set and probes the same Poisson workload at "
+        "rates bracketing the limit, each probe sending until its verdict is settled, then fits the rate at the "
+        "limit with its 95% interval; the study lives in a database and resumes where it stopped when the same "
+        "command runs again. Without a subcommand, optimize runs (or resumes) a study; the subcommands read or "
+        "use a study.",
         EXAMPLES, usage=main_usage(), before_examples=subcommands_text(),
     )
     add_common_flags(p)

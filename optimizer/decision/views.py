@@ -13,7 +13,8 @@ from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import median
 from optimizer.measurement.rerank import Answer, qualifies
 from optimizer.params.space import SEARCHABLE, distance_to_default
-from optimizer.search.attrs import LIMITED_BY, TELEMETRY
+from optimizer.search.attrs import LIMITED_BY, RESULT, TELEMETRY
+from optimizer.search.score import rate_at_limit_text
 
 
 def _role(d: Decision, v: TrialView, tied: frozenset[int] = frozenset()) -> str:
@@ -27,11 +28,16 @@ def trial_row(d: Decision, v: TrialView, params: list[str], tied: frozenset[int]
     whether the measurements tie it with the recommendation, and its engine values."""
     p = v.ranked.point or {}
     cfg = v.engine_config
+    # the trial's own fit answers its study's limit only (another limit re-ranks the stored probes)
+    fit = (RESULT.of(v.trial).get("rate_at_limit") or {}) if not d.reranked else {}
     return {
         "trial": v.number,
         "role": _role(d, v, tied),
         "output_throughput_tok_s": p.get("output_throughput_tok_s"),
         "arrivals": None if not p else "burst" if p.get("offered_rate_rps") is None else d.arrivals,
+        "rate_at_limit_rps": fit.get("rate_rps"),
+        "rate_low_rps": fit.get("low_rps"),
+        "rate_high_rps": fit.get("high_rps"),
         "rate_rps": p.get("offered_rate_rps"),
         "failed_rate_rps": v.ranked.next_rate_rps,
         "ttft_p50_ms": p.get("ttft_p50_ms"),
@@ -63,21 +69,23 @@ def params_rows(d: Decision) -> list[dict[str, Any]]:
     return [{"parameter": k, **{names[v.number]: v.engine_config.get(k) for v in shown}} for k in _shown_params(d)]
 
 
-def _describe(v: TrialView) -> str:
+def _describe(v: TrialView, reranked: bool = False) -> str:
     r = v.ranked
     if not r.answerable:
         return f"trial #{v.number}: {r.answer.value}"
-    return (f"trial #{v.number}: {r.output_throughput_tok_s:.1f} output tok/s at {rate_text(r.rate_rps)}, "
+    result = RESULT.of(v.trial)
+    fitted = f"{rate_at_limit_text(result)}; " if result.get("rate_at_limit") and not reranked else ""
+    return (f"trial #{v.number}: {fitted}{r.output_throughput_tok_s:.1f} output tok/s at {rate_text(r.rate_rps)}, "
             f"TTFT P99 {format_ms(r.ttft_p99_ms)} ({r.answer.value})")
 
 
 def summary_lines(d: Decision) -> list[str]:
     """Recommendation, baseline, gain, changed parameters, importances and caveats, one sentence a line."""
     out = []
-    out.append(f"recommended: {_describe(d.best)}" if d.best is not None else
+    out.append(f"recommended: {_describe(d.best, d.reranked)}" if d.best is not None else
                "recommended: none: no trial meets the limit")
     if d.baseline is not None:
-        out.append(f"vLLM defaults ({d.defaults_of}, baseline): {_describe(d.baseline)}")
+        out.append(f"vLLM defaults ({d.defaults_of}, baseline): {_describe(d.baseline, d.reranked)}")
     if d.confirmed:
         out += confirmation_lines(d)[1:]
     elif d.gain_pct is not None and d.best is not None and d.baseline is not None:

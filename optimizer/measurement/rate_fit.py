@@ -19,8 +19,9 @@ Every probe of a trial replays the same requests in the same order (common rando
 the same draw), so a burst of long prompts early in the draw pushes every probe the same way. The block bootstrap
 over the draw measures that: blocks of BLOCK_REQUESTS consecutive requests, drawn with replacement, the same blocks
 for every probe (each probe stores which requests were over), the counts recomputed, the root found again. The
-interval is the union of the two. Only the probes up to the first one with most of its requests over enter the fit: far past the knee the engine is in another regime (a queue that grows), and one such probe is enough to
-bound the rate from above.
+interval is the union of the two. Only the probes up to the first one with most of its requests over enter the
+fit: far past the knee the engine is in another regime (a queue that grows), and one such probe is enough to bound
+the rate from above.
 """
 
 from __future__ import annotations

@@ -53,8 +53,9 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
     their first token finish, and those still waiting for it are withdrawn (cancelled, marked WITHDRAWN): a probe
     whose verdict is settled (optimizer/measurement/evidence.py) does not wait for a queue to drain. Times in the
     records are relative to the replay's start. An engine death aborts the replay (EngineDiedError); any other
-    request error is recorded on that request. An engine that runs in virtual time (`simulate_replay`, the simulator) serves
-    the whole replay at once instead, with the same records, cut where `stop` would have stopped sending.
+    request error is recorded on that request. An engine that runs in virtual time (`simulate_replay`, the
+    simulator) serves the whole replay at once instead, with the same records, cut where `stop` would have stopped
+    sending.
     """
     if isinstance(engine, ServesInVirtualTime):
         return stopped_in_virtual_time(engine.simulate_replay(requests, arrivals_s), stop)

@@ -39,8 +39,8 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.core.errors import UsageError
 from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.score import (
-    baseline, confirmation, noise_cv, rank_trials, rate_interval_rps, rate_text, scored_best_first, study_limit_ms,
-    tied_with,
+    baseline, confirmation, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first,
+    study_limit_ms, tied_with,
 )
 from optimizer.search.study import is_confirmation, search_trials, wait_while_running
 
@@ -257,7 +257,7 @@ def describe(trial: FrozenTrial) -> str:
         return f"{head}: could not run ({PRUNED_REASON.of(trial) or trial.state.name})"
     if not r.get("feasible"):
         return f"{head}: met the limit at no rate tried [{TIMINGS.of(trial).get('total_s', 0):.0f}s]"
-    return (f"{head}: {rate_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} tok/s "
+    return (f"{head}: {rate_at_limit_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} tok/s "
             f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]")
 
 

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from optimizer.core.units import format_ms
 from optimizer.search.attrs import BASELINE, LIMITED_BY, PRUNED_DETAIL, PRUNED_REASON, RESULT, TIMINGS
-from optimizer.search.score import feasible, rate_text, scored_best_first
+from optimizer.search.score import feasible, rate_at_limit_text, scored_best_first
 from optimizer.search.study import finished_count, is_confirmation
 
 
@@ -27,8 +27,9 @@ def describe(trial: FrozenTrial) -> str:
     t = TIMINGS.of(trial)
     took = f"[{t.get('total_s', 0):.0f}s]"
     if feasible(trial):
-        line = (f"{label} #{trial.number}: {rate_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} tok/s, "
-                f"TTFT P99 {format_ms(r.get('ttft_p99_ms', math.nan))} at {r.get('rate_rps') or 0:.2f} req/s {took}")
+        line = (f"{label} #{trial.number}: {rate_at_limit_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} "
+                f"tok/s, TTFT P99 {format_ms(r.get('ttft_p99_ms', math.nan))} at {r.get('rate_rps') or 0:.2f} req/s "
+                f"{took}")
     else:
         line = f"{label} #{trial.number}: {why_infeasible(r)} {took}"
     limited = LIMITED_BY.of(trial)

@@ -52,7 +52,7 @@ def score_tok_s(trial: FrozenTrial, limit_ms: float) -> float:
     return ranked.output_throughput_tok_s if ranked.answerable else 0.0
 
 
-def rate_text(result: Mapping[str, Any]) -> str:
+def rate_at_limit_text(result: Mapping[str, Any]) -> str:
     """A trial's rate in words, from its stored result: '52.10 req/s at the limit [50.30, 53.80] (passed 51.00,
     failed 53.60; 2980 requests in 6 probes)'; for a trial stored before probes were sized by evidence, its
     bracket alone."""
