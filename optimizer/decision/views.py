@@ -160,7 +160,8 @@ def confirmation_lines(d: Decision) -> list[str]:
     rounds = len(c.full_rounds)
     done = f"{rounds} rounds" if rounds == c.rounds else f"{rounds} of {c.rounds} planned rounds"
     out = [f"TTFT P99 limit {format_ms(d.limit_ms)}; confirmed in {done}, alternating, each config on a fresh engine, "
-           f"its rate at the limit bisected to within 3%: median throughput, 95% interval of the mean (Student t)"]
+           f"its rate at the limit found by probes sized by evidence: median throughput, 95% interval of the mean "
+           f"(Student t)"]
     best = d.confirmed_of(d.best)
     base = c.base
     if base is None:

@@ -5,11 +5,12 @@ One whole trial of one config varies by 12-18% on a shared machine, mostly by th
 on: a study's "+18.7% over vLLM's defaults" was, measured again, no gain at all. So the number a user acts on is
 measured again:
 
-- the candidates are vLLM's defaults, the search's recommendation and its closest rival whose bracket (the rate it
-  passed to the rate it failed, widened by the study's noise) overlaps the recommendation's;
-- each run is a trial of its own (a fresh engine, the warm-up, then `bisect_rate`: the rate at the limit resolved
-  until the rate passed and the rate failed are within 3%), stored in the study with a `confirm` attribute, so
-  that an interrupted confirmation resumes where it stopped, as trials do;
+- the candidates are vLLM's defaults, the search's recommendation and its closest rival whose rate interval (its
+  pooled fit) overlaps the recommendation's (for trials stored before: whose bracket, widened by the study's noise);
+- each run is a trial of its own (a fresh engine, the warm-up, then `search_rate` from its trial's bracket: probes
+  sized by evidence until the rate passed and the rate failed are within 3% or its fit's interval is within +-3%),
+  stored in the study with a `confirm` attribute, so that an interrupted confirmation resumes where it stopped, as
+  trials do;
 - the rounds alternate the order of the configs (round 2 starts with the second), so a slow minute of the
   machine hits each alike, and a round's runs of two configs are taken next to each other: the gain is measured
   per round (optimizer/measurement/intervals.py);
@@ -178,7 +179,8 @@ def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limit_ms: float, e
 
 
 def start_rates(confirm: dict[str, Any]) -> tuple[float, float | None]:
-    """A run's stored starting rate (None: a burst) and failed rate, as `bisect_rate` takes them."""
+    """A run's stored starting rate (None: a burst, in trials stored before) and failed rate, as `search_rate` takes
+    them."""
     start = confirm.get("start_rps")
     return (math.inf if start is None else float(start)), confirm.get("failed_rps")
 
