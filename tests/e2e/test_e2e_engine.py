@@ -59,7 +59,9 @@ def test_study_persists_with_baseline_first(studies):
     assert study.user_attrs["machine"]["cores"] >= 1 and out.count("dtype: ") == 1
     for t in done:
         if t.state == TrialState.COMPLETE:
-            assert t.user_attrs["curve"][0]["offered_rate_rps"] is None  # the burst first
+            curve = t.user_attrs["curve"]  # Poisson probes only, each with its counts: no burst in the curve
+            assert curve and all(p["offered_rate_rps"] is not None and p["requests"] for p in curve)
+            assert t.user_attrs["result"]["measurement"] == "probes sized by evidence, pooled fit"
             assert t.user_attrs["engine_config"]["max_num_seqs"] >= 1
             assert CONSTRAINT in t.constraints
         log = t.user_attrs["log_file"]
@@ -79,7 +81,7 @@ def test_resume_adds_trials_and_repeats_nothing(studies, model_cache):
     proc = optimize(model_cache, studies, "--budget", "4")  # no flags repeated: the stored config is used
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming study 'default': 3 trials finished, budget 4 trials" in proc.stderr
-    assert "probe" not in proc.stderr  # a resume never probes again
+    assert "probe: " not in proc.stderr  # a resume never probes the machine again
     study = load(studies)
     done = finished(study)
     assert len(done) == 4
