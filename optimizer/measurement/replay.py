@@ -62,6 +62,7 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
     start = clock.now()
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task[None]] = []
+    sent_tasks = tasks  # every task started, the withdrawn ones included: all are settled on the way out
     order = sorted(range(len(requests)), key=lambda i: arrivals_s[i])
     try:
         for i in order:
@@ -72,6 +73,7 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
                     if rec.first_token_s is None:
                         task.cancel()
                         withdraw(rec)
+                tasks = [t for t, rec in zip(tasks, records) if rec.error != WITHDRAWN]  # the rest end in _settle
                 break
             req = requests[i]
             rec = RequestRecord(index=req.index, input_len=req.input_len, planned_s=arrivals_s[i],
@@ -80,7 +82,7 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
             tasks.append(asyncio.create_task(_serve(engine, req, rec, _Shifted(clock, start))))
         await asyncio.gather(*tasks)
     finally:
-        await _settle(tasks)
+        await _settle(sent_tasks)
     return records
 
 
