@@ -216,12 +216,12 @@ def test_the_pilot_on_the_real_engine_chooses_the_count_the_study_is_created_wit
     choice = STUDY_REQUESTS_CHOICE.of(prepared.study)
     n = choice["num_requests"]
     assert 368 <= n <= MAX_AUTO_REQUESTS and n == len(prepared.objective.workload.requests)
-    # every replay of the baseline at its chosen rate: its 3 there, or 1 when the repeats' median moved the choice
-    assert choice["pilot_samples"] in (200, 400, 600) and choice["pilot_p99_ms"] > 0
+    # the baseline's probe at its chosen rate: at most the pilot's 200 (a probe stops once its verdict is settled)
+    assert 0 < choice["pilot_samples"] <= 200 and choice["pilot_p99_ms"] > 0
     assert any(line.startswith(f"requests per replay: {n}") for line in said), said
     pilot = optuna.load_study(study_name="s" + PILOT_SUFFIX, storage=url)
     assert [t.state for t in pilot.trials] == [optuna.trial.TrialState.COMPLETE]
-    assert all(len(records) == 200 for _, records in RecordStore(url).load("s" + PILOT_SUFFIX, 0))
+    assert all(0 < len(records) <= 200 for _, records in RecordStore(url).load("s" + PILOT_SUFFIX, 0))
     stored = stored_config(storage_for(url), "s")
     assert stored.workload.num_requests == n and stored.num_requests_auto
 
