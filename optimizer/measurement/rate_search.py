@@ -126,7 +126,6 @@ BRACKET_STEP = 1.25  # from the first guess, up (it passed) or down (it failed) 
 BRACKET_PRECISION = 0.03  # bisect until passed and failed are within 3%, or the fit's interval is within +-3%
 
 ProbeAt = Callable[[float], Awaitable[CurvePoint]]
-ReplayAt = Callable[[float], Awaitable[ReplayMetrics]]
 
 
 def probe_counts(points: list[CurvePoint]) -> list[ProbeCount]:

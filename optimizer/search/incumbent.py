@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 
 from optimizer.measurement.intervals import interval
 from optimizer.search.attrs import CONFIRM, CURVE, RESULT
+from optimizer.search.score import rate_interval_rps
 from optimizer.search.study import is_confirmation
 
 # The spread of one trial's rate at the limit, measured once (the rung its bisection lands on, the P99 of one
@@ -57,9 +58,9 @@ def fair_incumbent_rate(study: optuna.Study) -> float | None:
         if rate is None:
             bounds.append(math.inf)
             continue
-        fit = r.get("rate_at_limit")
-        if fit:  # its own interval, from every request it sent
-            bounds.append(min(float(fit["low_rps"]), float(rate)))
+        fitted = rate_interval_rps(t)
+        if fitted is not None:  # its own interval, from every request it sent
+            bounds.append(min(fitted[0], float(rate)))
             continue
         replays = sum(1 for p in CURVE.of(t) if p.get("offered_rate_rps") == rate)
         bounds.append(single_run_lower_rps(float(rate), replays))

@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.measurement.intervals import Interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s
 from optimizer.measurement.noise import Z, median
+from optimizer.measurement.rate_fit import RateAtLimit
 from optimizer.measurement.rerank import Answer, Ranked, merge_repeats, rank_curve
 from optimizer.params.parallel import gpus_needed, per_gpu_curve
 from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PARAMS, RESULT, STUDY_CONFIG, STUDY_CONFIRMATION
@@ -74,7 +75,8 @@ def rate_interval_rps(trial: FrozenTrial) -> tuple[float, float] | None:
     fit = RESULT.of(trial).get("rate_at_limit")
     if not fit:
         return None
-    return float(fit["low_rps"]), (math.inf if fit.get("high_rps") is None else float(fit["high_rps"]))
+    stored = RateAtLimit.from_dict(fit)
+    return stored.low_rps, stored.high_rps
 
 
 def goodput(trial: FrozenTrial) -> float:
