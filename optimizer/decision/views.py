@@ -12,6 +12,7 @@ from optimizer.decision.tables import check_format, format_output
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import median
 from optimizer.measurement.rerank import Answer, qualifies
+from optimizer.measurement.sequential import Outcome
 from optimizer.params.space import SEARCHABLE, distance_to_default
 from optimizer.search.attrs import LIMITED_BY, RESULT, TELEMETRY
 from optimizer.search.score import rate_at_limit_text
@@ -159,43 +160,55 @@ def confirmation_lines(d: Decision) -> list[str]:
     assert c is not None and d.best is not None
     rounds = len(c.full_rounds)
     done = f"{rounds} rounds" if rounds == c.rounds else f"{rounds} of {c.rounds} planned rounds"
+    level = (f"{c.confidence * 100:.1f}% interval of the mean (Student t; Bonferroni over the looks after each round)"
+             if c.confidence > 0.95 else "95% interval of the mean (Student t)")
     out = [f"TTFT P99 limit {format_ms(d.limit_ms)}; confirmed in {done}, alternating, each config on a fresh engine, "
-           f"its rate at the limit found by probes sized by evidence: median throughput, 95% interval of the mean "
-           f"(Student t)"]
-    best = d.confirmed_of(d.best)
-    base = c.base
-    if base is None:
-        out.append("vLLM's defaults were not measured again (they did not run): no gain to confirm")
-    elif best is base:
-        others = [x for x in c.configs if x is not base]
-        shown = ", ".join(f"#{x.number} {g.median * 100:+.1f}%" + (f" {_interval_text(g.low, g.high, True)}"
-                                                                   if g.known else "")
-                          for x in others if (g := c.gain(x)) is not None and g.n)
-        out.append(f"vLLM's defaults ({d.defaults_of}) measured best in the confirmation: keep them"
-                   + (f" (measured again against them: {shown})" if shown else ""))
-    else:
-        gain = c.gain(best)
-        assert gain is not None
-        if not gain.known:
-            out.append(f"gain over vLLM's defaults ({d.defaults_of}): {gain.median * 100:+.1f}% output throughput, "
-                       f"from {gain.n} round: no interval (--confirm 2 or more gives one)")
-        elif gain.low > 0:
-            out.append(f"gain over vLLM's defaults ({d.defaults_of}): {gain.median * 100:+.1f}% output throughput, "
-                       f"95% interval {_interval_text(gain.low, gain.high, True)} over {gain.n} rounds: confirmed")
-        else:
-            out.append(f"gain over vLLM's defaults ({d.defaults_of}): {gain.median * 100:+.1f}% output throughput, "
-                       f"95% interval {_interval_text(gain.low, gain.high, True)} over {gain.n} rounds: tied with "
-                       f"vLLM's defaults (the interval includes no gain): deploy either; the defaults are the "
-                       f"simpler choice, the recommendation the better bet")
+           f"its rate at the limit found by probes sized by evidence: median throughput, {level}"]
+    out.append(verdict_line(d))
     tied = [x for x in c.configs if c.tied(x) and not x.baseline]
     if tied:
         out.append("tied with the recommendation (the rounds do not rank them apart): "
                    + ", ".join(f"#{x.number} ({c.interval(x).median:.1f} tok/s)" for x in tied)
                    + "; optimize verify picks the most robust of them")
     if not c.complete:
-        out.append(f"note: the confirmation is incomplete ({c.runs_done} of {c.rounds * len(c.configs)} runs): run "
-                   f"the same command again to finish it")
+        out.append(f"note: the confirmation stopped before it decided ({c.runs_done} runs of up to "
+                   f"{c.rounds * len(c.configs)}): run the same command again to go on")
     return out
+
+
+def verdict_line(d: Decision) -> str:
+    """The confirmation's verdict in one sentence, one of three (measurement/sequential.py): better than vLLM's
+    defaults by X% [a, b]; within +-Y% of them (or behind them), keep them; or undecided, with the interval. Each
+    says how many rounds are behind it."""
+    c = d.confirmation
+    assert c is not None and d.best is not None
+    rounds = len(c.full_rounds)
+    n = f"{rounds} round{'s' if rounds != 1 else ''}"
+    base, best = c.base, d.confirmed_of(d.best)
+    if base is None:
+        return f"vLLM's defaults were not measured again (they did not run): no gain to confirm ({n})"
+    gains = ([(best, c.gain(best))] if best is not base else
+             [(x, c.gain(x)) for x in c.active if x is not base]) if best is not None else []
+    shown = ", ".join(f"#{x.number} {g.median * 100:+.1f}%" + (f" {_interval_text(g.low, g.high, True)}" if g.known
+                                                               else "") for x, g in gains if g is not None and g.n)
+    against = f"vLLM's defaults ({d.defaults_of})"
+    if c.outcome == Outcome.BETTER:
+        g = gains[0][1]
+        assert g is not None
+        return (f"better than {against} by {g.median * 100:+.1f}% output throughput "
+                f"{_interval_text(g.low, g.high, True)}, {n}: deploy the recommendation")
+    if c.outcome == Outcome.KEEP:
+        known = [g for _, g in gains if g is not None and g.known]
+        if known and all(g.high < 0 for g in known):
+            return f"{against} are better than every candidate ({shown}), {n}: keep them"
+        y = max((max(abs(g.low), abs(g.high)) for g in known), default=0.0)
+        return f"within +-{y * 100:.1f}% of {against} ({shown}), {n}: keep them"
+    if c.outcome == Outcome.UNDECIDED:
+        choice = ("keep the defaults" if best is base or best is None else
+                  f"deploy either: the defaults are the simpler choice, #{best.number} the better bet")
+        return (f"undecided after {n}: {shown or 'no interval'} against {against}: {choice} (a rerun with a larger "
+                f"--confirm N adds rounds)")
+    return f"not decided yet after {n} ({shown or 'no interval'}): run the same command again to go on"
 
 
 def _noise_text(d: Decision, a: TrialView, b: TrialView) -> str:

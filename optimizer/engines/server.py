@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from optimizer.core.processes import ProcessRef, end_processes
+from optimizer.core.processes import ProcessRef, end_processes, worker_exit_defaults
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -97,7 +97,8 @@ class ServerProcess:
     def __init__(self, argv: list[str], log_path: Path | None, env: Mapping[str, str] | None = None) -> None:
         self.argv = argv
         self.log_path = log_path
-        self.env = dict(os.environ if env is None else env)
+        given = dict(os.environ if env is None else env)
+        self.env = {**given, **worker_exit_defaults(given)}
         self.proc: subprocess.Popen[bytes] | None = None
         self._refs: dict[int, ProcessRef] = {}
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError
-from optimizer.core.processes import ProcessRef, children, end_processes, output_to
+from optimizer.core.processes import ProcessRef, children, end_processes, output_to, worker_exit_defaults
 from optimizer.measurement.engine import EngineStats, RequestTiming
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import DEFAULT_TARGET, usage_context
@@ -107,7 +107,8 @@ class VllmEngine:
         self._log_path = log_path
         before = children()
         watcher = asyncio.create_task(self._watch_children(before))
-        self._set_env(split_env(params)[1])
+        trial_env = split_env(params)[1]
+        self._set_env({**worker_exit_defaults({**os.environ, **trial_env}), **trial_env})
         try:
             with output_to(log_path):
                 from vllm.v1.engine.async_llm import AsyncLLM

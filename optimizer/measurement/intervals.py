@@ -37,6 +37,40 @@ def t_975(df: int) -> float:
     return T_975.get(df, Z_975)
 
 
+def t_within(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with `df` (an integer >= 1) degrees of freedom, by its closed form (the finite
+    series in cos(theta), theta = atan(t / sqrt(df)); Abramowitz & Stegun 26.7.3-4)."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    term, total = 1.0, 1.0
+    if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        series = math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0
+        return 2 / math.pi * (theta + series)
+    for k in range(1, df // 2):  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+        term *= c2 * (2 * k - 1) / (2 * k)
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile(confidence: float, df: int) -> float:
+    """The t with P(|T| <= t) = `confidence` (two-sided) for `df` >= 1 degrees of freedom: t_975(df) at 0.95, else
+    by bisection on `t_within` (to 1e-6)."""
+    if df < 1:
+        raise ValueError("Student's t needs at least one degree of freedom (two values)")
+    if confidence == 0.95:
+        return t_975(df)
+    low, high = 0.0, 1.0
+    while t_within(high, df) < confidence:
+        high *= 2
+    while high - low > 1e-6:
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_within(mid, df) < confidence else (low, mid)
+    return (low + high) / 2
+
+
 @dataclass(frozen=True)
 class Interval:
     """A measured number: the median of `n` values and the 95% interval of their mean (NaN bounds below 2)."""
@@ -65,9 +99,9 @@ class Interval:
                 "high": self.high if self.known else None, "n": self.n}
 
 
-def interval(values: Sequence[float], floor: float = -math.inf) -> Interval:
-    """The median of `values` with the 95% t interval of their mean, cut at `floor` (a throughput is never below
-    0, a gain never below -100%)."""
+def interval(values: Sequence[float], floor: float = -math.inf, confidence: float = 0.95) -> Interval:
+    """The median of `values` with the t interval of their mean at `confidence` (95% unless a correction for
+    repeated looks asks for more), cut at `floor` (a throughput is never below 0, a gain never below -100%)."""
     n = len(values)
     if n == 0:
         return Interval(math.nan, math.nan, math.nan, 0)
@@ -75,14 +109,15 @@ def interval(values: Sequence[float], floor: float = -math.inf) -> Interval:
         return Interval(float(values[0]), math.nan, math.nan, 1)
     mean = sum(values) / n
     s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_975(n - 1) * s / math.sqrt(n)
+    half = t_quantile(confidence, n - 1) * s / math.sqrt(n)
     return Interval(median(values), max(mean - half, floor), mean + half, n)
 
 
-def gain_interval(pairs: Sequence[tuple[float, float]]) -> Interval:
+def gain_interval(pairs: Sequence[tuple[float, float]], confidence: float = 0.95) -> Interval:
     """The relative gain of `b` over `a` from measurements taken in pairs `(a, b)`: per pair b / a - 1, its median
-    and the 95% t interval of its mean. Pairs whose `a` is not positive cannot give a ratio and are left out."""
-    return interval([b / a - 1 for a, b in pairs if a > 0], floor=-1.0)
+    and the t interval of its mean at `confidence`. Pairs whose `a` is not positive cannot give a ratio and are left
+    out."""
+    return interval([b / a - 1 for a, b in pairs if a > 0], floor=-1.0, confidence=confidence)
 
 
 def rate_bracket_tok_s(throughput_tok_s: float, passed_rps: float | None, failed_rps: float | None,

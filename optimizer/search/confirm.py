@@ -1,5 +1,6 @@
 """The confirmation: after the search, vLLM's defaults and the top candidates measured again, alternating, each on a
-fresh engine, in N rounds (`--confirm N`, 3 by default).
+fresh engine, in rounds until they decide (at most `--confirm N` rounds; by default as many as a quarter of the
+budget holds).
 
 One whole trial of one config varies by 12-18% on a shared machine, mostly by the rung of the rate ladder it lands
 on: a study's "+18.7% over vLLM's defaults" was, measured again, no gain at all. So the number a user acts on is
@@ -17,11 +18,15 @@ measured again:
 - each round replays a workload drawn anew from the study's spec (seed + 1 + round, `round_seed`), the same draw for
   every config of the round: the interval then covers which requests came as well as the machine's noise, and no
   round replays the draw the search chose its winner on (a winner is partly the luck of that draw);
+- after every round from the second on, the rounds look at their gain intervals (measurement/sequential.py, with a
+  Bonferroni correction over the looks the plan allows) and stop once they decide: the recommendation's gain over
+  vLLM's defaults lies above 0, below 0, or within +-3 points; a candidate clearly behind the leader drops out of
+  the later rounds; the next round is queued only when the one before has finished;
 - the recommendation is the config with the highest median over its rounds (search/score.py::recommended).
 
-The runs come out of the user's budget: `--budget 40` with 3 rounds of 3 configs is 31 search trials and 9 runs.
-By default the confirmation takes at most a quarter of a trial budget (fewer rounds, or none, on a small one);
-`--confirm N` asks for N rounds whatever the budget. With a deadline (`--budget 8h`), the search stops early
+The runs come out of the user's budget: `--budget 40` with up to 3 rounds of 3 configs is 31 search trials and up
+to 9 runs (rounds that decide early leave the rest unspent). By default the confirmation takes at most a quarter of a
+trial budget (none when that holds fewer than 2 rounds); `--confirm N` asks for up to N rounds whatever the budget. With a deadline (`--budget 8h`), the search stops early
 enough for the rounds, and a round that would end past the deadline is not started.
 """
 
@@ -38,10 +43,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.errors import UsageError
+from optimizer.measurement.sequential import Outcome, look_confidence
 from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.score import (
-    baseline, confirmation, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first,
-    study_limit_ms, tied_with,
+    Confirmation, baseline, confirmation, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps,
+    scored_best_first, study_limit_ms, tied_with,
 )
 from optimizer.search.study import is_confirmation, search_trials, wait_while_running
 
@@ -68,31 +74,29 @@ class Plan:
 
 
 def plan(budget: int | None, asked: int | None) -> Plan:
-    """Pure: the rounds a study confirms and the trials its search keeps. `asked` None is the default (3 rounds, at
-    most a quarter of the budget, none below 2 rounds); a number is the user's `--confirm N`."""
+    """Pure: the rounds a study confirms at most and the trials its search keeps. `asked` None is the default: as many
+    rounds as a quarter of the budget holds (none below 2; with a deadline alone, 3); a number is the user's
+    `--confirm N`. The rounds stop before that once they decide (measurement/sequential.py)."""
     if asked == 0:
         return Plan(0, budget, "confirmation: off (--confirm 0)")
     rounds = DEFAULT_ROUNDS if asked is None else asked
     if budget is None:
-        return Plan(rounds, None, f"confirmation: {rounds} rounds of up to {CONFIGS} configs after the search, "
-                                  f"planned into the deadline")
+        return Plan(rounds, None, f"confirmation: up to {rounds} rounds of up to {CONFIGS} configs after the search "
+                                  f"until they decide, planned into the deadline")
     if asked is None:
-        fit = int(AUTO_SHARE * budget) // CONFIGS
-        if fit < MIN_AUTO_ROUNDS:
+        rounds = int(AUTO_SHARE * budget) // CONFIGS
+        if rounds < MIN_AUTO_ROUNDS:
             need = math.ceil(MIN_AUTO_ROUNDS * CONFIGS / AUTO_SHARE)
             return Plan(0, budget, f"confirmation: none: a budget of {budget} trials leaves no room for "
                                    f"{MIN_AUTO_ROUNDS} rounds (give --budget {need} or more, or --confirm N)")
-        rounds = min(rounds, fit)
     search = budget - rounds * CONFIGS
     if search < MIN_SEARCH_TRIALS:
         raise UsageError(f"--confirm {rounds} takes {rounds * CONFIGS} of the {budget} trials of --budget and leaves "
                          f"the search fewer than {MIN_SEARCH_TRIALS}: give --budget "
                          f"{rounds * CONFIGS + MIN_SEARCH_TRIALS} or more, or fewer --confirm rounds")
-    fewer = (f" ({DEFAULT_ROUNDS} would take more than a quarter of the budget)"
-             if asked is None and rounds < DEFAULT_ROUNDS else "")
-    return Plan(rounds, search, f"confirmation: {rounds} rounds of up to {CONFIGS} configs come out of the budget "
-                                f"of {budget}: {search} search trials, then up to {rounds * CONFIGS} confirmation "
-                                f"runs{fewer}")
+    return Plan(rounds, search, f"confirmation: up to {rounds} rounds of up to {CONFIGS} configs, until they decide, "
+                                f"come out of the budget of {budget}: {search} search trials, then up to "
+                                f"{rounds * CONFIGS} confirmation runs")
 
 
 def candidates(study: optuna.Study) -> list[FrozenTrial]:
@@ -140,32 +144,58 @@ def round_seed(workload_seed: int, round_: int) -> int:
 
 def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
             workload_seed: int | None = None) -> dict[str, Any] | None:
-    """Plan the confirmation of the finished search and queue its runs, round by round, each round's order rotated by
-    one, each round on its own workload draw (`round_seed`; None: the search's own workload). A plan for the same
-    search trials is kept; asked for more rounds than it has (a rerun with a larger `--confirm N`), it gains the
-    missing rounds, with the same candidates. Returns the plan (None: nothing to confirm)."""
-    finished = sorted(t.number for t in search_trials(study))
-    key = f"{len(finished)}:{finished[-1] if finished else -1}"
+    """Plan the confirmation of the finished search (once: a plan for the same search trials is kept; asked for more
+    rounds than it has, a rerun with a larger `--confirm N`, it may run up to those) and queue what it needs next:
+    the runs of the last round that are missing (an interrupted run is run again), else the next round, unless the
+    rounds have decided or ran out (`Confirmation.outcome`). A config clearly behind the leader drops out before the
+    next round (`Confirmation.behind`). Each round's order is rotated by one and each round replays its own workload
+    draw (`round_seed`; None: the search's own workload). Returns the plan (None: nothing to confirm)."""
+    key = plan_key(study)
     stored = STUDY_CONFIRMATION.of(study)
     if stored and stored.get("plan") == key:
-        first = int(stored.get("rounds", 0))
-        if rounds <= first:
-            return stored
-        by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-        chosen, limit = [by_number[n] for n in stored["candidates"]], stored["limit_ms"]
+        plan_attr = {**stored, "rounds": max(rounds, int(stored.get("rounds", 0)))}
+        plan_attr["confidence"] = look_confidence(plan_attr["rounds"])
     else:
-        chosen, first = candidates(study), 0
+        chosen = candidates(study)
         if not chosen:
             return None
-        limit = study_limit_ms(study)
-    plan_attr = {"plan": key, "rounds": rounds, "candidates": [t.number for t in chosen], "limit_ms": limit}
+        plan_attr = {"plan": key, "rounds": rounds, "candidates": [t.number for t in chosen],
+                     "limit_ms": study_limit_ms(study), "confidence": look_confidence(rounds), "dropped": {}}
+    c = confirmation(study, plan_attr)
+    assert c is not None
+    runs, dropping = next_runs(c)
+    if dropping:
+        plan_attr["dropped"] = {**plan_attr.get("dropped", {}), **{str(n): r for n, r in dropping.items()}}
     STUDY_CONFIRMATION.set(study, plan_attr)
-    for r in range(first, rounds):
-        for k in range(len(chosen)):
-            t = chosen[(k + r) % len(chosen)]
-            seed = None if workload_seed is None else round_seed(workload_seed, r)
-            study.enqueue_trial({}, user_attrs=run_attrs(key, t, r, limit, engine_args, seed), skip_if_exists=False)
+    for trial, r in runs:
+        seed = None if workload_seed is None else round_seed(workload_seed, r)
+        study.enqueue_trial({}, user_attrs=run_attrs(key, trial, r, plan_attr["limit_ms"], engine_args, seed),
+                            skip_if_exists=False)
     return plan_attr
+
+
+def plan_key(study: optuna.Study) -> str:
+    """The key of a plan: the search trials it confirms (their count and the last one's number)."""
+    finished = sorted(t.number for t in search_trials(study))
+    return f"{len(finished)}:{finished[-1] if finished else -1}"
+
+
+def next_runs(c: Confirmation) -> tuple[list[tuple[FrozenTrial, int]], dict[int, int]]:
+    """What the confirmation runs next, as (search trial, round) in the order to run them: the runs of its latest
+    round still missing (an interrupted run), else the next round's, its order rotated by the round, else none when
+    the rounds decided or ran out. With the next round come the configs that drop out at it (number -> round):
+    those clearly behind the leader."""
+    started = sorted(set().union(*(set(x.runs) for x in c.configs))) if c.configs else []
+    last = started[-1] if started else -1
+    missing = [x for x in c.configs if c.measured_in(x, last) and last not in x.runs] if last >= 0 else []
+    if missing:
+        return [(x.trial, last) for x in missing], {}
+    if c.outcome != Outcome.RUNNING or last + 1 >= c.rounds:
+        return [], {}
+    r = last + 1
+    dropping = {x.number: r for x in c.behind()}
+    order = [x for x in c.configs if c.measured_in(x, r) and x.number not in dropping]
+    return [(order[(k + r) % len(order)].trial, r) for k in range(len(order))], dropping
 
 
 def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limit_ms: float, engine_args: dict[str, Any],
@@ -213,24 +243,34 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
         say: Callable[..., None], on_run: Callable[[optuna.Study, FrozenTrial], None] | None = None,
         deadline_unix_s: float | None = None, now_unix_s: Callable[[], float] = time.time,
         workload_seed: int | None = None) -> str:
-    """Queue the confirmation (once) and run its runs; returns a line when it stopped short (else '')."""
+    """Plan the confirmation (once) and run its rounds until they decide or run out (`enqueue` queues each round
+    when the one before has finished); says when a config drops out. Returns a line when it stopped short (else
+    '')."""
     if rounds <= 0:
         return ""
     wait_while_running(study, timeout_s=3600.0, on_wait=lambda: say("confirmation: waiting for the other workers' "
                                                                   "trials to finish"))
-    plan_attr = enqueue(study, rounds, engine_args, workload_seed)
-    if plan_attr is None:
-        return "confirmation: nothing to confirm: no trial meets the limit"
+    key, planned = plan_key(study), False
     callbacks = [lambda s, t: on_run(s, t)] if on_run else []
     while True:
         queue = waiting(study)
         if not queue:
-            return ""
+            before = (STUDY_CONFIRMATION.of(study) or {}).get("dropped") or {}
+            plan_attr = enqueue(study, rounds, engine_args, workload_seed)
+            if plan_attr is None:
+                return "" if planned else "confirmation: nothing to confirm: no trial meets the limit"
+            planned = True
+            for number, r in (plan_attr.get("dropped") or {}).items():
+                if number not in before:
+                    say(f"confirmation: trial #{number} drops out after round {r}: clearly behind the leader")
+            queue = waiting(study)
+            if not queue:
+                return ""
         head = CONFIRM.of(queue[0])
         if head is None:
             return (f"confirmation: not run: {len(queue)} trials queued before it (the pre-screen's?) still wait: "
                     f"run again with a larger --budget to measure them first")
-        if head.get("plan") != plan_attr["plan"]:  # an older plan's run, never started: skip it
+        if head.get("plan") != key:  # an older plan's run, never started: skip it
             _drop(study, queue[0])
             continue
         if deadline_unix_s is not None:

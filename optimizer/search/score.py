@@ -23,6 +23,7 @@ from optimizer.measurement.intervals import Interval, brackets_overlap, gain_int
 from optimizer.measurement.noise import Z, median
 from optimizer.measurement.rate_fit import RateAtLimit
 from optimizer.measurement.rerank import Answer, Ranked, merge_repeats, rank_curve
+from optimizer.measurement.sequential import FIRST_LOOK_ROUND, Outcome, behind, outcome
 from optimizer.params.parallel import gpus_needed, per_gpu_curve
 from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PARAMS, RESULT, STUDY_CONFIG, STUDY_CONFIRMATION
 from optimizer.search.study import is_baseline, search_trials
@@ -203,21 +204,40 @@ class Confirmed:
 @dataclass(frozen=True)
 class Confirmation:
     """The confirmation of the study's latest plan: each candidate's runs, its interval, and the gain intervals.
-    Only full rounds count (every candidate measured in them), so that each round compares like with like."""
+
+    Only full rounds count (every config still measured in that round ran in it), so that each round compares like
+    with like. Its rounds run until they decide (optimizer/measurement/sequential.py): the intervals are at the
+    plan's `confidence`, Bonferroni-corrected over the looks it allows (95% in plans stored before), and a config
+    clearly behind the leader drops out of the later rounds (`dropped`)."""
 
     plan: dict[str, Any]
     configs: list[Confirmed]  # in the plan's order: vLLM's defaults first
 
     @property
     def rounds(self) -> int:
-        """Rounds planned."""
+        """Rounds planned at most."""
         return int(self.plan.get("rounds", 0))
+
+    @property
+    def confidence(self) -> float:
+        """The confidence of every interval shown: each look's, corrected for looking after every round."""
+        return float(self.plan.get("confidence", 0.95))
+
+    @property
+    def dropped(self) -> dict[int, int]:
+        """Config number -> the first round it was no longer measured in (it was clearly behind the leader)."""
+        return {int(k): int(v) for k, v in (self.plan.get("dropped") or {}).items()}
+
+    def measured_in(self, c: Confirmed, round_: int) -> bool:
+        """True when `c` was still measured in `round_` (had not dropped out before it)."""
+        return round_ < self.dropped.get(c.number, round_ + 1)
 
     @property
     def full_rounds(self) -> list[int]:
         if not self.configs:
             return []
-        return sorted(set.intersection(*(set(c.runs) for c in self.configs)))
+        started = set().union(*(set(c.runs) for c in self.configs))
+        return sorted(r for r in started if all(r in c.runs for c in self.configs if self.measured_in(c, r)))
 
     @property
     def runs_done(self) -> int:
@@ -230,24 +250,31 @@ class Confirmation:
 
     @property
     def complete(self) -> bool:
-        return len(self.full_rounds) >= self.rounds > 0
+        """True when the rounds have decided, or ran out."""
+        return self.outcome != Outcome.RUNNING and self.rounds > 0
 
     def values_tok_s(self, c: Confirmed) -> list[float]:
         return [v for r in self.full_rounds if (v := c.value_tok_s(r)) is not None]
 
     def interval(self, c: Confirmed) -> Interval:
-        return interval(self.values_tok_s(c), floor=0.0)
+        return interval(self.values_tok_s(c), floor=0.0, confidence=self.confidence)
 
     @property
     def base(self) -> Confirmed | None:
         return next((c for c in self.configs if c.baseline), None)
 
     @property
+    def active(self) -> list[Confirmed]:
+        """The configs still measured: none of them dropped out."""
+        return [c for c in self.configs if c.number not in self.dropped]
+
+    @property
     def best(self) -> Confirmed | None:
-        """The config with the highest median throughput over the full rounds (ties: the plan's order)."""
+        """The config still measured with the highest median throughput over the full rounds (ties: the plan's
+        order)."""
         if not self.usable:
             return None
-        return max(self.configs, key=lambda c: self.interval(c).median)
+        return max(self.active or self.configs, key=lambda c: self.interval(c).median)
 
     def gain(self, c: Confirmed) -> Interval | None:
         """`c`'s gain over vLLM's defaults, round by round (each round measures both next to each other)."""
@@ -258,7 +285,29 @@ class Confirmation:
         """`c`'s gain over `other`, round by round: the two runs of a round were taken next to each other, so the
         interval of their per-round ratio leaves out what moved both (a slow minute of the machine)."""
         return gain_interval([(a, b) for r in self.full_rounds if (a := other.value_tok_s(r)) is not None
-                              and (b := c.value_tok_s(r)) is not None])
+                              and (b := c.value_tok_s(r)) is not None], confidence=self.confidence)
+
+    @property
+    def outcome(self) -> Outcome:
+        """What the full rounds say of the leader against vLLM's defaults (measurement/sequential.py)."""
+        best, base = self.best, self.base
+        if best is None:
+            return Outcome.RUNNING if self.rounds > 0 else Outcome.UNDECIDED
+        if base is None:
+            gains = []
+        elif best is base:
+            gains = [self.difference(c, base) for c in self.active if c is not base]
+        else:
+            gains = [self.difference(best, base)]
+        return outcome(gains, best is base, len(self.full_rounds), self.rounds)
+
+    def behind(self) -> list[Confirmed]:
+        """The configs still measured that are clearly behind the leader (not vLLM's defaults: their gain decides
+        the outcome): they drop out of the next rounds."""
+        best = self.best
+        if best is None or len(self.full_rounds) < FIRST_LOOK_ROUND:
+            return []
+        return [c for c in self.active if c is not best and not c.baseline and behind(self.difference(c, best))]
 
     def tied(self, c: Confirmed) -> bool:
         """True when the measurements do not rank `c` apart from the best: the interval of its per-round gain over
@@ -270,9 +319,9 @@ class Confirmation:
         return d.low <= 0 <= d.high if d.known else d.median == 0
 
 
-def confirmation(study: optuna.Study) -> Confirmation | None:
-    """The confirmation of the study's latest plan (None when none was planned)."""
-    plan = STUDY_CONFIRMATION.of(study)
+def confirmation(study: optuna.Study, plan: dict[str, Any] | None = None) -> Confirmation | None:
+    """The confirmation of the study's latest plan, or of `plan` (None when none was planned)."""
+    plan = STUDY_CONFIRMATION.of(study) if plan is None else plan
     if not plan or not plan.get("candidates"):
         return None
     trials = {t.number: t for t in search_trials(study)}

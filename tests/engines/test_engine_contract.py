@@ -91,6 +91,9 @@ def test_lifecycle(make_engine, tmp_path):
             assert [r.pid for r in engine.process_refs] == pids
             if not engine.measure_only:
                 assert resolved["max_num_seqs"] == 4
+                # the engine's processes wait 1 s, not vLLM's 5, for the worker to exit at shutdown
+                waits = {psutil.Process(p).environ().get("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS") for p in pids}
+                assert waits <= {"1"}
             one = await collect(engine, WORKLOAD.requests[0])
             assert sum(one) == WORKLOAD.requests[0].output_len and all(n > 0 for n in one)
             await engine.reset_prefix_cache()

@@ -62,3 +62,17 @@ def test_rate_bracket_in_throughput():
     assert low == pytest.approx(95.0) and high == pytest.approx(115.5)
     assert rate_bracket_tok_s(100.0, None, None) == (100.0, 100.0)  # a burst or a lower bound: its point
     assert brackets_overlap((100, 110), (109, 120)) and not brackets_overlap((100, 110), (111, 120))
+
+
+def test_t_quantiles_at_other_confidences_match_the_tables():
+    from optimizer.measurement.intervals import t_quantile, t_within
+
+    # two-sided 97.5% and 99% (one-sided 0.9875 and 0.995), from published t tables
+    assert math.isclose(t_quantile(0.975, 1), 25.452, abs_tol=1e-3)
+    assert math.isclose(t_quantile(0.975, 2), 6.205, abs_tol=1e-3)
+    assert math.isclose(t_quantile(0.99, 2), 9.925, abs_tol=1e-3)
+    assert math.isclose(t_quantile(0.99, 10), 3.169, abs_tol=1e-3)
+    assert math.isclose(t_within(t_975(5), 5), 0.95, abs_tol=1e-4)  # the closed form, odd df
+    assert math.isclose(t_within(t_975(8), 8), 0.95, abs_tol=1e-4)  # and even df
+    wide = interval([1.0, 2.0, 3.0], confidence=0.99)
+    assert math.isclose(wide.high - 2.0, 9.925 / math.sqrt(3), abs_tol=1e-3)

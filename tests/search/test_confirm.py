@@ -236,3 +236,62 @@ def test_tied_is_judged_per_round_not_by_overlapping_intervals():
     assert not c.tied(base)  # ... but every round put the best ahead: not tied
     assert c.gain(best).low > 0
     assert c.tied(rival) and not c.tied(best)
+
+
+def _rounds_study(values: dict[int, list[float | None]], rounds: int, dropped: dict[int, int] | None = None):
+    """A study of three search trials (#0 vLLM's defaults) and a confirmation plan of `rounds` rounds whose runs
+    measured `values[config][round]` tok/s (None: that run is missing)."""
+    from optuna.trial import create_trial
+
+    from optimizer.measurement.sequential import look_confidence
+    from optimizer.search.attrs import BASELINE
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for n in range(3):
+        study.add_trial(create_trial(values=[100.0, 50.0], user_attrs={**BASELINE.item(n == 0),
+                                                                       **RESULT.item({"feasible": True})}))
+    STUDY_CONFIRMATION.set(study, {"plan": "3:2", "rounds": rounds, "candidates": [0, 1, 2], "limit_ms": 150.0,
+                                   "confidence": look_confidence(rounds),
+                                   "dropped": {str(k): v for k, v in (dropped or {}).items()}})
+    for n, per_round in values.items():
+        for r, v in enumerate(per_round):
+            if v is not None:
+                study.add_trial(create_trial(values=[v, 50.0], user_attrs={
+                    **CONFIRM.item({"plan": "3:2", "of": n, "round": r}), **RESULT.item({"feasible": True})}))
+    return study
+
+
+def test_the_rounds_stop_once_the_gain_decides():
+    # by hand: #1's gain over the defaults is +20% and +21% in rounds 1-2: at 97.5% (t = 25.45 for 1 degree of
+    # freedom) the interval is +20.5% +- 25.45 x 0.71% / sqrt(2) = [+7.8%, +33.2%], above 0: better, decided
+    study = _rounds_study({0: [100.0, 100.0], 1: [120.0, 121.0], 2: [90.0, 95.0]}, rounds=3)
+    c = confirmation(study)
+    assert c.outcome.value == "better" and c.best.number == 1
+    assert math.isclose(c.gain(c.best).low, 0.205 - 25.452 * 0.00707107 / math.sqrt(2), abs_tol=1e-3)
+    assert confirm.next_runs(c) == ([], {})  # no third round
+
+
+def test_a_candidate_clearly_behind_drops_out_of_the_next_round():
+    # up to 4 rounds: 3 looks, each at 98.33%. After 3 rounds #1 leads the defaults by +4%, +10%, +7% (undecided);
+    # #2 trails #1 by about a third in every round: it drops out, and round 4 measures the defaults and #1 alone
+    study = _rounds_study({0: [100.0, 100.0, 100.0], 1: [104.0, 110.0, 107.0], 2: [70.0, 71.0, 70.0]}, rounds=4)
+    c = confirmation(study)
+    assert c.outcome.value == "running" and c.best.number == 1
+    runs, dropping = confirm.next_runs(c)
+    assert dropping == {2: 3}
+    assert sorted((t.number, r) for t, r in runs) == [(0, 3), (1, 3)]
+
+
+def test_a_missing_run_of_the_last_round_is_run_again_before_the_next_round():
+    study = _rounds_study({0: [100.0, 100.0], 1: [104.0, 110.0], 2: [90.0, None]}, rounds=3)
+    runs, dropping = confirm.next_runs(confirmation(study))
+    assert [(t.number, r) for t, r in runs] == [(2, 1)] and dropping == {}
+
+
+def test_a_config_that_dropped_out_is_not_waited_for():
+    # #2 dropped out at round 2: round 2 is full with the defaults and #1 alone, and the rounds ran out
+    study = _rounds_study({0: [100.0, 100.0, 101.0], 1: [104.0, 110.0, 103.0], 2: [70.0, 71.0]}, rounds=3,
+                          dropped={2: 2})
+    c = confirmation(study)
+    assert c.full_rounds == [0, 1, 2] and [x.number for x in c.active] == [0, 1]
+    assert c.outcome.value == "undecided" and confirm.next_runs(c) == ([], {})

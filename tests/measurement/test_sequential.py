@@ -1,0 +1,47 @@
+"""The confirmation's stopping rule (measurement/sequential.py), on intervals built by hand."""
+
+import math
+
+from optimizer.measurement.intervals import Interval, gain_interval
+from optimizer.measurement.sequential import Outcome, behind, decides, look_confidence, looks, outcome
+
+
+def iv(low: float, high: float, n: int = 3) -> Interval:
+    return Interval((low + high) / 2, low, high, n)
+
+
+def test_each_look_is_corrected_for_the_looks_the_plan_allows():
+    assert looks(3) == 2 and looks(2) == 1 and looks(1) == 1 and looks(10) == 9
+    assert look_confidence(3) == 0.975  # 0.05 split over the looks after rounds 2 and 3
+    assert math.isclose(look_confidence(6), 0.99)
+    assert look_confidence(2) == 0.95  # one look: no correction
+
+
+def test_a_gain_interval_decides_above_below_or_within_three_points():
+    assert decides(iv(0.01, 0.20))  # above 0: better
+    assert decides(iv(-0.20, -0.01))  # below 0: worse
+    assert decides(iv(-0.025, 0.029))  # within +-3 points: no gain worth a change
+    assert not decides(iv(-0.02, 0.05))  # across 0 and wider than +-3 points
+    assert not decides(Interval(0.1, math.nan, math.nan, 1))  # one round: no interval
+
+
+def test_the_rounds_stop_when_the_leaders_gain_over_the_defaults_decides():
+    assert outcome([iv(0.02, 0.12)], False, 2, 3) == Outcome.BETTER
+    assert outcome([iv(-0.02, 0.02)], False, 2, 3) == Outcome.KEEP
+    assert outcome([iv(-0.05, 0.12)], False, 2, 3) == Outcome.RUNNING
+    assert outcome([iv(-0.05, 0.12)], False, 3, 3) == Outcome.UNDECIDED
+    assert outcome([iv(0.02, 0.12)], False, 1, 3) == Outcome.RUNNING  # no look before the second round
+
+
+def test_with_the_defaults_leading_every_other_candidate_must_decide():
+    assert outcome([iv(-0.2, -0.05), iv(-0.02, 0.01)], True, 2, 4) == Outcome.KEEP
+    assert outcome([iv(-0.2, -0.05), iv(-0.08, 0.04)], True, 2, 4) == Outcome.RUNNING
+    assert outcome([], True, 2, 4) == Outcome.KEEP  # every other candidate dropped out
+
+
+def test_a_candidate_clearly_behind_drops_out():
+    assert behind(iv(-0.2, -0.01))
+    assert not behind(iv(-0.2, 0.01))
+    # by hand: per-round gains -10%, -12%, -11%: mean -11%, s = 1%, t(0.975, 2) = 4.303: [-13.5%, -8.5%]
+    g = gain_interval([(100.0, 90.0), (100.0, 88.0), (100.0, 89.0)])
+    assert math.isclose(g.low, -0.11 - 4.303 * 0.01 / math.sqrt(3), abs_tol=1e-9) and behind(g)
