@@ -21,7 +21,9 @@ from typing import Any
 
 import psutil
 
-from optimizer.core.processes import ProcessRef, end_processes, worker_exit_defaults
+from optimizer.core.processes import (
+    ProcessRef, end_processes, release_shared_memory, shared_memory_of, worker_exit_defaults,
+)
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -146,7 +148,7 @@ class ServerProcess:
         """
         if self.proc is None:
             return
-        self.refresh()
+        segments = shared_memory_of(self.refresh())
         pgid = self.proc.pid  # start_new_session: the server leads its own group
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -158,6 +160,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             pass
         end_processes(self.refs, grace_s=2.0)  # a child that started its own session
+        release_shared_memory(segments)  # the engine's message queues, when the kill came before its teardown
 
     def log_text(self) -> str:
         if self.log_path is None or not self.log_path.exists():

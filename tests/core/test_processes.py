@@ -14,3 +14,37 @@ def test_a_server_child_gets_the_short_worker_exit_wait():
     assert server.env == {"PATH": "/usr/bin", **WORKER_EXIT_WAIT_ENV}
     kept = ServerProcess(["true"], None, env={"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "9"})
     assert kept.env["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] == "9"
+
+
+def test_the_shared_memory_a_killed_process_left_behind_is_released(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from optimizer.core.processes import SHM_DIR, ProcessRef, kill_now, release_shared_memory, shared_memory_of
+
+    # a child maps a segment and keeps it, untracked (as a killed vLLM engine core leaves its message queues)
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from multiprocessing import resource_tracker, shared_memory\n"
+        "s = shared_memory.SharedMemory(create=True, size=1 << 20)\n"
+        "resource_tracker.unregister(s._name, 'shared_memory')\n"
+        "print(s.name, flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    name = child.stdout.readline().strip()
+    ref = ProcessRef.of(psutil.Process(child.pid))
+    try:
+        assert name.startswith("psm_") and (SHM_DIR / name).exists()
+        assert name in shared_memory_of([ref])
+        segments = shared_memory_of([ref])
+        kill_now([ref])
+        child.wait(timeout=5)
+        time.sleep(0.1)
+        assert (SHM_DIR / name).exists()  # killed: nothing of its own released it
+        assert release_shared_memory(segments) == [name]
+        assert not (SHM_DIR / name).exists()
+        assert release_shared_memory(segments) == []  # twice is safe
+    finally:
+        child.kill()

@@ -2,6 +2,7 @@
 HTTP, and the measure-only engine on a server someone else runs (a fake OpenAI server here)."""
 
 import asyncio
+import os
 import threading
 
 import psutil
@@ -85,15 +86,13 @@ def test_lifecycle(make_engine, tmp_path):
     async def scenario():
         engine: Engine = make_engine()
         assert isinstance(engine, Engine)
+        shm_before = set(os.listdir("/dev/shm"))
         resolved = await engine.start({} if engine.measure_only else START_PARAMS, tmp_path / "e.log")
         pids = list(engine.pids)
         try:
             assert [r.pid for r in engine.process_refs] == pids
             if not engine.measure_only:
                 assert resolved["max_num_seqs"] == 4
-                # the engine's processes wait 1 s, not vLLM's 5, for the worker to exit at shutdown
-                waits = {psutil.Process(p).environ().get("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS") for p in pids}
-                assert waits <= {"1"}
             one = await collect(engine, WORKLOAD.requests[0])
             assert sum(one) == WORKLOAD.requests[0].output_len and all(n > 0 for n in one)
             await engine.reset_prefix_cache()
@@ -103,6 +102,8 @@ def test_lifecycle(make_engine, tmp_path):
         finally:
             await engine.shutdown()
         await engine.shutdown()  # twice is safe
+        # the engine's message queues (shared memory, 160-420 MB on the CPU build) do not outlive it
+        assert {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("psm_")} == set()
         return pids
 
     pids = asyncio.run(scenario())
