@@ -5,7 +5,7 @@ import math
 import pytest
 
 from optimizer.measurement.intervals import (
-    Interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s, t_975,
+    Interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s, relative_gain, t_975,
 )
 
 
@@ -62,3 +62,14 @@ def test_rate_bracket_in_throughput():
     assert low == pytest.approx(95.0) and high == pytest.approx(115.5)
     assert rate_bracket_tok_s(100.0, None, None) == (100.0, 100.0)  # a burst or a lower bound: its point
     assert brackets_overlap((100, 110), (109, 120)) and not brackets_overlap((100, 110), (111, 120))
+
+
+def test_the_gain_shown_beside_two_medians_is_their_ratio():
+    # the confirmation of a demo: the defaults' rounds 409, 545, 195 tok/s, #4's 397, 465, 165 (paired by round)
+    base, other = interval([409.0, 545.0, 195.0]), interval([397.0, 465.0, 165.0])
+    assert relative_gain(base.median, other.median) == pytest.approx(397 / 409 - 1)  # -2.9%, from the medians shown
+    per_round = gain_interval([(409.0, 397.0), (545.0, 465.0), (195.0, 165.0)])
+    assert per_round.median == pytest.approx(465 / 545 - 1)  # -14.7%: not derivable from the medians shown
+    assert per_round.low < relative_gain(base.median, other.median) < per_round.high
+    assert math.isnan(relative_gain(0.0, 5.0)) and math.isnan(relative_gain(math.nan, 5.0))
+    assert math.isnan(relative_gain(5.0, math.nan))
