@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     for metric in ("tpot", "itl", "e2e"):
         p.add_argument(f"--{metric}-p99", help=f"also require {metric.upper()} P99 within this limit, e.g. 50ms "
                        "(re-ranked from the stored replays)")
-    p.add_argument("--trial", help="print this trial's replays (its latency-vs-load curve) instead of the front")
+    p.add_argument("--trial", help="print this trial's parameters and replays (its latency-vs-load curve) instead of "
+                   "the front; a confirmation run's number prints that run: its round, the config it measured, "
+                   "its probes")
     p.add_argument("--bench-json", metavar="PATH", help="write the result of --trial (default: the recommended trial) "
                    "in the JSON format of `vllm bench serve --save-result`")
     return p
