@@ -112,7 +112,7 @@ def test_the_json_lists_every_trial_with_its_reason_and_the_baseline_as_run(conf
 
 
 def test_the_csv_holds_the_front_and_the_confirmation_in_one_sheet(confirmed, capsys):
-    config, study, d = confirmed
+    config, _, d = confirmed
     doc = report_json(capsys, config, d)
     rc, out, _ = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--out",
                      str(d / "out"), "--format", "csv")
@@ -129,7 +129,7 @@ def test_the_csv_holds_the_front_and_the_confirmation_in_one_sheet(confirmed, ca
 
 
 def test_the_headline_gives_the_confirmed_number_with_its_interval_and_rounds(confirmed, capsys):
-    config, study, d = confirmed
+    config, _, d = confirmed
     doc = report_json(capsys, config, d)
     tp = doc["recommendation"]["output_throughput"]
     rc, out, _ = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--out",
@@ -166,7 +166,7 @@ def test_report_trial_reaches_a_confirmation_run(confirmed, capsys):
 
 
 def test_export_and_bench_json_carry_the_recommendation_and_its_confirmed_numbers(confirmed, capsys):
-    config, study, d = confirmed
+    config, _, d = confirmed
     doc = report_json(capsys, config, d)
     best = doc["recommendation"]
     rc, _, err = cli(capsys, "export", "--study", config.study_name, "--studies-dir", str(d), "--out",
