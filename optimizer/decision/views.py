@@ -131,9 +131,9 @@ def summary_lines(d: Decision) -> list[str]:
     if d.best is not None and d.baseline is not None and d.best is not d.baseline:
         changed = distance_to_default(d.best.engine_config, d.baseline.engine_config)
         if changed:
-            here = " (as run here, not vLLM's own)"
+            here = " (from the baseline's value on this machine, not vLLM's default)"
             out.append("changed from vLLM's defaults: " + ", ".join(
-                f"{k} {a}{here if k in d.defaults_as_run else ''} -> {b}" for k, (a, b) in changed.items()))
+                f"{k} {a} -> {b}{here if k in d.defaults_as_run else ''}" for k, (a, b) in changed.items()))
     if d.importances:
         out.append(f"parameter importance ({d.importance_note}): "
                    + ", ".join(f"{k} {v:.2f}" for k, v in d.importances.items() if v >= 0.005))
