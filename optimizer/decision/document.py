@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.decision.decide import Decision
+from optimizer.decision.decide import Decision, view
 from optimizer.decision.tables import check_format, format_output, json_text
 from optimizer.decision.views import (
     confirmation_lines, confirmation_records, confirmation_rows, defaults_as_run_text, front_rows, params_rows,
@@ -41,7 +41,7 @@ def verdict(d: Decision) -> str:
 
 
 def _config(d: Decision, number: int) -> dict[str, Any]:
-    v = next(x for x in d.views if x.number == number)
+    v = view(d, number)
     return {"trial": v.number, "params": dict(v.trial.params), "engine_config": v.engine_config,
             "output_throughput": d.throughput(v).to_dict()}
 

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from optimizer.core.units import format_ms
-from optimizer.decision.decide import Decision, rate_text, resolution
+from optimizer.decision.decide import Decision, rate_text, resolution, view
 from optimizer.decision.numbers import GAIN_STATISTIC, THROUGHPUT_STATISTIC, interval_text
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import median
@@ -163,7 +163,7 @@ def confirmation_records(d: Decision) -> list[dict[str, Any]]:
     assert c is not None
     rows = []
     for conf in c.configs:
-        v = next(x for x in d.views if x.number == conf.number)
+        v = view(d, conf.number)
         tp, gain = d.throughput(v), d.gain(v)
         rows.append({
             "trial": conf.number, "role": _role_in_confirmation(d, conf, v), "rounds": tp.rounds,
@@ -222,8 +222,7 @@ def confirmation_lines(d: Decision) -> list[str]:
     if base is None:
         out.append("vLLM's defaults were not measured again (they did not run): no gain to confirm")
     elif best is base:
-        others = [(x, g) for x in c.configs if x is not base
-                  and (g := d.gain(next(v for v in d.views if v.number == x.number))) is not None]
+        others = [(x, g) for x in c.configs if x is not base and (g := d.gain(view(d, x.number))) is not None]
         shown = ", ".join(f"#{x.number} {g.pct:+.1f}%" + (f" (per round {g.interval_text()})" if g.known else "")
                           for x, g in others)
         out.append(f"vLLM's defaults ({d.defaults_of}) measured best in the confirmation: keep them"
@@ -238,7 +237,7 @@ def confirmation_lines(d: Decision) -> list[str]:
             out.append(f"{head}; per round 95% interval {gain.interval_text()} over {gain.rounds} rounds: confirmed")
         else:
             out.append(f"{head}; per round 95% interval {gain.interval_text()} over {gain.rounds} rounds: tied with "
-                       f"vLLM's defaults (the interval does not exclude no gain): deploy either; the defaults are the "
+                       f"vLLM's defaults (the interval reaches 0 or below): deploy either; the defaults are the "
                        f"simpler choice, the recommendation the better bet")
     tied = [x for x in c.configs if c.tied(x) and not x.baseline]
     if tied:
