@@ -36,16 +36,16 @@ def cmd_export(argv: list[str]) -> int:
 
 
 def _export(ns: argparse.Namespace) -> int:
+    from optimizer.decision.decide import decide
     from optimizer.decision.export import export_all
-    from optimizer.search.score import recommended
     from optimizer.search.runner import model_path
 
-    from optimizer.search.confirm import confirmed_numbers
-
     config, study = load_study(ns)
-    best = recommended(study)
-    confirmed = confirmed_numbers(study, best.number) if best is not None else None
-    done = export_all(best, config, Path(ns.out or ns.studies_dir), model_path(config), confirmed)
+    d = decide(study, config)  # the recommendation and its numbers, as `optimize report` gives them
+    best = d.best
+    confirmed = (d.throughput(best), d.gain(best)) if best is not None and d.throughput(best).confirmed else None
+    done = export_all(best.trial if best is not None else None, config, Path(ns.out or ns.studies_dir),
+                      model_path(config), confirmed)
     print(done.command)
     if not ns.quiet:
         for note in done.notes:

@@ -15,7 +15,7 @@ from optimizer.cli.common import add_common_flags, add_format_flag, guarded, loa
 from optimizer.cli.manual import new_parser
 from optimizer.core.errors import UsageError
 from optimizer.core.units import parse_duration_ms
-from optimizer.search.attrs import PRUNED_DETAIL, PRUNED_REASON
+from optimizer.search.attrs import CONFIRM, PRUNED_DETAIL, PRUNED_REASON
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     for metric in ("tpot", "itl", "e2e"):
         p.add_argument(f"--{metric}-p99", help=f"also require {metric.upper()} P99 within this limit, e.g. 50ms "
                        "(re-ranked from the stored replays)")
-    p.add_argument("--trial", help="print this trial's replays (its latency-vs-load curve) instead of the front")
+    p.add_argument("--trial", help="print this trial's parameters and replays (its latency-vs-load curve) instead of "
+                   "the front; a confirmation run's number prints that run: its round, the config it measured, "
+                   "its probes")
     p.add_argument("--bench-json", metavar="PATH", help="write the result of --trial (default: the recommended trial) "
                    "in the JSON format of `vllm bench serve --save-result`")
     return p
@@ -50,9 +52,10 @@ def cmd_report(argv: list[str]) -> int:
 
 
 def _report(ns: argparse.Namespace) -> int:
-    from optimizer.decision.tables import check_format, format_output
-    from optimizer.decision.views import confirmation_run_lines, curve_rows, render, trial_notes
-    from optimizer.decision.decide import decide, view
+    from optimizer.decision.decide import confirmation_runs, decide, view
+    from optimizer.decision.document import render
+    from optimizer.decision.tables import check_format, drop_empty_columns, format_output
+    from optimizer.decision.views import confirmation_run_lines, curve_rows, trial_heading, trial_notes
 
     check_format(ns.format)
     limit_ms = parse_duration_ms(ns.ttft_p99, "--ttft-p99") if ns.ttft_p99 is not None else None
@@ -70,21 +73,33 @@ def _report(ns: argparse.Namespace) -> int:
     if trial_no is not None or ns.bench_json:
         if trial_no is None and decision.best is None:
             raise UsageError("no trial meets the limit, so there is no recommendation to write: pass --trial N")
-        chosen = view(decision, trial_no) if trial_no is not None else decision.best
+        runs = confirmation_runs(study, decision) if trial_no is not None else {}
+        chosen = runs[trial_no] if trial_no in runs else view(decision, trial_no, sorted(runs)) \
+            if trial_no is not None else decision.best
+        run = CONFIRM.of(chosen.trial)  # a confirmation run: `of` is the search trial it measured again
+        of = view(decision, int(run["of"])) if run is not None else None
         if trial_no is not None:
+            heading = trial_heading(decision, chosen, of)
             rows = curve_rows(decision, chosen)
             why = PRUNED_REASON.of(chosen.trial) or "no curve stored"
-            print(format_output(rows, ns.format) if rows or ns.format != "table" else
+            for line in heading:
+                (print if ns.format == "table" else say)(line)
+            print(format_output(drop_empty_columns(rows) if ns.format == "table" else rows, ns.format)
+                  if rows or ns.format != "table" else
                   f"trial #{chosen.number} stored no replays: it could not run ({why}: "
                   f"{PRUNED_DETAIL.of(chosen.trial)})")
-            for line in [*trial_notes(chosen), *confirmation_run_lines(decision, chosen)]:
+            notes = trial_notes(chosen) + ([] if of is not None else confirmation_run_lines(decision, chosen))
+            for line in notes:
                 (print if ns.format == "table" else say)(line)
         if ns.bench_json:
-            from optimizer.decision.benchjson import bench_result, chosen_point, write_bench_json
+            from optimizer.decision.benchjson import bench_result, chosen_point, confirmed_metadata, write_bench_json
 
             point = chosen_point(chosen.trial, decision.limit_ms)
-            path = write_bench_json(Path(ns.bench_json), bench_result(chosen.trial, config, point,
-                                                                      decision.limit_ms))
+            result = bench_result(chosen.trial, config, point, decision.limit_ms)
+            meta = confirmed_metadata(decision, of if of is not None else chosen)  # a run: its config's numbers
+            if run is not None:
+                meta["optimizer_confirmation_run"] = {"of": run["of"], "round": int(run["round"]) + 1}
+            path = write_bench_json(Path(ns.bench_json), {**result, **meta})
             rate = point.get("offered_rate_rps")
             say(f"wrote {path} (trial #{chosen.number} at {'a burst' if rate is None else f'{rate:.2f} req/s'})")
         return 0

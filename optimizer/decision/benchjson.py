@@ -22,6 +22,8 @@ from optuna.trial import FrozenTrial
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import OptimizerError
 from optimizer.core.units import format_ms
+from optimizer.decision.decide import Decision
+from optimizer.decision.trial import TrialView
 from optimizer.measurement.rerank import rank_curve
 from optimizer.measurement.workload import build_workload
 from optimizer.search.attrs import BASELINE, CURVE, ENGINE_CONFIG, PRUNED_REASON
@@ -103,6 +105,19 @@ def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any],
             result[theirs] = point[ours]
     result.update({k: point[k] for k in _OPTIONAL if point.get(k) is not None})
     return result
+
+
+def confirmed_metadata(d: Decision, v: TrialView) -> dict[str, Any]:
+    """The numbers every view gives `v`, as metadata keys beside the replay's own: its throughput (confirmed: the
+    median over the rounds, its interval and round count), its gain over vLLM's defaults, whether it is the
+    recommendation, and where the baseline is not quite vLLM's defaults, what it ran with."""
+    gain = d.gain(v)
+    out: dict[str, Any] = {"optimizer_recommended": d.best is v,
+                           "optimizer_output_throughput": d.throughput(v).to_dict(),
+                           "optimizer_gain_over_defaults": gain.to_dict() if gain is not None else None}
+    if v.baseline and d.defaults_as_run:
+        out["optimizer_not_vllm_defaults"] = {k: {"value": x, "why": why} for k, (x, why) in d.defaults_as_run.items()}
+    return out
 
 
 def write_bench_json(path: Path, result: dict[str, Any]) -> Path:

@@ -8,6 +8,7 @@ The limit defaults to the one the study searched with; any other limit is answer
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,13 +17,18 @@ import optuna
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import UsageError
 from optimizer.core.units import format_ms
+from optimizer.decision.export import defaults_as_run
 from optimizer.decision.importance import param_importances
+from optimizer.decision.numbers import (
+    Gain, Throughput, confirmed_gain, confirmed_throughput, searched_gain, searched_throughput,
+)
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import beats, required_gain
-from optimizer.measurement.rerank import Answer, pareto_front, recommend
+from optimizer.measurement.rerank import Answer, pareto_front, rank_curve, recommend
 from optimizer.params.deploy import label as deploy_label
+from optimizer.search.attrs import CURVE
 from optimizer.search.score import Confirmation, compared_per_gpu, confirmation, noise_cv, rank_trials, tied_with
-from optimizer.search.study import search_trials
+from optimizer.search.study import FINISHED, is_confirmation, search_trials
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,8 @@ class Decision:
     arrivals: str = "poisson"  # the workload's arrivals (the burst aside): poisson, constant, closed_loop
     defaults_of: str = "vllm serve"  # whose defaults the baseline is (optimizer/params/deploy.py)
     confirmation: Confirmation | None = None  # the configs measured again after the search (at the study's limit)
+    # where the baseline is not quite vLLM's defaults: argument -> (value, why), e.g. this machine's fallback
+    defaults_as_run: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
     @property
     def confirmed(self) -> bool:
@@ -82,19 +90,35 @@ class Decision:
 
     @property
     def gain_pct(self) -> float | None:
-        """Throughput gain of the recommendation over vLLM's defaults, when both meet the limit: the median of the
-        confirmation's per-round gains when confirmed, else the ratio of the two search trials' numbers."""
-        if self.confirmed and self.best is not None and self.baseline is not None:
-            assert self.confirmation is not None
-            if self.best is self.baseline:
-                return 0.0
-            mine = self.confirmed_of(self.best)
-            gain = self.confirmation.gain(mine) if mine is not None else None
-            return gain.median * 100 if gain is not None and gain.n else None
-        if self.best is None or self.baseline is None or not self.baseline.ranked.answerable:
+        """Throughput gain of the recommendation over vLLM's defaults, when both meet the limit (`gain`)."""
+        if self.best is None or self.baseline is None:
             return None
-        base = self.baseline.ranked.output_throughput_tok_s
-        return (self.best.ranked.output_throughput_tok_s / base - 1) * 100 if base > 0 else None
+        if self.best is self.baseline:
+            return 0.0
+        g = self.gain(self.best)
+        return g.pct if g is not None else None
+
+    def throughput(self, v: TrialView) -> Throughput:
+        """`v`'s throughput as every view shows it: the confirmation's median with its interval and round count
+        where it was measured again, else the search's one measurement (decision/numbers.py)."""
+        mine = self.confirmed_of(v)
+        if mine is not None:
+            assert self.confirmation is not None
+            return confirmed_throughput(self.confirmation, mine)
+        return searched_throughput(v)
+
+    def gain(self, v: TrialView) -> Gain | None:
+        """`v`'s gain over vLLM's defaults as every view shows it: the ratio of the two numbers `throughput` gives,
+        with the per-round interval when both were confirmed; None for the baseline itself or without both."""
+        if self.baseline is None or v is self.baseline:
+            return None
+        mine, base = self.confirmed_of(v), self.confirmed_of(self.baseline)
+        if mine is not None and base is not None:
+            assert self.confirmation is not None
+            return confirmed_gain(self.confirmation, mine)
+        if self.confirmed:  # one side was not measured again: a ratio of unlike numbers would mislead
+            return None
+        return searched_gain(v, self.baseline)
 
     def confirmed_of(self, v: TrialView) -> Any:
         """`v`'s confirmation (a search.score.Confirmed), None where it was not measured again."""
@@ -133,15 +157,16 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     best_n = recommend(ranked)
     own_limit = math.isclose(limit, config.ttft_p99_ms) and not other
     confirmed = confirmation(study) if own_limit else None  # measured at the study's limit only
-    if confirmed is not None and confirmed.best is not None and confirmed.best.number in by_number:
-        best_n = confirmed.best.number  # chosen from the confirmed numbers (search/score.py::recommended)
+    if confirmed is not None and confirmed.recommended is not None and confirmed.recommended.number in by_number:
+        best_n = confirmed.recommended.number  # chosen from the confirmed numbers (search/score.py::recommended)
     best = by_number[best_n] if best_n is not None else None
     base = next((v for v in views if v.baseline), None)
     importances, note = param_importances(views)
     decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note,
                         other_limits_ms=other, noise_cv=noise_cv(trials),
                         arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as),
-                        confirmation=confirmed)
+                        confirmation=confirmed,
+                        defaults_as_run=defaults_as_run(base.trial, config) if base is not None else {})
     if compared_per_gpu(trials, config.engine_args):
         decision.notes.append("trials use different numbers of GPUs (tensor x pipeline x data parallel): output "
                               "throughput is compared per GPU")
@@ -213,12 +238,20 @@ def resolution(v: TrialView) -> float:
     return r.next_rate_rps / r.rate_rps - 1
 
 
-def view(d: Decision, number: int) -> TrialView:
-    """The finished trial `number`, or a UsageError that lists the ones there are."""
+def view(d: Decision, number: int, runs: Sequence[int] = ()) -> TrialView:
+    """The finished trial `number`, or a UsageError that lists the ones there are (and the confirmation `runs`)."""
     for v in d.views:
         if v.number == number:
             return v
     numbers = [v.number for v in d.views]
     have = f"#{numbers[0]}..#{numbers[-1]}" if numbers else "none yet"
-    raise UsageError(f"study {d.study_name!r} has no finished trial #{number} (finished: {have}): pass one of them "
-                     f"to --trial")
+    also = f"; confirmation runs: {', '.join(f'#{n}' for n in runs)}" if runs else ""
+    raise UsageError(f"study {d.study_name!r} has no finished trial #{number} (finished: {have}{also}): pass one of "
+                     f"them to --trial")
+
+
+def confirmation_runs(study: optuna.Study, d: Decision) -> dict[int, TrialView]:
+    """The study's finished confirmation runs by number, each ranked under the report's limit like a trial (none in
+    a study made before the confirmation, or without one)."""
+    return {t.number: TrialView(t, rank_curve(CURVE.of(t), d.limit_ms, d.other_limits_ms))
+            for t in study.get_trials(deepcopy=False, states=FINISHED) if is_confirmation(t)}

@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import OptimizerError
 from optimizer.core.units import format_ms
+from optimizer.decision.numbers import Gain, Throughput
 from optimizer.engines.server import SERVER_MODULE
 from optimizer.params.open_space import ENV_PREFIX, split_env
 from optimizer.params.parallel import gpus_needed
@@ -158,6 +159,27 @@ def machine_fallback(trial: FrozenTrial) -> str | None:
     return BASELINE_NOTE.of(trial) if BASELINE.of(trial) else None
 
 
+def fixed_reason(key: str, config: StudyConfig) -> str:
+    """Why an argument fixed for every trial is set ('' where it is the user's own): what a person would otherwise
+    take for a tuned value."""
+    return {"enforce_eager": "the CPU build's setting" if config.device == "cpu" else "",
+            "load_format": "--dummy-weights" if config.dummy_weights else ""}.get(key, "")
+
+
+def defaults_as_run(trial: FrozenTrial, config: StudyConfig) -> dict[str, tuple[Any, str]]:
+    """Where the baseline `trial` is not quite vLLM's defaults, each engine argument with its value and why: the change
+    this machine needed to run them (its fallback gpu_memory_utilization), then the arguments fixed for every
+    trial. What the report says wherever the defaults appear; none of it was tuned."""
+    out: dict[str, tuple[Any, str]] = {}
+    note = machine_fallback(trial)
+    if note:
+        ran = (ENGINE_CONFIG.of(trial) or ENGINE_PARAMS.of(trial)).get("gpu_memory_utilization")
+        out["gpu_memory_utilization"] = (ran, f"this machine's fallback: {note}")
+    for k, v in fixed_args(config).items():
+        out.setdefault(k, (v, ", ".join(x for x in (fixed_reason(k, config), "set for every trial") if x)))
+    return out
+
+
 def not_tuned_lines(trial: FrozenTrial, config: StudyConfig, args: dict[str, Any]) -> list[str]:
     """Header lines that keep what was not tuned apart from what was: the baseline itself, the change this machine
     needed to run it, and the arguments fixed for every trial."""
@@ -169,11 +191,10 @@ def not_tuned_lines(trial: FrozenTrial, config: StudyConfig, args: dict[str, Any
         lines.append(f"Not tuned: gpu_memory_utilization {args.get('gpu_memory_utilization')} is this machine's "
                      f"fallback: {note}. Where vLLM's default fits, leave it out.")
     fixed = {k: v for k, v in fixed_args(config).items() if k in args}
-    why = {"enforce_eager": " (the CPU build's setting)" if config.device == "cpu" else "",
-           "load_format": " (--dummy-weights)" if config.dummy_weights else ""}
     if fixed:
         lines.append("Not tuned, the same in every trial: "
-                     + ", ".join(f"{k}={v}{why.get(k, '')}" for k, v in fixed.items()) + ".")
+                     + ", ".join(f"{k}={v}" + (f" ({why})" if (why := fixed_reason(k, config)) else "")
+                                 for k, v in fixed.items()) + ".")
     return lines
 
 
@@ -199,10 +220,22 @@ def to_engine_json(args: dict[str, Any], meta: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
-def _label(key: str, value: Any) -> str:
-    if value is None and key == "rate_rps":
-        return "burst"
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
+def _labels(prefix: str, values: dict[str, Any]) -> dict[str, str]:
+    """Container labels for the scalars in `values`; a missing number is left out (a burst's rate is 'burst')."""
+    out: dict[str, str] = {}
+    for k, v in values.items():
+        if v is None and k == "rate_rps":
+            out[f"{prefix}.{k}"] = "burst"
+        elif isinstance(v, (str, int, float)):
+            out[f"{prefix}.{k}"] = f"{v:.2f}" if isinstance(v, float) else str(v)
+    return out
+
+
+def _confirmed_labels(confirmed: dict[str, Any]) -> dict[str, str]:
+    tp, gain = confirmed["output_throughput"], confirmed.get("gain_over_defaults") or {}
+    return _labels("optimize.confirmed", {
+        "rounds": confirmed["rounds"], **{k: tp[k] for k in ("output_throughput_tok_s", "low_tok_s", "high_tok_s")},
+        **{f"gain_{k}" if k != "gain_pct" else k: gain[k] for k in ("gain_pct", "low_pct", "high_pct") if gain}})
 
 
 API_KEY_ENV = "VLLM_API_KEY"  # read by `vllm serve` as its --api-key
@@ -221,7 +254,9 @@ def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], de
     labels["optimize.workload"] = (f"{w['arrivals']}, {w['num_requests']} requests, inputs {w['input_len_min']}-"
                                    f"{w['input_len_max']}, outputs {w['output_len_min']}-{w['output_len_max']} "
                                    f"tokens, seed {w['seed']}")
-    labels.update({f"optimize.measured.{k}": _label(k, v) for k, v in measured.items()})
+    labels.update(_labels("optimize.measured", measured))
+    if meta.get("confirmed"):
+        labels.update(_confirmed_labels(meta["confirmed"]))
     service: dict[str, Any] = {
         "image": "${VLLM_IMAGE:-vllm/vllm-openai:latest}",
         "entrypoint": ["vllm", "serve"],
@@ -267,23 +302,33 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def confirmed_line(confirmed: dict[str, Any]) -> str:
-    """'Confirmed in 3 rounds: 731.2 output tok/s (95% interval 702.0-760.1); +12.3% over vLLM's defaults (...)'."""
-    tp, gain = confirmed["output_throughput_tok_s"], confirmed.get("gain_over_defaults")
-    line = f"Confirmed in {confirmed['rounds']} rounds on fresh engines: {tp['median']:.1f} output tok/s"
-    if tp.get("low") is not None:
-        line += f" (95% interval {tp['low']:.1f}-{tp['high']:.1f})"
-    if gain:
-        line += f"; {gain['median'] * 100:+.1f}% over vLLM's defaults"
-        if gain.get("low") is not None:
-            line += f" (95% interval {gain['low'] * 100:+.1f}% to {gain['high'] * 100:+.1f}%)"
+def confirmed_line(tp: Throughput, gain: Gain | None) -> str:
+    """'Confirmed in 3 rounds on fresh engines: 731.2 output tok/s (median, 95% interval of the mean 702.0-760.1);
+    +12.3% over vLLM's defaults (ratio of the medians, per-round 95% interval +4.0% to +20.1%).': the numbers
+    `optimize report` shows (decision/numbers.py)."""
+    line = f"Confirmed in {tp.rounds} rounds on fresh engines: {tp.output_throughput_tok_s:.1f} output tok/s (median"
+    if tp.low_tok_s is not None and tp.high_tok_s is not None:
+        line += f", 95% interval of the mean {tp.low_tok_s:.1f}-{tp.high_tok_s:.1f}"
+    line += ")"
+    if gain is not None:
+        line += f"; {gain.pct:+.1f}% over vLLM's defaults (ratio of the medians"
+        if gain.low_pct is not None and gain.high_pct is not None:
+            line += f", per-round 95% interval {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%"
+        line += ")"
     return line + "."
 
 
+def confirmed_metadata(tp: Throughput, gain: Gain | None) -> dict[str, Any]:
+    """The confirmed numbers as the JSON's `metadata.confirmed`."""
+    return {"rounds": tp.rounds, "output_throughput": tp.to_dict(),
+            "gain_over_defaults": gain.to_dict() if gain is not None else None}
+
+
 def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, model: str,
-               confirmed: dict[str, Any] | None = None) -> Exported:
+               confirmed: tuple[Throughput, Gain | None] | None = None) -> Exported:
     """Write `<study>.recommended.yaml` (for `vllm serve --config`), `<study>.engine_args.json` and
-    `<study>.compose.yaml` into `out_dir`; `confirmed`: the trial's numbers from the confirmation, where it ran."""
+    `<study>.compose.yaml` into `out_dir`; `confirmed`: the trial's numbers from the confirmation and its gain over
+    vLLM's defaults, where it was confirmed (`Decision.throughput`, `Decision.gain`)."""
     if trial is None:
         raise OptimizerError(
             f"study {config.study_name!r} has no trial that meets TTFT P99 <= {format_ms(config.ttft_p99_ms)}: "
@@ -293,8 +338,8 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
     notes = not_tuned_lines(trial, config, args)
     header, meta = header_lines(trial, config) + notes, metadata(trial, config)
     if confirmed:
-        header.append(confirmed_line(confirmed))
-        meta["confirmed"] = confirmed
+        header.append(confirmed_line(*confirmed))
+        meta["confirmed"] = confirmed_metadata(*confirmed)
     if env:  # a --config YAML holds no environment: say what to set
         header.append("Environment (set before starting the server): "
                       + " ".join(f"{k}={v}" for k, v in env.items()) + ".")

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
 from optimizer.decision.tables import format_output
-from optimizer.search.attrs import BASELINE_NOTE, PRUNED_REASON
+from optimizer.search.attrs import PRUNED_REASON
 
 
 def _row(label: str, v: Any) -> list[str]:
@@ -53,9 +53,6 @@ def summary_text(study: optuna.Study, config: StudyConfig) -> str:
                f"it, and the next rate tried above it, which missed (not confirmed: one measurement each)",
                format_output([dict(zip(header, _row(f"vLLM defaults ({d.defaults_of})", d.baseline))),
                               dict(zip(header, _row("recommended", d.best)))], "table")]
-    note = BASELINE_NOTE.of(d.baseline.trial) if d.baseline is not None else None
-    if note:
-        out.append(f"note: {note}")
     if d.best is None:
         out.append("No trial met the limit. Relax --ttft-p99, lower the workload's lengths, or widen the ranges.")
         return "\n".join(out)

@@ -31,7 +31,23 @@ def _cell(value: Any) -> str:
 
 
 def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
     return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def json_text(value: Any) -> str:
+    """`value` as indented JSON, NaN and infinity as null (JSON has neither): what `--format json` prints."""
+    return json.dumps(_json_safe(value), indent=2)
+
+
+def drop_empty_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` without the columns that hold no value in any row (None or NaN): for a table that must fit a terminal."""
+    keep = [k for k in dict.fromkeys(k for row in rows for k in row)
+            if any(_json_safe(row.get(k)) is not None for row in rows)]
+    return [{k: row.get(k) for k in keep} for row in rows]
 
 
 def format_output(rows: list[dict[str, Any]], fmt: str) -> str:
@@ -40,7 +56,7 @@ def format_output(rows: list[dict[str, Any]], fmt: str) -> str:
         check_format(fmt)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     if fmt == "json":
-        return json.dumps([{k: _json_safe(row.get(k)) for k in columns} for row in rows], indent=2)
+        return json_text([{k: row.get(k) for k in columns} for row in rows])
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")

@@ -7,15 +7,15 @@ import math
 from typing import Any
 
 from optimizer.core.units import format_ms
-from optimizer.decision.decide import Decision, rate_text, resolution
-from optimizer.decision.tables import check_format, format_output
+from optimizer.decision.decide import Decision, rate_text, resolution, view
+from optimizer.decision.numbers import GAIN_STATISTIC, THROUGHPUT_STATISTIC, interval_text
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import median
 from optimizer.measurement.rerank import Answer, qualifies
 from optimizer.measurement.sequential import Outcome
 from optimizer.params.space import SEARCHABLE, distance_to_default
-from optimizer.search.attrs import LIMITED_BY, RESULT, TELEMETRY
-from optimizer.search.score import rate_at_limit_text
+from optimizer.search.attrs import LIMITED_BY, PRUNED_REASON, RESULT, TELEMETRY
+from optimizer.search.score import Confirmed, rate_at_limit_text
 
 
 def _role(d: Decision, v: TrialView, tied: frozenset[int] = frozenset()) -> str:
@@ -67,33 +67,59 @@ def params_rows(d: Decision) -> list[dict[str, Any]]:
     """The same parameters transposed, one row per parameter, one column per front trial (and the baseline)."""
     shown = [*d.front, *([d.baseline] if d.baseline is not None and d.baseline not in d.front else [])]
     names = {v.number: f"#{v.number}" + (f" ({_role(d, v)})" if _role(d, v) else "") for v in shown}
-    return [{"parameter": k, **{names[v.number]: v.engine_config.get(k) for v in shown}} for k in _shown_params(d)]
+
+    def cell(v: TrialView, k: str) -> Any:  # the baseline's value that is not vLLM's own says so
+        value = v.engine_config.get(k)
+        return f"{value} (not vLLM's default)" if v.baseline and k in d.defaults_as_run else value
+
+    return [{"parameter": k, **{names[v.number]: cell(v, k) for v in shown}} for k in _shown_params(d)]
 
 
-def _describe(v: TrialView, reranked: bool = False) -> str:
+def _describe(d: Decision, v: TrialView) -> str:
     r = v.ranked
     if not r.answerable:
         return f"trial #{v.number}: {r.answer.value}"
     result = RESULT.of(v.trial)
-    fitted = f"{rate_at_limit_text(result)}; " if result.get("rate_at_limit") and not reranked else ""
-    return (f"trial #{v.number}: {fitted}{r.output_throughput_tok_s:.1f} output tok/s at {rate_text(r.rate_rps)}, "
-            f"TTFT P99 {format_ms(r.ttft_p99_ms)} ({r.answer.value})")
+    fitted = f"{rate_at_limit_text(result)}; " if result.get("rate_at_limit") and not d.reranked else ""
+    search = (f"{fitted}{r.output_throughput_tok_s:.1f} output tok/s at {rate_text(r.rate_rps)}, "
+              f"TTFT P99 {format_ms(r.ttft_p99_ms)} ({r.answer.value})")
+    shown = d.throughput(v)
+    return f"trial #{v.number}: {shown.text()}; in the search: {search}" if shown.confirmed else \
+        f"trial #{v.number}: {search}"
+
+
+def defaults_as_run_text(d: Decision) -> str:
+    """What the baseline ran with that is not vLLM's default, and why: 'gpu_memory_utilization=0.3 (this machine's
+    fallback: ...); enforce_eager=True (the CPU build's setting, set for every trial)'; '' where nothing."""
+    return "; ".join(f"{k}={v} ({why})" for k, (v, why) in d.defaults_as_run.items())
+
+
+def defaults_as_run_line(d: Decision) -> str | None:
+    """Where the baseline is not quite vLLM's defaults: what it ran with instead, and why (none of it tuned)."""
+    if not d.defaults_as_run:
+        return None
+    return f"vLLM's defaults ({d.defaults_of}) as this study ran them, not tuned: {defaults_as_run_text(d)}"
 
 
 def summary_lines(d: Decision) -> list[str]:
     """Recommendation, baseline, gain, changed parameters, importances and caveats, one sentence a line."""
     out = []
-    out.append(f"recommended: {_describe(d.best, d.reranked)}" if d.best is not None else
+    out.append(f"recommended: {_describe(d, d.best)}" if d.best is not None else
                "recommended: none: no trial meets the limit")
     if d.baseline is not None:
-        out.append(f"vLLM defaults ({d.defaults_of}, baseline): {_describe(d.baseline, d.reranked)}")
+        out.append(f"vLLM defaults ({d.defaults_of}, baseline): {_describe(d, d.baseline)}")
+        as_run = defaults_as_run_line(d)
+        if as_run:
+            out.append(as_run)
     if d.confirmed:
         out += confirmation_lines(d)[1:]
+    elif d.best is not None and d.best is d.baseline:
+        out.append(f"the recommendation is vLLM's defaults ({d.defaults_of}): keep them; no trial measured more")
     elif d.gain_pct is not None and d.best is not None and d.baseline is not None:
         bounds = d.best.ranked.answer == Answer.LOWER_BOUND, d.baseline.ranked.answer == Answer.LOWER_BOUND
         qualifier = ("; the baseline's number is a lower bound too, so the gain is uncertain" if bounds[1] else
                      "; at least that much, as the recommendation's number is a lower bound" if bounds[0] else "")
-        if not d.beyond_noise(d.best, d.baseline) and d.best is not d.baseline:
+        if not d.beyond_noise(d.best, d.baseline):
             qualifier += (f"; tied: within measurement noise ({_noise_text(d, d.best, d.baseline)}): not proven "
                           f"better than vLLM's defaults (--confirm N measures both again, with intervals)")
         out.append(f"gain over vLLM's defaults ({d.defaults_of}): {d.gain_pct:+.1f}% output throughput "
@@ -106,7 +132,9 @@ def summary_lines(d: Decision) -> list[str]:
     if d.best is not None and d.baseline is not None and d.best is not d.baseline:
         changed = distance_to_default(d.best.engine_config, d.baseline.engine_config)
         if changed:
-            out.append("changed from vLLM's defaults: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
+            here = " (from the baseline's value on this machine, not vLLM's default)"
+            out.append("changed from vLLM's defaults: " + ", ".join(
+                f"{k} {a} -> {b}{here if k in d.defaults_as_run else ''}" for k, (a, b) in changed.items()))
     if d.importances:
         out.append(f"parameter importance ({d.importance_note}): "
                    + ", ".join(f"{k} {v:.2f}" for k, v in d.importances.items() if v >= 0.005))
@@ -116,54 +144,80 @@ def summary_lines(d: Decision) -> list[str]:
     return out
 
 
-def _interval_text(low: float, high: float, pct: bool = False) -> str:
-    if pct:
-        return f"[{low * 100:+.1f}%, {high * 100:+.1f}%]"
-    return f"[{low:.1f}, {high:.1f}]"
+def _role_in_confirmation(d: Decision, conf: Confirmed, v: TrialView) -> str:
+    c = d.confirmation
+    assert c is not None
+    roles = ([f"vLLM defaults ({d.defaults_of})"] if conf.baseline else []) + (["recommended"] if d.best is v else []) \
+        + (["tied"] if c.tied(conf) else [])
+    return ", ".join(roles) or "measured again"
 
 
-def confirmation_rows(d: Decision) -> list[dict[str, Any]]:
-    """The confirmed configs, vLLM's defaults first: each one's median over the full rounds with its 95% interval,
-    its gain over the defaults with its interval, the rate bracket of its median round and its search number."""
+def _median_or_none(values: list[float]) -> float | None:
+    return median(values) if values else None
+
+
+def confirmation_records(d: Decision) -> list[dict[str, Any]]:
+    """The confirmed configs, vLLM's defaults first, as typed values (units in the keys): each one's rounds, median
+    throughput with the 95% interval of the mean, gain over the defaults (the ratio of the medians) with the 95%
+    interval of the mean per-round ratio, the median rate passed and failed, its search number and its runs."""
     c = d.confirmation
     assert c is not None
     rows = []
     for conf in c.configs:
-        v = next(x for x in d.views if x.number == conf.number)
-        iv = c.interval(conf)
-        role = f"vLLM defaults ({d.defaults_of})" if conf.baseline else (
-            "recommended" if d.best is v else "tied" if c.tied(conf) else "measured again")
-        if conf.baseline and d.best is v:
-            role += ", recommended"
-        elif conf.baseline and c.tied(conf):
-            role += ", tied"
-        gain = c.gain(conf)
-        passed = [p for r in c.full_rounds if (p := conf.bracket_rps(r)[0]) is not None]
-        failed = [f for r in c.full_rounds if (f := conf.bracket_rps(r)[1]) is not None]
+        v = view(d, conf.number)
+        tp, gain = d.throughput(v), d.gain(v)
         rows.append({
-            "config": role, "trial": f"#{conf.number}",
-            "output tok/s": f"{iv.median:.1f}",
-            "95% interval": _interval_text(iv.low, iv.high) if iv.known else "-",
-            "gain": "-" if gain is None or not gain.n else f"{gain.median * 100:+.1f}%",
-            "gain 95% interval": _interval_text(gain.low, gain.high, pct=True) if gain is not None and gain.known
-            else "-",
-            "rate req/s": f"{median(passed):.2f}" if passed else "-",
-            "failed at req/s": f"{median(failed):.2f}" if failed else "-",
-            "in the search tok/s": f"{v.ranked.output_throughput_tok_s:.1f}" if v.ranked.answerable else "misses",
+            "trial": conf.number, "role": _role_in_confirmation(d, conf, v), "rounds": tp.rounds,
+            "output_throughput_tok_s": tp.output_throughput_tok_s, "low_tok_s": tp.low_tok_s,
+            "high_tok_s": tp.high_tok_s,
+            "gain_pct": gain.pct if gain is not None else None,
+            "gain_low_pct": gain.low_pct if gain is not None else None,
+            "gain_high_pct": gain.high_pct if gain is not None else None,
+            "rate_rps": _median_or_none([p for r in c.full_rounds if (p := conf.bracket_rps(r)[0]) is not None]),
+            "failed_rate_rps": _median_or_none([f for r in c.full_rounds
+                                                if (f := conf.bracket_rps(r)[1]) is not None]),
+            "search_output_throughput_tok_s": v.ranked.output_throughput_tok_s if v.ranked.answerable else None,
+            "values_tok_s": c.values_tok_s(conf),  # by full round
+            "runs": [conf.runs[r].number for r in sorted(conf.runs)],  # by round
+        })
+    return rows
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return "-" if x is None or math.isnan(x) else format(x, fmt)
+
+
+def confirmation_rows(d: Decision) -> list[dict[str, Any]]:
+    """`confirmation_records` as the table shows them; each column's header names its statistic."""
+    rows = []
+    for r in confirmation_records(d):
+        known = r["low_tok_s"] is not None and r["high_tok_s"] is not None
+        gain_known = r["gain_low_pct"] is not None and r["gain_high_pct"] is not None
+        rows.append({
+            "config": r["role"], "trial": f"#{r['trial']}", "rounds": r["rounds"],
+            "tok/s (median)": _num(r["output_throughput_tok_s"]),
+            "95% interval of the mean": interval_text(r["low_tok_s"], r["high_tok_s"]) if known else "-",
+            "gain (ratio of medians)": "-" if r["gain_pct"] is None else f"{r['gain_pct']:+.1f}%",
+            "per-round gain, 95% interval": interval_text(r["gain_low_pct"], r["gain_high_pct"], pct=True)
+            if gain_known else "-",
+            "req/s passed (median)": _num(r["rate_rps"], ".2f"),
+            "req/s failed (median)": _num(r["failed_rate_rps"], ".2f"),
+            "in the search tok/s": _num(r["search_output_throughput_tok_s"])
+            if r["search_output_throughput_tok_s"] is not None else "misses",
         })
     return rows
 
 
 def confirmation_lines(d: Decision) -> list[str]:
-    """The confirmation's title, then its verdict in sentences: the gain with its interval, and what is tied."""
+    """The confirmation's title (how it measured, what each column's statistic is), then its verdict in sentences:
+    the gain with its interval, and what is tied."""
     c = d.confirmation
     assert c is not None and d.best is not None
     rounds = len(c.full_rounds)
     done = f"{rounds} rounds" if rounds == c.rounds else f"{rounds} of {c.rounds} planned rounds"
-    level = (f"{c.confidence * 100:.1f}% interval of the mean (Student t; Bonferroni over the looks after each round)"
-             if c.confidence > 0.95 else "95% interval of the mean (Student t)")
-    out = [f"TTFT P99 limit {format_ms(d.limit_ms)}; confirmed in {done}, alternating, each config on a fresh engine, "
-           f"its rate at the limit found by probes sized by evidence: median throughput, {level}"]
+    out = [(f"TTFT P99 limit {format_ms(d.limit_ms)}; confirmed in {done}, alternating, each config on a fresh "
+            f"engine, its rate at the limit found by probes sized by evidence.\n"
+            f"tok/s: the {THROUGHPUT_STATISTIC}; gain over vLLM's defaults: the {GAIN_STATISTIC}")]
     out.append(verdict_line(d))
     tied = [x for x in c.configs if c.tied(x) and not x.baseline]
     if tied:
@@ -179,7 +233,8 @@ def confirmation_lines(d: Decision) -> list[str]:
 def verdict_line(d: Decision) -> str:
     """The confirmation's verdict in one sentence, one of three (measurement/sequential.py): better than vLLM's
     defaults by X% [a, b]; within +-Y% of them (or behind them), keep them; or undecided, with the interval. Each
-    says how many rounds are behind it."""
+    says how many rounds are behind it. The gain shown is the ratio of the medians, its interval the per-round one
+    (`decision/numbers.py`), the one the rounds stopped on."""
     c = d.confirmation
     assert c is not None and d.best is not None
     rounds = len(c.full_rounds)
@@ -187,22 +242,20 @@ def verdict_line(d: Decision) -> str:
     base, best = c.base, d.confirmed_of(d.best)
     if base is None:
         return f"vLLM's defaults were not measured again (they did not run): no gain to confirm ({n})"
-    gains = ([(best, c.gain(best))] if best is not base else
-             [(x, c.gain(x)) for x in c.active if x is not base]) if best is not None else []
-    shown = ", ".join(f"#{x.number} {g.median * 100:+.1f}%" + (f" {_interval_text(g.low, g.high, True)}" if g.known
-                                                               else "") for x, g in gains if g is not None and g.n)
+    compared = [best] if best is not None and best is not base else [x for x in c.active if x is not base]
+    gains = [(x, g) for x in compared if (g := d.gain(view(d, x.number))) is not None]
+    shown = ", ".join(f"#{x.number} {g.pct:+.1f}%" + (f" {g.interval_text()}" if g.known else "") for x, g in gains)
     against = f"vLLM's defaults ({d.defaults_of})"
-    if c.outcome == Outcome.BETTER:
+    if c.outcome == Outcome.BETTER and gains:
         g = gains[0][1]
-        assert g is not None
-        return (f"better than {against} by {g.median * 100:+.1f}% output throughput "
-                f"{_interval_text(g.low, g.high, True)}, {n}: deploy the recommendation")
+        return (f"better than {against} by {g.pct:+.1f}% output throughput"
+                + (f" {g.interval_text()}" if g.known else "") + f", {n}: deploy the recommendation")
     if c.outcome == Outcome.KEEP:
-        known = [g for _, g in gains if g is not None and g.known]
-        if known and all(g.high < 0 for g in known):
+        known = [g for _, g in gains if g.known and g.low_pct is not None and g.high_pct is not None]
+        if known and all(g.high_pct < 0 for g in known):
             return f"{against} are better than every candidate ({shown}), {n}: keep them"
-        y = max((max(abs(g.low), abs(g.high)) for g in known), default=0.0)
-        return f"within +-{y * 100:.1f}% of {against} ({shown}), {n}: keep them"
+        y = max((max(abs(g.low_pct), abs(g.high_pct)) for g in known), default=0.0)
+        return f"within +-{y:.1f}% of {against} ({shown}), {n}: keep them"
     if c.outcome == Outcome.UNDECIDED:
         choice = ("keep the defaults" if best is base or best is None else
                   f"deploy either: the defaults are the simpler choice, #{best.number} the better bet")
@@ -227,28 +280,80 @@ def title(d: Decision) -> str:
 
 
 def curve_rows(d: Decision, v: TrialView) -> list[dict[str, Any]]:
-    """A trial's stored replays in the order they ran: its latency-vs-load curve, judged under the limit."""
+    """A trial's stored replays in the order they ran: its latency-vs-load curve, judged under the limit. A burst
+    has no offered or sent rate (every request goes at once); the engine's KV cache peak is in percent."""
     keys = ("offered_rate_rps", "sent_rate_rps", "achieved_rate_rps", "output_throughput_tok_s",
             "request_throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms",
             "completed", "failed", "sustained")
-    engine_keys = ("running_peak", "queued_p99_ms", "prefill_p99_ms", "kv_usage_peak", "preemptions")
+    engine_keys = ("running_peak", "queued_p99_ms", "prefill_p99_ms", "preemptions")
     with_engine = any(p.get("engine") for p in v.curve)  # the engine's own view, where the engine reports it
-    return [{"replay": i, "arrivals": "burst" if p.get("offered_rate_rps") is None else d.arrivals,
-             **{k: p.get(k) for k in keys}, "meets_limit": qualifies(p, d.limit_ms, d.other_limits_ms),
-             "chosen": v.ranked.point is not None  # every replay at the chosen rate (repeats are merged)
-             and p.get("offered_rate_rps") == v.ranked.point.get("offered_rate_rps"),
-             **({f"engine_{k}": (p.get("engine") or {}).get(k) for k in engine_keys} if with_engine else {})}
-            for i, p in enumerate(v.curve)]
+    rows = []
+    for i, p in enumerate(v.curve):
+        burst = p.get("offered_rate_rps") is None
+        engine = p.get("engine") or {}
+        kv = engine.get("kv_usage_peak")
+        rows.append({
+            "replay": i, "arrivals": "burst" if burst else d.arrivals,
+            **{k: None if burst and k == "sent_rate_rps" else p.get(k) for k in keys},
+            "meets_limit": qualifies(p, d.limit_ms, d.other_limits_ms),
+            "chosen": v.ranked.point is not None  # every replay at the chosen rate (repeats are merged)
+            and p.get("offered_rate_rps") == v.ranked.point.get("offered_rate_rps"),
+            **({**{f"engine_{k}": engine.get(k) for k in engine_keys},
+                "engine_kv_usage_peak_pct": None if kv is None else round(kv * 100, 1)} if with_engine else {})})
+    return rows
+
+
+def config_text(d: Decision, v: TrialView) -> str:
+    """The searched engine parameters `v` ran with, 'max_num_seqs=8, enable_chunked_prefill=False, ...'; the
+    baseline's values that are not vLLM's own say so."""
+    cfg = v.engine_config
+    here = d.defaults_as_run if v.baseline else {}
+    return ", ".join(f"{k}={cfg[k]}" + (" (not vLLM's default: see below)" if k in here else "")
+                     for k in SEARCHABLE if k in cfg) or "(no engine config stored)"
+
+
+def trial_heading(d: Decision, v: TrialView, of: TrialView | None = None) -> list[str]:
+    """Above a trial's curve: which trial, its role and its engine parameters. For a confirmation run, `of` is the
+    search trial it measured again: the run's round and result, then that config."""
+    from optimizer.search.confirm import describe
+
+    if of is None:
+        role = _role(d, v, frozenset(x.number for x in d.ties))
+        out = [f"trial #{v.number}" + (f" ({role})" if role else "") + f": {config_text(d, v)}"]
+        target = v
+    else:
+        role = _role(d, of, frozenset(x.number for x in d.ties))
+        out = [describe(v.trial),
+               f"it measured trial #{of.number}" + (f" ({role})" if role else "") + f" again: {config_text(d, of)}"]
+        target = of
+    as_run = defaults_as_run_line(d) if target.baseline else None
+    return [*out, *([as_run] if as_run else [])]
+
+
+def limited_by_line(v: TrialView) -> str | None:
+    """What limited the trial at its chosen point, from its engine stats there (else the line stored with it)."""
+    from optimizer.measurement.limits import diagnose
+
+    point = v.ranked.point
+    found = diagnose(point.get("engine"), point.get("ttft_p99_ms")) if point else None
+    return found.line if found else LIMITED_BY.of(v.trial)
+
+
+def trial_reason(v: TrialView) -> str:
+    """Why the trial stands where it does, in words: why it could not run, that it met the limit at no rate
+    stored, or what limited it at its chosen point."""
+    reason = PRUNED_REASON.of(v.trial)
+    if reason:
+        return f"cannot run: {reason}"
+    if not v.ranked.answerable:
+        return f"{v.ranked.answer.value}: no stored replay meets the limit"
+    return limited_by_line(v) or v.ranked.answer.value
 
 
 def trial_notes(v: TrialView) -> list[str]:
     """Under a trial's curve: what limited it at its chosen point (engine stats) and its GPU telemetry."""
-    from optimizer.measurement.limits import diagnose
-
     out = []
-    point = v.ranked.point
-    found = diagnose(point.get("engine"), point.get("ttft_p99_ms")) if point else None
-    line = found.line if found else LIMITED_BY.of(v.trial)
+    line = limited_by_line(v)
     if line:
         out.append(line)
     tele = TELEMETRY.of(v.trial)
@@ -269,16 +374,3 @@ def confirmation_run_lines(d: Decision, v: TrialView) -> list[str]:
     if mine is None:
         return []
     return [describe(mine.runs[r]) for r in sorted(mine.runs)]
-
-
-def render(d: Decision, fmt: str) -> tuple[str, list[str]]:
-    """What `optimize report` prints: (stdout, lines for stderr). Machine formats keep stdout to the rows."""
-    check_format(fmt)
-    if fmt != "table":
-        return format_output(front_rows(d), fmt), [title(d), *summary_lines(d)]
-    parts = [title(d), format_output(front_rows(d, with_params=False), "table") if d.front else "(no trial)"]
-    if d.front:
-        parts += ["", format_output(params_rows(d), "table")]
-    if d.confirmed:
-        parts += ["", confirmation_lines(d)[0], format_output(confirmation_rows(d), "table")]
-    return "\n".join([*parts, "", *summary_lines(d)]), []

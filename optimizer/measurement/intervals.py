@@ -7,7 +7,9 @@ median of its rounds; its interval is Student's t interval of their mean,
 
 which is honest with as few as 2 values (wide: with 3 rounds t is 4.30). The gain of one config over another is
 measured per round, as the ratio of the two measurements taken next to each other (the rounds alternate, so a
-slow minute of a shared machine hits both): its interval is the t interval of those ratios, minus 1.
+slow minute of a shared machine hits both): its interval is the t interval of those ratios, minus 1. The gain a
+report shows beside two medians is their ratio (`relative_gain`), so that it follows from the numbers next to it and
+ranks the configs as their medians do; the per-round interval says how sure that ranking is.
 
 Two configs are *tied* when the interval of their per-round gain includes 0: no ranking of them is backed by the
 measurements. A single measurement's bracket (the rate passed to the rate failed) is its interval before a
@@ -118,6 +120,13 @@ def gain_interval(pairs: Sequence[tuple[float, float]], confidence: float = 0.95
     and the t interval of its mean at `confidence`. Pairs whose `a` is not positive cannot give a ratio and are left
     out."""
     return interval([b / a - 1 for a, b in pairs if a > 0], floor=-1.0, confidence=confidence)
+
+
+def relative_gain(base: float, other: float) -> float:
+    """`other`'s relative gain over `base`: other / base - 1 (NaN when `base` is not positive or either is NaN)."""
+    if not base > 0 or math.isnan(other):
+        return math.nan
+    return other / base - 1
 
 
 def rate_bracket_tok_s(throughput_tok_s: float, passed_rps: float | None, failed_rps: float | None,

@@ -301,29 +301,3 @@ def describe(trial: FrozenTrial) -> str:
         return f"{head}: met the limit at no rate tried [{TIMINGS.of(trial).get('total_s', 0):.0f}s]"
     return (f"{head}: {rate_at_limit_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} tok/s "
             f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]")
-
-
-def summary(study: optuna.Study) -> dict[str, Any] | None:
-    """The confirmation as stored numbers, for readers of the study (JSON)."""
-    c = confirmation(study)
-    if c is None:
-        return None
-    return {"plan": c.plan, "complete": c.complete,
-            "full_rounds": c.full_rounds,
-            "configs": [{"trial": x.number, "baseline": x.baseline, "values_tok_s": c.values_tok_s(x),
-                         "interval": c.interval(x).to_dict(), "gain": (g.to_dict() if (g := c.gain(x)) else None)}
-                        for x in c.configs]}
-
-
-def confirmed_numbers(study: optuna.Study, number: int) -> dict[str, Any] | None:
-    """Trial `number`'s confirmed numbers (median and 95% interval over the full rounds, gain over vLLM's defaults
-    with its interval), for an export's header and metadata; None where it was not confirmed."""
-    c = confirmation(study)
-    if c is None or not c.usable:
-        return None
-    mine = next((x for x in c.configs if x.number == number), None)
-    if mine is None:
-        return None
-    gain = c.gain(mine)
-    return {"rounds": len(c.full_rounds), "output_throughput_tok_s": c.interval(mine).to_dict(),
-            "gain_over_defaults": gain.to_dict() if gain is not None and gain.n else None}

@@ -120,13 +120,13 @@ def best_first(study: optuna.Study, limit_ms: float | None = None) -> list[Froze
 
 
 def recommended(study: optuna.Study, limit_ms: float | None = None) -> FrozenTrial | None:
-    """The recommendation: at the study's own limit, the config the confirmation measured best over its full rounds
-    (`confirmation`); otherwise, or at another `limit_ms`, the best-scored trial (the one `pareto_front`
+    """The recommendation: at the study's own limit, the config the confirmation recommends (`Confirmation.recommended`:
+    the best over its full rounds, or vLLM's defaults when no candidate beats them by more than +-3 points); otherwise, or at another `limit_ms`, the best-scored trial (the one `pareto_front`
     puts first). None when no trial meets the limit."""
     if limit_ms is None:
         confirmed = confirmation(study)
-        if confirmed is not None and confirmed.best is not None:
-            return confirmed.best.trial
+        if confirmed is not None and confirmed.recommended is not None:
+            return confirmed.recommended.trial
     trials = best_first(study, limit_ms)
     return trials[0] if trials else None
 
@@ -275,6 +275,14 @@ class Confirmation:
         if not self.usable:
             return None
         return max(self.active or self.configs, key=lambda c: self.interval(c).median)
+
+    @property
+    def recommended(self) -> Confirmed | None:
+        """The config to deploy: vLLM's defaults when the rounds decided that no candidate beats them by more than
+        +-3 points (`Outcome.KEEP`), else the best (`best`)."""
+        if self.outcome == Outcome.KEEP and self.base is not None:
+            return self.base
+        return self.best
 
     def gain(self, c: Confirmed) -> Interval | None:
         """`c`'s gain over vLLM's defaults, round by round (each round measures both next to each other)."""

@@ -19,7 +19,8 @@ from optimizer.config.settings import StudyConfig
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.decision.decide import decide
 from optimizer.decision.tables import format_output
-from optimizer.decision.views import front_rows, render
+from optimizer.decision.document import render
+from optimizer.decision.views import front_rows
 from optimizer.engines.fake import FakeEngine
 from optimizer.measurement.rerank import Answer
 from optimizer.search.runner import prepare, run
@@ -150,7 +151,8 @@ def test_machine_formats_keep_stdout_parseable(syn, capsys, fmt):
     rc, out, err = cli(capsys, "report", "--study", "syn", "--studies-dir", str(tmp_path), "--format", fmt,
                        "--ttft-p99", "250ms")
     assert rc == 0
-    rows = json.loads(out) if fmt == "json" else list(csv.DictReader(io.StringIO(out)))
+    rows = json.loads(out)["front"] if fmt == "json" else \
+        [r for r in csv.DictReader(io.StringIO(out)) if r["section"] == "front"]
     assert [int(r["trial"]) for r in rows] == [2, 1, 3]
     assert rows[0]["answer"] == "lower bound"
     assert "lower bound" in err  # the caveat still reaches the reader
@@ -243,11 +245,11 @@ def test_cli_report_with_a_tpot_limit(fake_study, capsys):
     rc, out, err = cli(capsys, "report", "--study", "f", "--studies-dir", str(d), "--out", str(d / "o"),
                        "--tpot-p99", "1000s", "--format", "json")
     assert rc == 0, err
-    loose = json.loads(out)
+    loose = json.loads(out)["front"]
     rc, out, err = cli(capsys, "report", "--study", "f", "--studies-dir", str(d), "--out", str(d / "o"),
                        "--tpot-p99", "0.001ms", "--format", "json")
     assert rc == 0, err
-    assert loose and json.loads(out) == []  # no stored replay has a TPOT P99 that low
+    assert loose and json.loads(out)["front"] == []  # no stored replay has a TPOT P99 that low
     assert "TPOT P99 <= " in err
     rc, _, err = cli(capsys, "report", "--study", "f", "--studies-dir", str(d), "--e2e-p99", "fast")
     assert rc == 2 and "--e2e-p99" in err

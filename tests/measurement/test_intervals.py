@@ -5,7 +5,7 @@ import math
 import pytest
 
 from optimizer.measurement.intervals import (
-    Interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s, t_975,
+    Interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s, relative_gain, t_975,
 )
 
 
@@ -76,3 +76,14 @@ def test_t_quantiles_at_other_confidences_match_the_tables():
     assert math.isclose(t_within(t_975(8), 8), 0.95, abs_tol=1e-4)  # and even df
     wide = interval([1.0, 2.0, 3.0], confidence=0.99)
     assert math.isclose(wide.high - 2.0, 9.925 / math.sqrt(3), abs_tol=1e-3)
+
+
+def test_the_gain_shown_beside_two_medians_is_their_ratio():
+    # the confirmation of a demo: the defaults' rounds 409, 545, 195 tok/s, #4's 397, 465, 165 (paired by round)
+    base, other = interval([409.0, 545.0, 195.0]), interval([397.0, 465.0, 165.0])
+    assert relative_gain(base.median, other.median) == pytest.approx(397 / 409 - 1)  # -2.9%, from the medians shown
+    per_round = gain_interval([(409.0, 397.0), (545.0, 465.0), (195.0, 165.0)])
+    assert per_round.median == pytest.approx(465 / 545 - 1)  # -14.7%: not derivable from the medians shown
+    assert per_round.low < relative_gain(base.median, other.median) < per_round.high
+    assert math.isnan(relative_gain(0.0, 5.0)) and math.isnan(relative_gain(math.nan, 5.0))
+    assert math.isnan(relative_gain(5.0, math.nan))

@@ -43,7 +43,7 @@ def one_pass(kind: str, studies: Path, out: Path) -> dict:
             code = main(argv)
         seen = []
         if kind == "report" and code == 0:
-            seen = [row["trial"] for row in json.loads(stdout.getvalue() or "[]")]
+            seen = [row["trial"] for row in json.loads(stdout.getvalue() or "{}").get("front", [])]
         return {"code": code, "err": (stderr.getvalue().strip().splitlines() or [""])[-1], "front": seen}
     if kind == "optuna":
         study = optuna.load_study(study_name="s", storage=url)

@@ -1,0 +1,226 @@
+"""One answer everywhere: on a confirmed study made with the simulator, the console's end table, `optimize report` in
+every format, `--trial` of a confirmation run, `--bench-json` and export give the same recommendation with the same
+confirmed numbers; each number shown follows from its neighbours. Older shapes (no confirmation) still report."""
+
+import csv
+import io
+import json
+import statistics
+
+import optuna
+import pytest
+from optuna.trial import create_trial
+
+from optimizer.cli.main import main
+from optimizer.config.model import DEFAULT_MODEL_CONFIG
+from optimizer.config.settings import StudyConfig
+from optimizer.decision.decide import decide
+from optimizer.decision.document import report_document
+from optimizer.decision.report import summary_text
+from optimizer.decision.trial import TrialView
+from optimizer.decision.views import curve_rows, summary_lines
+from optimizer.measurement.rerank import rank_curve
+from optimizer.search.attrs import CONFIRM, STUDY_CONFIG
+from optimizer.search.objective import CONSTRAINT
+from optimizer.search.score import confirmation
+from optimizer.search.study import DIRECTIONS, is_confirmation
+from tests.support import synthetic
+from tests.support.fakes import make_config, run_study
+
+
+@pytest.fixture(scope="module")
+def confirmed(tmp_path_factory):
+    """A study on the simulator: 4 search trials, then 2 confirmation rounds. Its baseline cannot take vLLM's 0.92
+    of the simulated device's memory (90% usable), so it runs with this machine's fallback, 0.3."""
+    d = tmp_path_factory.mktemp("confirmed")
+    model = d / "arch"
+    model.mkdir()
+    model.joinpath("config.json").write_text(json.dumps({**DEFAULT_MODEL_CONFIG, "max_position_embeddings": 1024}))
+    config = make_config(d, model, budget=10, confirm=2)
+    return config, run_study(d, config), d
+
+
+def stored(study):
+    """The config as the study stored it (resolved: the CPU build's engine arguments), as `optimize report` reads it."""
+    return StudyConfig.model_validate(json.loads(STUDY_CONFIG.of(study)))
+
+
+def cli(capsys, *args):
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def report_json(capsys, config, d, *args):
+    rc, out, err = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--out",
+                       str(d / "out"), "--format", "json", *args)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def test_the_json_holds_the_confirmed_numbers_the_console_table_shows(confirmed, capsys):
+    config, study, d = confirmed
+    c = confirmation(study)
+    assert c is not None and c.complete and len(c.full_rounds) == 2
+    doc = report_json(capsys, config, d)
+    table = summary_text(study, stored(study))  # what the run printed at its end
+    configs = {r["trial"]: r for r in doc["confirmation"]["configs"]}
+    assert list(configs) == c.plan["candidates"] and doc["confirmation"]["rounds"] == 2
+    base_values = c.values_tok_s(c.base)
+    for x in c.configs:
+        r = configs[x.number]
+        values = c.values_tok_s(x)
+        assert r["values_tok_s"] == values and r["rounds"] == 2
+        assert r["output_throughput_tok_s"] == pytest.approx(statistics.median(values))  # by hand: 2 rounds
+        mean, s = statistics.mean(values), statistics.stdev(values)
+        assert r["low_tok_s"] == pytest.approx(max(mean - 12.706 * s / 2 ** 0.5, 0.0))  # t(1) = 12.706
+        row = next(line for line in table.splitlines() if f" #{x.number} " in f" {line} ")
+        assert f"{r['output_throughput_tok_s']:.1f}" in row and f"[{r['low_tok_s']:.1f}, {r['high_tok_s']:.1f}]" in row
+        if x.baseline:
+            assert r["gain_pct"] is None
+            continue
+        # the gain follows from the two medians shown beside it; its interval is the per-round ratios'
+        assert r["gain_pct"] == pytest.approx((statistics.median(values) / statistics.median(base_values) - 1) * 100)
+        assert f"{r['gain_pct']:+.1f}%" in row
+        ratios = [b / a - 1 for a, b in zip(base_values, values)]
+        assert r["gain_low_pct"] == pytest.approx(
+            (statistics.mean(ratios) - 12.706 * statistics.stdev(ratios) / 2 ** 0.5) * 100)
+    best = doc["recommendation"]
+    assert best["trial"] == c.best.number and best["output_throughput"]["source"] == "confirmation"
+    assert best["output_throughput"]["output_throughput_tok_s"] == configs[c.best.number]["output_throughput_tok_s"]
+    assert best["output_throughput"]["rounds"] == 2
+    assert doc["summary"] == summary_lines(decide(study, stored(study)))  # the sentences the table format prints
+    tied = {n for n, r in configs.items() if "tied" in r["role"]}
+    assert {t["trial"] for t in doc["ties"]} == tied
+    if c.best is c.base:
+        assert doc["verdict"] == "keep vLLM's defaults" and doc["gain_over_defaults"] is None
+    else:
+        assert doc["gain_over_defaults"]["gain_pct"] == pytest.approx(configs[c.best.number]["gain_pct"])
+
+
+def test_the_json_lists_every_trial_with_its_reason_and_the_baseline_as_run(confirmed, capsys):
+    config, study, d = confirmed
+    doc = report_json(capsys, config, d)
+    searched = [t.number for t in study.trials if not is_confirmation(t) and t.state.is_finished()]
+    assert [t["trial"] for t in doc["trials"]] == searched  # confirmation runs are not search trials
+    assert all(t["reason"] for t in doc["trials"])
+    base = doc["baseline"]
+    assert base["trial"] == 0 and base["engine_config"]["gpu_memory_utilization"] == 0.3
+    fallback = base["not_vllm_defaults"]["gpu_memory_utilization"]
+    assert fallback["value"] == 0.3 and fallback["why"].startswith("this machine's fallback: vLLM's default")
+    assert base["not_vllm_defaults"]["load_format"]["value"] == "dummy"
+
+
+def test_the_csv_holds_the_front_and_the_confirmation_in_one_sheet(confirmed, capsys):
+    config, _, d = confirmed
+    doc = report_json(capsys, config, d)
+    rc, out, _ = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--out",
+                     str(d / "out"), "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert rc == 0 and {r["section"] for r in rows} == {"front", "confirmation"}
+    assert [int(r["trial"]) for r in rows if r["section"] == "front"] == [r["trial"] for r in doc["front"]]
+    conf = [r for r in rows if r["section"] == "confirmation"]
+    assert [int(r["trial"]) for r in conf] == [r["trial"] for r in doc["confirmation"]["configs"]]
+    for r, j in zip(conf, doc["confirmation"]["configs"]):
+        assert float(r["output_throughput_tok_s"]) == pytest.approx(j["output_throughput_tok_s"])
+        assert r["runs"] == " ".join(str(n) for n in j["runs"])
+    baseline_rows = [r for r in rows if r["trial"] == "0"]
+    assert baseline_rows and all("this machine's fallback" in r["not_vllm_defaults"] for r in baseline_rows)
+
+
+def test_the_headline_gives_the_confirmed_number_with_its_interval_and_rounds(confirmed, capsys):
+    config, _, d = confirmed
+    doc = report_json(capsys, config, d)
+    tp = doc["recommendation"]["output_throughput"]
+    rc, out, _ = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--out",
+                     str(d / "out"))
+    headline = next(line for line in out.splitlines() if line.startswith("recommended: "))
+    assert rc == 0 and headline.startswith(
+        f"recommended: trial #{doc['recommendation']['trial']}: {tp['output_throughput_tok_s']:.1f} output tok/s "
+        f"(median of 2 confirmation rounds, 95% interval of the mean [{tp['low_tok_s']:.1f}, {tp['high_tok_s']:.1f}])")
+    assert "in the search: " in headline  # the search's own number, named as such
+    assert "tok/s: the median of the full rounds" in out and "gain over vLLM's defaults: the ratio of" in out
+    assert "gpu_memory_utilization=0.3 (this machine's fallback" in out
+
+
+def test_report_trial_reaches_a_confirmation_run(confirmed, capsys):
+    config, study, d = confirmed
+    run = next(t for t in study.trials if is_confirmation(t))
+    of, round_ = CONFIRM.of(run)["of"], CONFIRM.of(run)["round"]
+    rc, out, err = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--trial",
+                       str(run.number), "--bench-json", str(d / "run.json"))
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"confirmation round {round_ + 1}, trial #{of} again (run #{run.number}")
+    assert lines[1].startswith(f"it measured trial #{of}") and "max_num_seqs=" in lines[1]
+    assert any(line.startswith("replay") for line in lines)  # its probes
+    bench = json.loads((d / "run.json").read_text())
+    assert bench["optimizer_trial"] == run.number
+    assert bench["optimizer_confirmation_run"] == {"of": of, "round": round_ + 1}
+    doc = report_json(capsys, config, d)
+    mine = next(r for r in doc["confirmation"]["configs"] if r["trial"] == of)
+    assert bench["optimizer_output_throughput"]["output_throughput_tok_s"] == pytest.approx(
+        mine["output_throughput_tok_s"])  # the config's confirmed number, beside the run's own replay
+    rc, _, err = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--trial", "99")
+    assert rc == 2 and f"confirmation runs: #{run.number}" in err
+
+
+def test_export_and_bench_json_carry_the_recommendation_and_its_confirmed_numbers(confirmed, capsys):
+    config, _, d = confirmed
+    doc = report_json(capsys, config, d)
+    best = doc["recommendation"]
+    rc, _, err = cli(capsys, "export", "--study", config.study_name, "--studies-dir", str(d), "--out",
+                     str(d / "export"))
+    assert rc == 0, err
+    meta = json.loads((d / "export" / f"{config.study_name}.engine_args.json").read_text())["metadata"]
+    assert meta["trial"] == best["trial"] and meta["confirmed"]["rounds"] == 2
+    assert meta["confirmed"]["output_throughput"] == best["output_throughput"]
+    header = (d / "export" / f"{config.study_name}.recommended.yaml").read_text()
+    assert f"{best['output_throughput']['output_throughput_tok_s']:.1f} output tok/s (median" in header
+    compose = (d / "export" / f"{config.study_name}.compose.yaml").read_text()
+    assert "None" not in compose and "optimize.confirmed.output_throughput_tok_s" in compose
+    rc, _, err = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--bench-json",
+                     str(d / "best.json"))
+    bench = json.loads((d / "best.json").read_text())
+    assert rc == 0 and bench["optimizer_trial"] == best["trial"] and bench["optimizer_recommended"]
+    assert bench["optimizer_output_throughput"] == best["output_throughput"]
+
+
+def test_an_unconfirmed_study_reports_the_search_numbers_and_says_what_they_are(syn):
+    study, config, _ = syn  # made before the confirmation existed: no plan, no runs
+    doc = report_document(decide(study, config))
+    assert doc["confirmation"] is None and doc["verdict"] == "gain from one measurement each"
+    assert doc["recommendation"]["output_throughput"] == {
+        "source": "search", "output_throughput_tok_s": pytest.approx(770.0), "low_tok_s": None, "high_tok_s": None,
+        "rounds": 0, "answer": "measured", "statistic": "the search's one measurement"}
+    assert doc["gain_over_defaults"]["gain_pct"] == pytest.approx((770 / 420 - 1) * 100)
+    pruned = next(t for t in doc["trials"] if t["trial"] == 4)
+    assert pruned["reason"] == "cannot run: out_of_memory"
+
+
+def test_a_recommendation_that_is_the_baseline_claims_no_gain(tmp_path):
+    config = synthetic.make_config(tmp_path, "alone")
+    study = optuna.create_study(study_name="alone", storage=config.storage_url, directions=DIRECTIONS)
+    STUDY_CONFIG.set(study, config.model_dump_json())
+    c = synthetic.curve(0)
+    study.add_trial(create_trial(values=[420.0, 98.0], constraints={CONSTRAINT: 0.0},
+                                 user_attrs={"curve": c, "engine_config": synthetic.BASELINE_ENGINE, "baseline": True}))
+    d = decide(study, config)
+    assert d.best is d.baseline
+    lines = summary_lines(d)
+    assert not any("+0.0%" in line or "uncertain" in line for line in lines)
+    assert "the recommendation is vLLM's defaults (vllm serve): keep them; no trial measured more" in lines
+    assert report_document(d)["verdict"] == "keep vLLM's defaults"
+
+
+def test_a_trial_curve_shows_no_sent_rate_for_a_burst_and_the_kv_peak_in_percent(syn):
+    study, config, _ = syn
+    burst = {**synthetic.point(None, 900, burst_rps=10.0), "sent_rate_rps": 188879.9,  # all sent at once
+             "engine": {"kv_usage_peak": 0.0642, "running_peak": 40, "preemptions": 0}}
+    poisson = synthetic.point(4.2, 98)
+    trial = create_trial(values=[420.0, 98.0], user_attrs={"curve": [burst, poisson]})
+    v = TrialView(trial, rank_curve([burst, poisson], 100.0))
+    rows = curve_rows(decide(study, config), v)
+    assert rows[0]["arrivals"] == "burst" and rows[0]["sent_rate_rps"] is None
+    assert rows[0]["engine_kv_usage_peak_pct"] == 6.4  # as the limits line says "KV peak 6%"
+    assert rows[1]["sent_rate_rps"] == 4.2 and rows[1]["chosen"]
