@@ -1,8 +1,8 @@
 """The report's page: one self-contained HTML file that reads at a glance in a 1400 px browser window.
 
 It opens with what was measured (model, workload, limit, machine, vLLM, date, trial counts), then the decision
-with its interval and the confirmation's table, the figure, every config's probes (decision/probes.py), every
-trial and confirmation run with what stopped it, the front and the parameter importance. Tables wrap instead of
+with its interval and the confirmation's table, the figure, the front and the parameter importance, every
+config's probes (decision/probes.py), and every trial and confirmation run with what stopped it. Tables wrap instead of
 scrolling: the engine parameters are one "changed from vLLM's defaults" cell.
 """
 
@@ -228,7 +228,7 @@ def render_html(d: Decision, png: bytes, info: RunInfo | None = None) -> str:
     items = "".join(f"<li>{e(line)}</li>" for line in _decision_lines(d))
     note = BASELINE_NOTE.of(d.baseline.trial) if d.baseline is not None else None
     if note:
-        items += f"<li>vLLM's defaults: {e(note)}</li>"
+        items += f"<li>note: {e(note)}</li>"
     confirmed = "" if not d.confirmed else (f"<h2>Confirmation</h2><p>{e(confirmation_lines(d)[0])}</p>"
                                             f"{format_output(confirmation_rows(d), 'html')}")
     spaced = [{k.replace("_", " "): value for k, value in row.items()} for row in front_rows(d, with_params=False)]
@@ -238,8 +238,9 @@ def render_html(d: Decision, png: bytes, info: RunInfo | None = None) -> str:
             f"<h2>Decision</h2><p class='decision'>{e(decision_headline(d))}</p><ul>{items}</ul>{confirmed}"
             f"<h2>Overview</h2>"
             f"<img alt='report figure' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+            f"<h2>Feasible Pareto front</h2>{front}{_importance_html(d)}"
             f"<h2>Probes of every config: offered rate (req/s) vs TTFT P99 (log), the limit dashed</h2>"
             f"<p>{legend_html()} <span class='key'>ring: the rate chosen</span> (hover a marker for its numbers)</p>"
             f"{chart_html(probe_panels(d), d.limit_ms, d.other_limits_ms)}"
             f"<h2>Every trial and confirmation run</h2><div class='trials'>{format_output(trial_rows(d), 'html')}</div>"
-            f"<h2>Feasible Pareto front</h2>{front}{_importance_html(d)}</body></html>")
+            f"</body></html>")

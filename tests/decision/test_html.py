@@ -20,7 +20,7 @@ from optimizer.decision.views import confirmation_rows, title
 from optimizer.hardware.machine import fingerprint
 from optimizer.search.attrs import STUDY_CREATED
 from optimizer.search.study import is_confirmation
-from tests.support.fakes import make_config, run_study
+from tests.support.fakes import config_only_model_in, make_config, run_study
 
 
 def test_an_old_study_opens_with_what_it_stored_and_says_what_it_did_not(syn):
@@ -67,13 +67,8 @@ def test_importance_is_shown_with_its_trial_count_and_a_caveat_below_the_thresho
 @pytest.fixture(scope="module")
 def confirmed(tmp_path_factory):
     """A confirmed study on the simulator: 3 search trials, then 2 rounds of the defaults and the best two."""
-    from optimizer.config.model import DEFAULT_MODEL_CONFIG
-
     d = tmp_path_factory.mktemp("confirmed")
-    model = d / "arch"
-    model.mkdir()
-    model.joinpath("config.json").write_text(json.dumps({**DEFAULT_MODEL_CONFIG, "max_position_embeddings": 1024}))
-    config = make_config(d, model, budget=9, confirm=2)
+    config = make_config(d, config_only_model_in(d), budget=9, confirm=2)
     return run_study(d, config), config, d
 
 
