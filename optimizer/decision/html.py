@@ -64,7 +64,8 @@ def trial_counts(d: Decision) -> str:
            f"could not beat the best so far), {pruned} could not run")
     c = d.confirmation
     if c is None:
-        return out + "; no confirmation runs"
+        return out + ("; confirmation runs not shown: they measured the study's own limit" if d.reranked else
+                      "; no confirmation runs")
     planned = c.rounds * len(c.configs)
     return (out + f"; {c.runs_done} confirmation runs of {planned} planned ({c.rounds} rounds of {len(c.configs)} "
                   f"configs, {len(c.full_rounds)} full)")

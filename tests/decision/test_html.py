@@ -102,7 +102,9 @@ LAYOUT_SCRIPT = ("<script>addEventListener('load',()=>{const p=document.createEl
                  "document.body.appendChild(p)})</script>")
 
 
-def _chromium() -> str:
+@pytest.fixture(scope="session")  # before the module's study: a skip costs no study
+def chromium() -> str:
+    """Chromium's path; outside CI a skip where it is absent, in CI (CI=true) a failure: there it must run."""
     if CHROMIUM:
         return CHROMIUM
     if os.environ.get("CI") == "true":
@@ -110,20 +112,21 @@ def _chromium() -> str:
     pytest.skip("chromium is not installed (apt-get install chromium; CI installs it with .ci/chromium)")
 
 
-def _headless(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+def _headless(chromium: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,900",
                            "--virtual-time-budget=5000", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_the_page_renders_in_chromium_at_1400_px_without_overflow_and_holds_the_decision(confirmed, tmp_path):
+def test_the_page_renders_in_chromium_at_1400_px_without_overflow_and_holds_the_decision(chromium, confirmed,
+                                                                                        tmp_path):
     study, config, _ = confirmed
     d = decide(study, config)
     assert d.confirmed and d.best is not None
     _, page_path = write_report(d, tmp_path, run_info(study, config))
     probe = tmp_path / "layout.html"
     probe.write_text(page_path.read_text().replace("</body>", LAYOUT_SCRIPT + "</body>"))
-    dom = _headless(tmp_path, "--dump-dom", probe.as_uri())
+    dom = _headless(chromium, tmp_path, "--dump-dom", probe.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     found = re.search(r'<pre id="layout">([^<]*)</pre>', dom.stdout)
     assert found, "the page did not finish loading in Chromium"
@@ -138,5 +141,5 @@ def test_the_page_renders_in_chromium_at_1400_px_without_overflow_and_holds_the_
     assert f"{best['output tok/s']} output tok/s, 95% interval {best['95% interval']}" in text
     assert "Confirmation" in text and text.count(best["95% interval"]) >= 2  # headline and table
     shot = tmp_path / "page.png"
-    assert _headless(tmp_path, f"--screenshot={shot}", page_path.as_uri()).returncode == 0
+    assert _headless(chromium, tmp_path, f"--screenshot={shot}", page_path.as_uri()).returncode == 0
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 50_000
