@@ -113,9 +113,9 @@ def chromium() -> str:
 
 
 def _headless(chromium: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,900",
-                           "--virtual-time-budget=5000", *args], capture_output=True, text=True, timeout=120, check=False)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'p'}",
+             "--window-size=1400,900", "--virtual-time-budget=5000"]
+    return subprocess.run([chromium, *flags, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_the_page_renders_in_chromium_at_1400_px_without_overflow_and_holds_the_decision(chromium, confirmed,
