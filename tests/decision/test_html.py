@@ -113,7 +113,7 @@ def chromium() -> str:
 
 
 def _headless(chromium: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'p'}",
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p'}",
              "--window-size=1400,900", "--virtual-time-budget=5000"]
     return subprocess.run([chromium, *flags, *args], capture_output=True, text=True, timeout=120, check=False)
 
