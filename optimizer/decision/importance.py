@@ -43,8 +43,8 @@ def param_importances(views: list[TrialView]) -> tuple[dict[str, float], str]:
         scratch.add_trials([optuna.trial.create_trial(params=v.trial.params, distributions=v.trial.distributions,
                                                       value=v.ranked.output_throughput_tok_s) for v in usable])
         evaluator, how = _evaluator(len(usable))
-        with warnings.catch_warnings():  # Optuna's UserWarnings (site-packages paths) are no news to a reader
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             result = optuna.importance.get_param_importances(scratch, evaluator=evaluator)
     except Exception as exc:  # noqa: BLE001 - e.g. every trial measured the same throughput
         return {}, f"parameter importance could not be computed ({type(exc).__name__}: {exc})"
