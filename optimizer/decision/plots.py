@@ -200,6 +200,7 @@ def figure(d: Decision) -> Figure:
 
 
 def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
+    """`fig` as PNG bytes at `dpi`."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()

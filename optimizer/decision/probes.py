@@ -68,6 +68,7 @@ def chart_rate_rps(point: Mapping[str, Any]) -> float | None:
 
 
 def rate_text(point: Mapping[str, Any]) -> str:
+    """'12.50 req/s', or 'a burst (31.20 req/s completed)'."""
     rate = point.get("offered_rate_rps")
     return f"a burst ({point.get('request_throughput_rps') or 0:.2f} req/s completed)" if rate is None \
         else f"{rate:.2f} req/s"
@@ -102,6 +103,7 @@ class Axes:
 
     @classmethod
     def of(cls, panels: Sequence[Panel], limit_ms: float) -> Axes:
+        """Axes that hold every probe of `panels` and the limit, with a margin."""
         rates = [r for p in panels for q in p.points if (r := chart_rate_rps(q)) is not None and math.isfinite(r)]
         ttfts = [t for p in panels for q in p.points if _finite_positive(t := q.get("ttft_p99_ms"))]
         low, high = min([*ttfts, limit_ms]), max([*ttfts, limit_ms])
@@ -110,10 +112,12 @@ class Axes:
                    high * 1.3)
 
     def x(self, rate_rps: float) -> float:
+        """The SVG x of a rate (clipped to the plot)."""
         span = max(self.rate_max_rps - self.rate_low_rps, 1e-9)
         return _LEFT + (_W - _LEFT - _RIGHT) * min(max(rate_rps - self.rate_low_rps, 0.0) / span, 1.0)
 
     def y(self, ttft_ms: float) -> float:
+        """The SVG y of a TTFT P99 (log scale, clipped to the plot)."""
         span = math.log(self.ttft_high_ms / self.ttft_low_ms)
         frac = math.log(min(max(ttft_ms, self.ttft_low_ms), self.ttft_high_ms) / self.ttft_low_ms) / span
         return _H - _BOTTOM - (_H - _TOP - _BOTTOM) * frac
