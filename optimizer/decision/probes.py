@@ -35,7 +35,7 @@ def outcome(point: Mapping[str, Any], limit_ms: float, other_limits_ms: Mapping[
     """Pure: did the probe meet the limit (the report's rule, measurement/rerank.py::qualifies), and if not, why."""
     n, over = point.get("requests"), point.get("over_limit")
     judged_here = point.get("limit_ms") == limit_ms and n is not None and over is not None
-    p99 = f"TTFT P99 {format_ms(point.get('ttft_p99_ms', math.nan))}"
+    p99 = f"TTFT P99 {ms_beside(point.get('ttft_p99_ms', math.nan), limit_ms)}"
     if qualifies(point, limit_ms, other_limits_ms):
         return Outcome(PASSED, f"passed: {over} of {n} over the limit, {p99}" if judged_here else f"passed: {p99}")
     reasons: list[tuple[str, str]] = []
@@ -53,12 +53,19 @@ def outcome(point: Mapping[str, Any], limit_ms: float, other_limits_ms: Mapping[
         value = point.get(key)
         if value is None or math.isnan(value) or value > lim:
             name = key[:-3].replace("_", " ").upper()
-            reasons.append((OVER, f"{name} {format_ms(value or math.nan)} over {format_ms(lim)}"))
+            reasons.append((OVER, f"{name} {ms_beside(value or math.nan, lim)} over {format_ms(lim)}"))
     if failed:  # withdrawn past the limit (they count as over), or failed: the marker where nothing else failed it
         reasons.append((WITHDRAWN, f"{failed} withdrawn or failed before their first token"))
     if not reasons:
         reasons.append((OVER, f"missed the limit, {p99}"))
     return Outcome(reasons[0][0], "failed: " + "; ".join(words for _, words in reasons))
+
+
+def ms_beside(value_ms: float, limit_ms: float) -> str:
+    """`value_ms` as format_ms writes it, with a decimal more where it would read as the limit itself (30.4 ms
+    beside a 30 ms limit is not '30ms')."""
+    text = format_ms(value_ms)
+    return text if text != format_ms(limit_ms) or value_ms == limit_ms else f"{value_ms:.1f}ms"
 
 
 def chart_rate_rps(point: Mapping[str, Any]) -> float | None:
@@ -154,9 +161,9 @@ def _ticks(axes: Axes, limit_ms: float) -> str:
     e, bottom = html.escape, _H - _BOTTOM
     out = [f"<line x1='{_LEFT}' y1='{bottom}' x2='{_W - _RIGHT}' y2='{bottom}' stroke='#999'/>",
            f"<line x1='{_LEFT}' y1='{_TOP}' x2='{_LEFT}' y2='{bottom}' stroke='#999'/>"]
-    for frac in (0.0, 0.5, 1.0):
+    for frac, anchor in ((0.0, "middle"), (0.5, "middle"), (1.0, "end")):  # the last one inside the panel
         rate = axes.rate_low_rps + (axes.rate_max_rps - axes.rate_low_rps) * frac
-        out.append(f"<text x='{axes.x(rate):.1f}' y='{_H - 5}' font-size='9' text-anchor='middle'>{rate:.3g}</text>")
+        out.append(f"<text x='{axes.x(rate):.1f}' y='{_H - 5}' font-size='9' text-anchor='{anchor}'>{rate:.3g}</text>")
     y = axes.y(limit_ms)
     out.append(f"<line x1='{_LEFT}' y1='{y:.1f}' x2='{_W - _RIGHT}' y2='{y:.1f}' stroke='#d62728' "
                f"stroke-dasharray='4 3'/>")

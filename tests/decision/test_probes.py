@@ -25,7 +25,8 @@ def test_over_the_limit_by_its_count_at_the_limit_it_was_judged_at():
     assert got.kind == OVER and got.words == "failed: 13 of 40 over the limit, TTFT P99 45ms"
     # unsettled at its last request with 1 of 40 over (more than 1%): it fails, and says it was not settled
     close = outcome(probe(ttft_p99_ms=30.4, over_limit=1, verdict="unsettled", feasible=False), 30.0)
-    assert close.kind == OVER and "1 of 40 over the limit (more than 1%, unsettled)" in close.words
+    assert close.kind == OVER and close.words == "failed: 1 of 40 over the limit (more than 1%, unsettled), TTFT P99 " \
+                                                 "30.4ms"  # a decimal more: not '30ms' beside a 30 ms limit
 
 
 def test_fell_behind_comes_first_and_withdrawn_requests_are_named():
