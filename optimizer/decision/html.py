@@ -218,7 +218,8 @@ _CSS = ("body{font-family:system-ui,sans-serif;margin:16px 24px;font-size:14px;c
         ".decision{font-size:16px;background:#fff8e1;border-left:4px solid #e6a700;padding:8px 12px;margin:8px 0}"
         ".caveat{color:#8a4b00}.key{margin-right:1.2em;white-space:nowrap}"
         ".probes{display:grid;grid-template-columns:repeat(auto-fill,minmax(210px,1fr));gap:8px}"
-        ".probes figure{margin:0}.probes svg{width:100%;height:auto;display:block}")
+        ".probes figure{margin:0;border:1px solid #ddd}.probes figure.best{border:2px solid #e6a700}"
+        ".probes svg{width:100%;height:auto;display:block}")
 
 
 def render_html(d: Decision, png: bytes, info: RunInfo | None = None) -> str:

@@ -190,10 +190,7 @@ def panel_svg(panel: Panel, axes: Axes, limit_ms: float, other_limits_ms: Mappin
                 if _is_chosen(p, panel.chosen) else "")
         body.append(f"<g class='probe {found.kind.replace(' ', '-')}'><title>{e(rate_text(p))}: {e(found.words)}"
                     f"</title>{ring}{marker(found.kind, x, y)}</g>")
-    border = "#e6a700" if panel.highlight else "#ddd"
     return (f"<svg viewBox='0 0 {_W} {_H}' role='img' aria-label='{e(panel.title)}'>"
-            f"<rect x='0.5' y='0.5' width='{_W - 1}' height='{_H - 1}' fill='#fff' stroke='{border}' "
-            f"stroke-width='{2 if panel.highlight else 1}'/>"
             f"<text x='6' y='14' font-size='11' font-weight='bold'>{e(panel.title)}</text>"
             f"{_ticks(axes, limit_ms)}{''.join(body)}</svg>")
 
@@ -209,6 +206,7 @@ def legend_html() -> str:
 def chart_html(panels: Sequence[Panel], limit_ms: float, other_limits_ms: Mapping[str, float] | None = None) -> str:
     """Every panel on shared axes, in a grid that wraps to the window's width."""
     axes = Axes.of(panels, limit_ms)
-    cells = "".join(f"<figure>{panel_svg(p, axes, limit_ms, other_limits_ms)}</figure>" for p in panels)
+    cells = "".join(f"<figure{' class=best' if p.highlight else ''}>{panel_svg(p, axes, limit_ms, other_limits_ms)}"
+                    f"</figure>" for p in panels)
     return f"<div class='probes'>{cells}</div>"
 

@@ -60,3 +60,4 @@ def test_the_chart_draws_every_probe_on_shared_axes():
     assert kinds == ["passed", "over-the-limit", "fell-behind"]
     assert "<title>20.00 req/s: failed: 13 of 40 over the limit, TTFT P99 45ms</title>" in page
     assert page.count("r='7'") == 1  # the chosen rate's ring, on #1 only
+    assert page.count("<figure class=best>") == 1  # #2 highlighted
