@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from optimizer.config.settings import StudyConfig
+from optimizer.config.workload_spec import LengthDist, WorkloadSpec
 from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision
 from optimizer.decision.importance import importance_caveat, importance_trials
@@ -71,6 +72,19 @@ def trial_counts(d: Decision) -> str:
                   f"configs, {len(c.full_rounds)} full)")
 
 
+def length_mix_text(spec: WorkloadSpec) -> str:
+    """The workload's length mix, each component with its share: 'prompts 70% 64-256 uniform, 30% 1024-2048
+    lognormal (mean 1500); completions 100% 100-300 uniform'; '' for lengths from a trace."""
+    if spec.trace:
+        return ""
+
+    def parts(components: list[tuple[float, LengthDist]]) -> str:
+        return ", ".join(f"{w:.0%} {c.min}-{c.max} {c.dist}" + (f" (mean {c.mean:g})" if c.mean is not None else "")
+                         for w, c in components if w > 0)
+
+    return f"prompts {parts(spec.input_components())}; completions {parts(spec.output_components())}"
+
+
 def metadata_rows(d: Decision, info: RunInfo) -> list[tuple[str, str]]:
     """What the page opens with: (label, value) pairs; 'not recorded' where an older study did not store it."""
     c, fp = info.config, info.machine
@@ -83,7 +97,7 @@ def metadata_rows(d: Decision, info: RunInfo) -> list[tuple[str, str]]:
             NOT_RECORDED + (f" (first trial started {info.first_trial_start}, local time)"
                             if info.first_trial_start else ""))
     return [("model", model),
-            ("workload", c.workload.describe()),
+            ("workload", "; ".join(x for x in (c.workload.describe(), length_mix_text(c.workload)) if x)),
             ("TTFT P99 limit", limit),
             ("machine", f"{describe(fp)}; engine on {c.device}" if fp else NOT_RECORDED),
             ("vLLM", str(fp.get("vllm")) if fp and fp.get("vllm") else NOT_RECORDED),

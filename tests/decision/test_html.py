@@ -12,7 +12,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from optimizer.decision.decide import decide
-from optimizer.decision.html import NOT_RECORDED, metadata_rows, render_html, run_info, trial_rows
+from optimizer.config.workload_spec import WorkloadSpec
+from optimizer.decision.html import (
+    NOT_RECORDED, length_mix_text, metadata_rows, render_html, run_info, trial_rows,
+)
 from optimizer.decision.importance import TRUSTED_TRIALS_FOR_IMPORTANCE, importance_caveat
 from optimizer.decision.plots import write_report
 from optimizer.decision.report import summary_text
@@ -28,11 +31,19 @@ def test_an_old_study_opens_with_what_it_stored_and_says_what_it_did_not(syn):
     rows = dict(metadata_rows(decide(study, config), run_info(study, config)))
     assert list(rows) == ["model", "workload", "TTFT P99 limit", "machine", "vLLM", "date", "trials"]
     assert rows["model"] == f"{config.model}, random weights"
-    assert rows["workload"] == config.workload.describe() and rows["TTFT P99 limit"] == "100ms"
+    assert rows["workload"] == (f"{config.workload.describe()}; prompts 100% 64-256 uniform; completions 100% "
+                                f"90-110 uniform") and rows["TTFT P99 limit"] == "100ms"
     assert rows["machine"] == rows["vLLM"] == NOT_RECORDED  # the synthetic study stored no fingerprint
     assert rows["date"].startswith(NOT_RECORDED + " (first trial started ")
     assert rows["trials"] == ("5 search trials: 4 meet the limit, 0 miss it (0 stopped early: they could not beat "
                               "the best so far), 1 could not run; no confirmation runs")
+
+
+def test_the_length_mix_names_each_component_with_its_share():
+    spec = WorkloadSpec(input_len_min=64, input_len_max=256, input_mixture=[
+        {"weight": 0.3, "min": 1024, "max": 2048, "dist": "lognormal", "mean": 1500, "std": 200}])
+    assert length_mix_text(spec) == ("prompts 70% 64-256 uniform, 30% 1024-2048 lognormal (mean 1500); completions "
+                                     "100% 100-300 uniform")
 
 
 def test_every_trial_says_what_stopped_it_and_what_it_changed(syn):
