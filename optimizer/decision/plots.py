@@ -29,7 +29,6 @@ from optimizer.decision.views import title
 from optimizer.measurement.rerank import Answer
 
 CURVES_SHOWN = 3
-PAGE_DPI = 90  # the page's copy: 15 in x 90 dpi = 1350 px, drawn 1:1 in a 1400 px window (and quicker to render)
 _PLAIN = LogFormatter(labelOnlyBase=False)  # 20, 50, 100 instead of 2x10^1
 SLO_STYLE: dict[str, Any] = {"color": "tab:red", "linestyle": "--", "linewidth": 1.2}
 
@@ -223,10 +222,29 @@ def write_report(d: Decision, out_dir: Path, info: RunInfo | None = None) -> tup
     """Write `<study>.report.png` (titled) and `<study>.report.html` (the page prints the title once, above the same
     figure; `info`: the run's metadata it opens with) into `out_dir`; return both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig = figure(d)
-    page_png = png_bytes(fig, PAGE_DPI)
-    fig.suptitle(title(d), fontsize=13)
+    png, page_png = titled_and_untitled(figure(d), title(d))
     png_path, html_path = out_dir / f"{d.study_name}.report.png", out_dir / f"{d.study_name}.report.html"
-    _write_atomic(png_path, png_bytes(fig))
+    _write_atomic(png_path, png)
     _write_atomic(html_path, render_html(d, page_png, info).encode())
     return png_path, html_path
+
+
+def titled_and_untitled(fig: Figure, text: str, dpi: int = 110) -> tuple[bytes, bytes]:
+    """`fig` drawn once with `text` as its title: the PNG, and the same pixels below the title (for the page, which
+    prints the title above it). Drawing is what costs; the two encodings (Pillow, matplotlib's own dependency) are
+    cheap."""
+    from PIL import Image
+
+    fig.set_dpi(dpi)
+    heading = fig.suptitle(text, fontsize=13)
+    fig.canvas.draw()
+    width, height = fig.canvas.get_width_height()
+    image = Image.frombuffer("RGBA", (width, height), fig.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    below = height - math.floor(heading.get_window_extent().y0)  # display y counts from the bottom
+    return _png(image), _png(image.crop((0, below, width, height)))
+
+
+def _png(image: Any) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()

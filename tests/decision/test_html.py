@@ -2,6 +2,7 @@
 trial count, and the page of a confirmed simulator study rendered by a real headless Chromium at 1400 px."""
 
 import html
+import io
 import json
 import os
 import re
@@ -10,14 +11,15 @@ import subprocess
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image
 
-from optimizer.decision.decide import decide
 from optimizer.config.workload_spec import WorkloadSpec
-from optimizer.decision.html import (
-    NOT_RECORDED, length_mix_text, metadata_rows, render_html, run_info, trial_rows,
-)
+from optimizer.decision.decide import decide
+from optimizer.decision.html import NOT_RECORDED, length_mix_text, metadata_rows, render_html, run_info, trial_rows
 from optimizer.decision.importance import TRUSTED_TRIALS_FOR_IMPORTANCE, importance_caveat
-from optimizer.decision.plots import write_report
+from optimizer.decision.plots import titled_and_untitled, write_report
 from optimizer.decision.report import summary_text
 from optimizer.decision.views import confirmation_rows, title
 from optimizer.hardware.machine import fingerprint
@@ -72,7 +74,7 @@ def test_importance_is_shown_with_its_trial_count_and_a_caveat_below_the_thresho
     assert "Parameter importance, from 3 trials that meet the limit" in page
     assert html.escape(importance_caveat(3)) in page and "computed from 3 trials" in importance_caveat(3)
     assert importance_caveat(TRUSTED_TRIALS_FOR_IMPORTANCE) is None
-    assert page.count(html.escape(title(d))) == 1  # the title once (the page's figure carries none)
+    assert page.count(html.escape(title(d))) == 1  # the title once (the page's figure is cut below its title)
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +156,15 @@ def test_the_page_renders_in_chromium_at_1400_px_without_overflow_and_holds_the_
     shot = tmp_path / "page.png"
     assert _headless(chromium, tmp_path, f"--screenshot={shot}", page_path.as_uri()).returncode == 0
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 50_000
+
+
+def test_the_figure_is_drawn_once_titled_for_the_file_and_cut_below_the_title_for_the_page():
+    fig = Figure(figsize=(4, 3))
+    FigureCanvasAgg(fig)
+    fig.subplots().plot([0, 1], [0, 1])
+    png, page = titled_and_untitled(fig, "a title")
+    whole, cut = Image.open(io.BytesIO(png)), Image.open(io.BytesIO(page))
+    assert whole.size == (440, 330) and cut.width == whole.width and 0 < whole.height - cut.height < 40
+    band = whole.convert("L").crop((0, 0, whole.width, whole.height - cut.height))
+    assert band.getextrema()[0] < 100  # the title's dark pixels are in the band cut off
+    assert whole.crop((0, whole.height - cut.height, whole.width, whole.height)).tobytes() == cut.tobytes()
