@@ -74,8 +74,10 @@ def trial_counts(d: Decision) -> str:
 
 def length_mix_text(spec: WorkloadSpec) -> str:
     """The workload's length mix, each component with its share: 'prompts 70% 64-256 uniform, 30% 1024-2048
-    lognormal (mean 1500); completions 100% 100-300 uniform'; '' for lengths from a trace."""
-    if spec.trace:
+    lognormal (mean 1500); completions 100% 100-300 uniform'; '' where there is no mix (one component a side, or
+    lengths from a trace: WorkloadSpec.describe says those)."""
+    sides = [[wc for wc in side() if wc[0] > 0] for side in (spec.input_components, spec.output_components)]
+    if spec.trace or all(len(side) == 1 for side in sides):
         return ""
 
     def parts(components: list[tuple[float, LengthDist]]) -> str:
