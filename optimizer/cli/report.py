@@ -103,12 +103,13 @@ def _report(ns: argparse.Namespace) -> int:
             rate = point.get("offered_rate_rps")
             say(f"wrote {path} (trial #{chosen.number} at {'a burst' if rate is None else f'{rate:.2f} req/s'})")
         return 0
+    from optimizer.decision.html import run_info
     from optimizer.decision.plots import write_report
 
     out, extra = render(decision, ns.format)
     print(out)
     for line in extra:
         say(line)
-    png, html = write_report(decision, Path(ns.out or ns.studies_dir))
+    png, html = write_report(decision, Path(ns.out or ns.studies_dir), run_info(study, config))
     say(f"wrote {png} and {html}")
     return 0

@@ -12,11 +12,27 @@ from optimizer.decision.trial import TrialView
 
 
 MIN_TRIALS_FOR_IMPORTANCE = 3
+# Below this many trials behind it, an importance is a hint, not a finding (docs/report.md): fANOVA's forest and
+# PED-ANOVA's top quantile then rest on a handful of points, and one noisy trial reorders the ranking.
+TRUSTED_TRIALS_FOR_IMPORTANCE = 20
+
+
+def importance_trials(views: list[TrialView]) -> list[TrialView]:
+    """The trials an importance rests on: searched trials (parameters sampled) that meet the limit."""
+    return [v for v in views if v.ranked.answerable and v.trial.state == TrialState.COMPLETE and v.trial.params]
+
+
+def importance_caveat(n_trials: int) -> str | None:
+    """What a reader must know of an importance computed over `n_trials` trials; None from the threshold on."""
+    if n_trials >= TRUSTED_TRIALS_FOR_IMPORTANCE:
+        return None
+    return (f"a hint, not a finding: computed from {n_trials} trials (below {TRUSTED_TRIALS_FOR_IMPORTANCE}, one "
+            f"noisy trial can reorder it); parameters the trials hardly varied may rank high by chance")
 
 
 def param_importances(views: list[TrialView]) -> tuple[dict[str, float], str]:
     """fANOVA importances for output throughput over the trials that meet the limit, or an empty dict and why."""
-    usable = [v for v in views if v.ranked.answerable and v.trial.state == TrialState.COMPLETE and v.trial.params]
+    usable = importance_trials(views)
     if len(usable) < MIN_TRIALS_FOR_IMPORTANCE:
         return {}, (f"not enough trials: parameter importance needs at least {MIN_TRIALS_FOR_IMPORTANCE} searched "
                     f"trials that meet the limit, {len(usable)} do")

@@ -1,13 +1,12 @@
-"""The report's picture (PNG, matplotlib's Agg canvas: no display needed) and a self-contained HTML page.
+"""The report's picture (PNG, matplotlib's Agg canvas: no display needed), and both report files written.
 
 Four panels: the Pareto front with the SLO limit, the optimization history, TTFT P99 against offered rate for
-the best configurations and vLLM's defaults, and the parameter importances.
+every probe of the best configurations and vLLM's defaults (each marked passed, or what failed it), and the
+parameter importances with the number of trials behind them. The page around it is decision/html.py.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import io
 import math
 import textwrap
@@ -22,12 +21,12 @@ from matplotlib.ticker import LogFormatter, MaxNLocator
 
 from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision
-from optimizer.decision.tables import format_output
+from optimizer.decision.html import RunInfo, render_html
+from optimizer.decision.importance import importance_caveat, importance_trials
+from optimizer.decision.probes import BEHIND, KINDS, OVER, PASSED, WITHDRAWN, chart_rate_rps, outcome
 from optimizer.decision.trial import TrialView
-from optimizer.decision.views import front_rows, summary_lines, title, trial_row
-from optimizer.measurement.rerank import Answer, rate_key_rps
-from optimizer.params.space import SEARCHABLE
-from optimizer.search.attrs import PRUNED_REASON
+from optimizer.decision.views import title
+from optimizer.measurement.rerank import Answer
 
 CURVES_SHOWN = 3
 _PLAIN = LogFormatter(labelOnlyBase=False)  # 20, 50, 100 instead of 2x10^1
@@ -130,40 +129,43 @@ def curve_trials(d: Decision) -> list[TrialView]:
 
 def _curves(ax: Axes, d: Decision) -> None:
     colors = ["tab:orange", "tab:green", "tab:purple", "tab:brown"]
-    chosen_any = burst_any = False
+    shapes = {PASSED: "o", OVER: "x", BEHIND: "^", WITHDRAWN: "s"}
+    kinds, chosen_any = set(), False
     for v, color in zip(curve_trials(d), colors):
-        pts = sorted((p for p in v.curve if p.get("offered_rate_rps") is not None and p.get("sustained")
-                      and math.isfinite(p.get("ttft_p99_ms", math.nan))), key=rate_key_rps)
+        placed = sorted((r, p) for p in v.curve if (r := chart_rate_rps(p)) is not None
+                        and math.isfinite(p.get("ttft_p99_ms", math.nan)))  # every probe, failed ones too
         label = f"#{v.number}" + (" vLLM defaults" if v.baseline else "") + (" (recommended)" if v is d.best else "")
-        style: dict[str, Any] = {"color": "black" if v.baseline else color, "linestyle": ":" if v.baseline else "-"}
-        ax.plot([p["offered_rate_rps"] for p in pts], [p["ttft_p99_ms"] for p in pts], marker="o", label=label,
-                **style)
+        color = "black" if v.baseline else color
+        ax.plot([r for r, _ in placed], [p["ttft_p99_ms"] for _, p in placed], color=color, alpha=0.6,
+                linestyle=":" if v.baseline else "-", label=label)
+        for r, p in placed:
+            kind = outcome(p, d.limit_ms, d.other_limits_ms).kind
+            kinds.add(kind)
+            ax.scatter([r], [p["ttft_p99_ms"]], marker=shapes[kind], color=color, s=36, zorder=3,
+                       **({"facecolors": "none", "edgecolors": color} if kind == PASSED else {}))
         chosen = v.ranked.point
-        if chosen is not None and chosen.get("offered_rate_rps") is not None:
+        if chosen is not None and (rate := chart_rate_rps(chosen)) is not None:
             chosen_any = True
-            ax.scatter([chosen["offered_rate_rps"]], [chosen["ttft_p99_ms"]], s=120, facecolors="none",
-                       edgecolors=style["color"], linewidths=2, zorder=4)
-        for p in v.curve:
-            if p.get("offered_rate_rps") is None and p.get("request_throughput_rps"):
-                burst_any = True
-                ax.scatter([p["request_throughput_rps"]], [p["ttft_p99_ms"]], marker="D", facecolors="none",
-                           edgecolors=style["color"], linewidths=2 if v.ranked.point is p else 1)
+            ax.scatter([rate], [chosen["ttft_p99_ms"]], s=150, facecolors="none", edgecolors=color, linewidths=2,
+                       zorder=4)
     ax.axhline(d.limit_ms, **SLO_STYLE, label=_slo_label(d))
-    extra = [Line2D([], [], marker="D", linestyle="none", markerfacecolor="none", markeredgecolor="0.3",
-                    label="burst, at its completion rate")] if burst_any else []
-    if chosen_any:
-        extra.append(Line2D([], [], marker="o", linestyle="none", markersize=10, markerfacecolor="none",
-                            markeredgecolor="0.3", markeredgewidth=2, label="chosen rate"))
     handles, _ = ax.get_legend_handles_labels()
+    words = {PASSED: "probe passed", OVER: "failed: over the limit", BEHIND: "failed: fell behind",
+             WITHDRAWN: "failed: withdrawn"}
+    handles += [Line2D([], [], marker=shapes[k], linestyle="none", color="0.3", markerfacecolor="none",
+                       label=words[k]) for k in KINDS if k in kinds]
+    if chosen_any:
+        handles.append(Line2D([], [], marker="o", linestyle="none", markersize=10, markerfacecolor="none",
+                              markeredgecolor="0.3", markeredgewidth=2, label="chosen rate"))
     ax.set_yscale("log")
     ax.margins(y=0.08)
-    ax.set_xlabel("offered request rate (requests/s, Poisson)")
+    ax.set_xlabel("offered request rate (requests/s, Poisson; a burst at its completion rate)")
     ax.set_ylabel("TTFT P99 (ms, log scale)")
-    ax.set_title(f"Latency vs load: best {CURVES_SHOWN} and vLLM defaults")
+    ax.set_title(f"Latency vs load: every probe of the best {CURVES_SHOWN} and vLLM defaults")
     ax.yaxis.set_major_formatter(_PLAIN)
     ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.grid(alpha=0.3, which="both")
-    _legend_below(ax, handles + extra)
+    _legend_below(ax, handles)
 
 
 def _importances(ax: Axes, d: Decision) -> None:
@@ -175,13 +177,17 @@ def _importances(ax: Axes, d: Decision) -> None:
         return
     items = sorted(d.importances.items(), key=lambda kv: kv[1])
     ax.barh([k for k, _ in items], [v for _, v in items], color="tab:blue")
+    n = len(importance_trials(d.views))
+    caveat = importance_caveat(n)
+    ax.set_title(f"Parameter importance for output throughput, from {n} trials"
+                 + (f"\n{textwrap.fill(caveat, 80)}" if caveat else ""), fontsize=10 if caveat else None)
     ax.set_xlabel(f"importance (normalized to sum to 1; {d.importance_note.split(' over ')[0]})")
     ax.set_xlim(0, 1)
     ax.grid(alpha=0.3, axis="x")
 
 
-def render_png(d: Decision, dpi: int = 110) -> bytes:
-    """The four-panel report figure as PNG bytes."""
+def figure(d: Decision) -> Figure:
+    """The four-panel report figure, untitled (the page prints the title above it)."""
     fig = Figure(figsize=(15, 10.5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(2, 2)
@@ -189,42 +195,21 @@ def render_png(d: Decision, dpi: int = 110) -> bytes:
     _history(axes[0][1], d)
     _curves(axes[1][0], d)
     _importances(axes[1][1], d)
-    fig.suptitle(title(d), fontsize=13)
+    return fig
+
+
+def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
+    """`fig` as PNG bytes at `dpi`."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
 
 
-def all_rows(d: Decision) -> list[dict]:
-    """Every finished trial as a row (its pruning reason where it could not run)."""
-    params = [k for k in SEARCHABLE if any(k in v.engine_config for v in d.views)]
-    rows = []
-    for v in d.views:
-        row = trial_row(d, v, params)
-        reason = PRUNED_REASON.of(v.trial)
-        if reason:
-            row["answer"] = f"cannot run: {reason}"
-        rows.append(row)
-    return rows
-
-
-_CSS = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f0f0f0}"
-        "img{max-width:100%}li{margin:.2em 0}")
-
-
-def render_html(d: Decision, png: bytes) -> str:
-    """A page that needs no other file: the figure embedded as base64, the tables, the caveats."""
-    e = html.escape
-    items = "".join(f"<li>{e(line)}</li>" for line in summary_lines(d))
-    imp = format_output([{"parameter": k, "importance": v} for k, v in d.importances.items()], "html") \
-        if d.importances else f"<p>{e(d.importance_note)}</p>"
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(d.study_name)}: optimize report</title>"
-            f"<style>{_CSS}</style></head><body><h1>{e(title(d))}</h1><ul>{items}</ul>"
-            f"<img alt='report figure' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-            f"<h2>Feasible Pareto front</h2>{format_output(front_rows(d), 'html')}"
-            f"<h2>Parameter importance</h2>{imp}"
-            f"<h2>All finished trials</h2>{format_output(all_rows(d), 'html')}</body></html>")
+def render_png(d: Decision, dpi: int = 110) -> bytes:
+    """The four-panel report figure as PNG bytes, titled."""
+    fig = figure(d)
+    fig.suptitle(title(d), fontsize=13)
+    return png_bytes(fig, dpi)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -233,11 +218,33 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-def write_report(d: Decision, out_dir: Path) -> tuple[Path, Path]:
-    """Write `<study>.report.png` and `<study>.report.html` into `out_dir`; return both paths."""
+def write_report(d: Decision, out_dir: Path, info: RunInfo | None = None) -> tuple[Path, Path]:
+    """Write `<study>.report.png` (titled) and `<study>.report.html` (the page prints the title once, above the same
+    figure; `info`: the run's metadata it opens with) into `out_dir`; return both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    png = render_png(d)
+    png, page_png = titled_and_untitled(figure(d), title(d))
     png_path, html_path = out_dir / f"{d.study_name}.report.png", out_dir / f"{d.study_name}.report.html"
     _write_atomic(png_path, png)
-    _write_atomic(html_path, render_html(d, png).encode())
+    _write_atomic(html_path, render_html(d, page_png, info).encode())
     return png_path, html_path
+
+
+def titled_and_untitled(fig: Figure, text: str, dpi: int = 110) -> tuple[bytes, bytes]:
+    """`fig` drawn once with `text` as its title: the PNG, and the same pixels below the title (for the page, which
+    prints the title above it). Drawing is what costs; the two encodings (Pillow, matplotlib's own dependency) are
+    cheap."""
+    from PIL import Image
+
+    fig.set_dpi(dpi)
+    heading = fig.suptitle(text, fontsize=13)
+    fig.canvas.draw()
+    width, height = fig.canvas.get_width_height()
+    image = Image.frombuffer("RGBA", (width, height), fig.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    below = height - math.floor(heading.get_window_extent().y0)  # display y counts from the bottom
+    return _png(image), _png(image.crop((0, below, width, height)))
+
+
+def _png(image: Any) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()

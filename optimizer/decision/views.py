@@ -374,3 +374,17 @@ def confirmation_run_lines(d: Decision, v: TrialView) -> list[str]:
     if mine is None:
         return []
     return [describe(mine.runs[r]) for r in sorted(mine.runs)]
+
+
+def role_text(d: Decision, v: TrialView) -> str:
+    """`v`'s role in the decision in words: 'recommended', 'baseline', 'tied', joined; '' for none."""
+    return _role(d, v, frozenset(x.number for x in d.ties))
+
+
+def limited_line(v: TrialView) -> str | None:
+    """What limited `v` at its chosen point (its engine's stats, or the line its trial stored), None where unknown."""
+    from optimizer.measurement.limits import diagnose
+
+    point = v.ranked.point
+    found = diagnose(point.get("engine"), point.get("ttft_p99_ms")) if point else None
+    return found.line if found else LIMITED_BY.of(v.trial)

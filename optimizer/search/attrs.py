@@ -108,6 +108,8 @@ TRIAL_ATTRS: tuple[Attr[Any], ...] = (
 STUDY_CONFIG: StudyAttr[str | None] = StudyAttr("optimizer_config", None,
                                                 "the StudyConfig as JSON (no password): made by optimize")
 STUDY_MACHINE: StudyAttr[Json | None] = StudyAttr("machine", None, "the fingerprint of the machine it was made on")
+STUDY_CREATED: StudyAttr[str | None] = StudyAttr("created", None, "when the study was made: ISO 8601, UTC (None: "
+                                                                  "studies made before it was stored)")
 STUDY_DEMO_SCALE: StudyAttr[Json | None] = StudyAttr("demo_scale", None, "the demo's probe and its chosen scale: "
                                                                          "{probe, scale}")
 STUDY_REQUESTS_CHOICE: StudyAttr[Json | None] = StudyAttr("num_requests_choice", None,
@@ -121,6 +123,6 @@ STUDY_CONFIRMATION: StudyAttr[Json | None] = StudyAttr("confirmation", None, "th
                                                        "candidates, baseline, why} (search/confirm.py)")
 
 STUDY_ATTRS: tuple[StudyAttr[Any], ...] = (
-    STUDY_CONFIG, STUDY_MACHINE, STUDY_DEMO_SCALE, STUDY_REQUESTS_CHOICE, STUDY_PRESCREEN, STUDY_P99_STABILITY,
-    STUDY_VERIFY, STUDY_CONFIRMATION,
+    STUDY_CONFIG, STUDY_MACHINE, STUDY_CREATED, STUDY_DEMO_SCALE, STUDY_REQUESTS_CHOICE, STUDY_PRESCREEN,
+    STUDY_P99_STABILITY, STUDY_VERIFY, STUDY_CONFIRMATION,
 )

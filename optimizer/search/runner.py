@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from optimizer.measurement.workload import build_workload
 from optimizer.params.preflight import DeviceMemory
 from optimizer.params.space import resolve
 from optimizer.search.attrs import (
-    RESULT, STUDY_DEMO_SCALE, STUDY_MACHINE, STUDY_P99_STABILITY, STUDY_REQUESTS_CHOICE, TIMINGS,
+    RESULT, STUDY_CREATED, STUDY_DEMO_SCALE, STUDY_MACHINE, STUDY_P99_STABILITY, STUDY_REQUESTS_CHOICE, TIMINGS,
 )
 from optimizer.search.fitting import machine_warning, served_dtype, size_demo
 from optimizer.search.objective import Objective
@@ -147,12 +148,13 @@ def budget_text(config: StudyConfig) -> str:
 def fit_to_machine(config: StudyConfig, info: ModelInfo, engine_factory: EngineFactory | None, logs_dir: Path,
                    say: Callable[..., None]) -> tuple[StudyConfig, dict[str, Any]]:
     """A new study fitted to this machine (optimizer/search/fitting.py): the dtype it serves, the embedded demo's scale
-    (a probe), and what to store with it: the machine's fingerprint and the probe's result."""
+    (a probe), and what to store with it: the machine's fingerprint, the time it was made and the probe's result."""
     machine = fingerprint(config.device)
     say(f"machine: {describe(machine)}")
     config, line = served_dtype(config, info.dtype)
     say(line)
-    fitted: dict[str, Any] = STUDY_MACHINE.item(machine)
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    fitted: dict[str, Any] = {**STUDY_MACHINE.item(machine), **STUDY_CREATED.item(created)}
     if config.demo_probe:
         factory = engine_factory or factory_for(config, model_path(config))
         config, scale = size_demo(config, info, factory, logs_dir, say)

@@ -32,6 +32,15 @@ class SimEngine(SimulatedEngine):
         super().__init__(model_info({**DEFAULT_MODEL_CONFIG, "max_position_embeddings": 1024}, "sim"))
 
 
+def config_only_model_in(folder: Path) -> Path:
+    """`folder/arch`: a model directory with a config.json and no weights (the `config_only_model` fixture's), for a
+    fixture wider than one test."""
+    d = folder / "arch"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**DEFAULT_MODEL_CONFIG, "max_position_embeddings": 1024}))
+    return d
+
+
 def make_config(tmp_path, model, **kw) -> StudyConfig:
     """A 3-trial study of 40 short requests with a 30 ms TTFT P99 limit; `kw` overrides any field."""
     base = dict(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", ttft_p99_ms=30.0, budget=3,
