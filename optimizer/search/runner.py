@@ -192,7 +192,7 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
         return split.runs * run_s if run_s is not None else 0.0
 
     def status() -> Status:
-        return tally.status(study, estimate(), confirm.run_estimate_s(study) or estimate(), config.deadline_unix_s)
+        return run_status(prepared, tally, estimate)
 
     first = status()
     if not quiet:
@@ -303,6 +303,18 @@ class Tally:
                       work_s=work_s(trials_left, trial_s, runs_left, run_s),
                       next_s=(trial_s if trials_left else run_s if runs_left else 0.0) or 0.0,
                       deadline_unix_s=deadline_unix_s, best="" if self.confirming else best_text(study))
+
+
+def run_status(prepared: Prepared, tally: Tally, estimate: Callable[[], float | None] | None = None) -> Status:
+    """Where the run of `prepared` stands now: search trials at `trial_estimate`'s length, confirmation runs at the
+    median run's (search/confirm.py `run_estimate_s`), and before any trial both at the probe's estimate, so that
+    the first estimate is the probe's for the whole study."""
+    from optimizer.search.confirm import run_estimate_s
+
+    estimate = estimate or trial_estimate(prepared)
+    trial_s = estimate()
+    return tally.status(prepared.study, trial_s, run_estimate_s(prepared.study) or trial_s,
+                        prepared.config.deadline_unix_s)
 
 
 def start_estimate(status: Status, tally: Tally) -> str:

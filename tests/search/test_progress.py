@@ -1,4 +1,4 @@
-"""The console of a run (search/progress.py): one estimate of the time left over the search and the confirmation,
+"""The console of a run (search/progress.py, counted by search/runner.py's Tally): one estimate of the time left over the search and the confirmation,
 counted down on the clock between trials; a live bar on a terminal, plain lines elsewhere; trial lines in rates.
 The clock is a scripted one: `clock.t` is what the display reads."""
 
@@ -6,9 +6,11 @@ import io
 
 from optuna.trial import create_trial
 
-from optimizer.search.attrs import RESULT, TIMINGS
+from optimizer.search.attrs import CONFIRM, RESULT, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.objective import CONSTRAINT
 from optimizer.search.progress import Progress, Status, describe, why_infeasible, work_s
+from optimizer.search.runner import Tally
+from tests.support import synthetic
 
 
 class Clock:
@@ -110,3 +112,27 @@ def test_a_trial_that_missed_says_so_in_rates_and_without_another_regimes_throug
     assert "at a burst" in why_infeasible({"feasible": False, "rate_rps": None, "ttft_p99_ms": 180.0})
     burst = describe(_trial(3, feasible=True, rate_rps=None, ttft_p99_ms=90.0, output_throughput_tok_s=800.0))
     assert burst == "trial #3: a burst; 800.0 tok/s, TTFT P99 90ms at a burst [42s]"  # not "at 0.00 req/s"
+
+
+def test_the_count_covers_the_budget_and_follows_the_confirmation_as_it_shrinks(tmp_path):
+    """The synthetic study: 5 search trials done of 5; 3 rounds of 3 configs planned, of which the queued plan holds 2
+    configs, and the confirmation ends after 4 runs. A rerun counts the runs of the stored plan as done."""
+    study, _ = synthetic.build(tmp_path)
+    tally = Tally(search_budget=5, runs_planned=9)
+    search = tally.status(study, trial_s=60.0, run_s=80.0, deadline_unix_s=None)
+    assert (search.phase, search.done, search.total, search.work_s) == ("search", 5, 14, 9 * 80.0)
+    assert search.best.startswith("best #2: 770.0 tok/s at 7.70 req/s")  # the synthetic study's recommendation
+    tally.confirm(9)
+    STUDY_CONFIRMATION.set(study, {"plan": "5:4", "rounds": 3, "candidates": [0, 2], "limit_ms": 100.0})
+    tally.run_done(study)
+    first = tally.status(study, trial_s=60.0, run_s=80.0, deadline_unix_s=None)
+    assert (first.phase, first.done, first.total, first.work_s, first.best) == ("confirmation 1/6", 6, 11, 400.0, "")
+    for _ in range(3):
+        tally.run_done(study)
+    tally.confirmed()  # decisive after 4 runs
+    assert tally.status(study, 60.0, 80.0, None).total == 9
+    study.add_trial(create_trial(values=[500.0, 90.0], user_attrs=CONFIRM.item({"plan": "5:4", "of": 2, "round": 0}),
+                                 constraints={CONSTRAINT: 0.0}))
+    again = Tally(search_budget=5, runs_planned=6)
+    again.resume(study)
+    assert (again.runs_done, again.status(study, 60.0, 80.0, None).done) == (1, 6)
