@@ -1,6 +1,6 @@
-"""The console of a run (search/progress.py, counted by search/runner.py's Tally): one estimate of the time left over the search and the confirmation,
-counted down on the clock between trials; a live bar on a terminal, plain lines elsewhere; trial lines in rates.
-The clock is a scripted one: `clock.t` is what the display reads."""
+"""The console of a run (search/progress.py, counted by search/runner.py's Tally): one estimate of the time left
+over the search and the confirmation, counted down on the clock between trials; a live bar on a terminal, plain
+lines elsewhere; trial lines in rates. The clock is a scripted one: `clock.t` is what the display reads."""
 
 import io
 
