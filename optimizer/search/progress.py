@@ -127,14 +127,14 @@ class Status:
     def text(self, started_s: float, now_s: float) -> str:
         """Pure: '12/40 search, 8m12s elapsed, ~20m05s left, best #7: 1374.9 tok/s at 37.60 req/s'."""
         left = self.left_s(now_s)
-        count = f"{self.done}/{self.total}" if self.total is not None else f"{self.done} done"
+        count = f"{self.done} done ({self.phase})" if self.total is None else f"{self.done}/{self.total} {self.phase}"
         if left is None:
             eta = "time left unknown"
         elif left < 1 and (self.total is None or self.done < self.total):
             eta = "finishing"  # the last trial or run takes longer than estimated
         else:
             eta = f"~{clock_text(left)} left"
-        parts = [f"{count} {self.phase}", f"{clock_text(now_s - started_s)} elapsed", eta]
+        parts = [count, f"{clock_text(now_s - started_s)} elapsed", eta]
         return ", ".join(parts + ([self.best] if self.best else []))
 
 

@@ -45,6 +45,8 @@ def test_the_status_line_reads_like_with_like():
     assert s.text(started_s=0.0, now_s=1000.0) == "33/40 confirmation 2/9, 16m40s elapsed, ~7m00s left"
     best = Status("search", 12, 40, at_s=0.0, work_s=None, best="best #7: 1374.9 tok/s at 37.60 req/s")
     assert best.text(0.0, 5.0) == "12/40 search, 5s elapsed, time left unknown, best #7: 1374.9 tok/s at 37.60 req/s"
+    deadline = Status("search", 12, None, at_s=0.0, deadline_unix_s=3600.0)
+    assert deadline.text(0.0, 600.0) == "12 done (search), 10m00s elapsed, ~50m00s left"  # --budget 8h: no count
     late = Status("confirmation 8/9", 39, 40, at_s=0.0, work_s=60.0, next_s=60.0)
     assert late.text(0.0, 90.0).endswith("1m30s elapsed, finishing")  # the last run is late: no "~0s left"
 
