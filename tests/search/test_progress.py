@@ -3,9 +3,12 @@ over the search and the confirmation, counted down on the clock between trials; 
 lines elsewhere; trial lines in rates. The clock is a scripted one: `clock.t` is what the display reads."""
 
 import io
+import os
+import sys
 
 from optuna.trial import create_trial
 
+from optimizer.core.processes import output_to
 from optimizer.search.attrs import CONFIRM, RESULT, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.objective import CONSTRAINT
 from optimizer.search.progress import Progress, Status, describe, why_infeasible, work_s
@@ -138,3 +141,16 @@ def test_the_count_covers_the_budget_and_follows_the_confirmation_as_it_shrinks(
     again = Tally(search_budget=5, runs_planned=6)
     again.resume(study)
     assert (again.runs_done, again.status(study, 60.0, 80.0, None).done) == (1, 6)
+
+
+def test_the_display_reaches_the_console_while_a_trial_points_stderr_at_its_engine_log(tmp_path, capfd, monkeypatch):
+    """While an engine starts, descriptor 2 is its log (core/processes.py `output_to`): the engine's output goes
+    there, the display's lines (and a live bar's redraws) still to the console."""
+    monkeypatch.setattr(sys, "stderr", open(2, "w", buffering=1, closefd=False))  # as in a process of its own
+    p = Progress(Status("search", 0, 2, at_s=0.0), live=False, thread=False)
+    with output_to(tmp_path / "engine.log"):
+        os.write(2, b"INFO engine starting\n")
+        p.write("still running: 0/2 search")
+    p.close()
+    assert capfd.readouterr().err == "still running: 0/2 search\n"
+    assert (tmp_path / "engine.log").read_text() == "INFO engine starting\n"
