@@ -87,16 +87,14 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
 
         per_trial_s = scale.estimated_s / budget
         fit = max(int((config.deadline_unix_s - time.time()) / per_trial_s), 0)
-        duration = f"estimated ~{per_trial_s:.0f} s per trial: about {fit} trials before the deadline"
-    else:
-        duration = f"estimated duration ~{scale.estimated_s / 60:.0f} min for {budget} trials" + (
-            f", {runs} of them confirmation runs" if runs else "")
+        verdict += f"; estimated ~{per_trial_s:.0f} s per trial: about {fit} trials before the deadline"
+    # the run's estimated time is printed once, as its progress display starts (search/runner.py `start_estimate`)
     update: dict[str, Any] = {"model": scale.model}
     if scale.num_requests and scale.num_requests < config.workload.num_requests:
         verdict += (f"; {scale.num_requests} requests per replay instead of {config.workload.num_requests}, to end "
                     f"in time (even the smallest shape is estimated past {TARGET_S_PER_TRIAL:.0f} s per trial)")
         update["workload"] = config.workload.model_copy(update={"num_requests": scale.num_requests})
-    say(f"demo scale: {scale.model}: {verdict}; {duration}")
+    say(f"demo scale: {scale.model}: {verdict}")
     config = config.model_copy(update=update)
     return config, {"probe": result.to_dict(), "scale": scale.to_dict()}
 

@@ -1,11 +1,27 @@
-"""A progress bar over trials that shows the best feasible throughput so far, and one line per trial."""
+"""What the console shows while a study runs: one line per search trial and per confirmation run, and one progress
+display over both with one estimate of the time left.
+
+On a terminal the display is a live bar below the lines, redrawn every second, so that the elapsed time ticks and the
+estimate counts down while a trial runs. Anywhere else (a log file, CI) there are no redraws: the lines alone, and a
+"still running" line after HEARTBEAT_S without any.
+
+The estimate is the work not yet finished at each one's estimated length: search trials at the median of the study's
+trials (the probe's estimate before any), confirmation runs at theirs (search/confirm.py `run_estimate_s`), capped by
+a deadline. It is made at each trial's end from the study, then counted down on the clock alone (the display's thread
+never reads the study).
+"""
 
 from __future__ import annotations
 
+import io
 import math
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -14,21 +30,22 @@ from tqdm import tqdm
 from optimizer.core.units import format_ms
 from optimizer.search.attrs import BASELINE, LIMITED_BY, PRUNED_DETAIL, PRUNED_REASON, RESULT, TIMINGS
 from optimizer.search.score import feasible, rate_at_limit_text, scored_best_first
-from optimizer.search.study import finished_count, is_confirmation
+
+TICK_S = 1.0  # a live display is redrawn this often
+HEARTBEAT_S = 300.0  # not on a terminal: a "still running" line after this long without a line
 
 
 def describe(trial: FrozenTrial) -> str:
-    """One line: what the trial measured or why it could not run."""
+    """One line: what the trial measured, or what stopped it, in rates (and its engine's limit on a second line)."""
     label = "baseline (vLLM defaults)" if BASELINE.of(trial) else "trial"
     if trial.state == TrialState.PRUNED:
         return (f"{label} #{trial.number}: cannot run: {PRUNED_REASON.of(trial) or '?'}: "
                 f"{str(PRUNED_DETAIL.of(trial))[:160]}")
     r = RESULT.of(trial)
-    t = TIMINGS.of(trial)
-    took = f"[{t.get('total_s', 0):.0f}s]"
+    took = f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]"
     if feasible(trial):
         line = (f"{label} #{trial.number}: {rate_at_limit_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} "
-                f"tok/s, TTFT P99 {format_ms(r.get('ttft_p99_ms', math.nan))} at {r.get('rate_rps') or 0:.2f} req/s "
+                f"tok/s, TTFT P99 {format_ms(r.get('ttft_p99_ms', math.nan))} at {rate_text(r.get('rate_rps'))} "
                 f"{took}")
     else:
         line = f"{label} #{trial.number}: {why_infeasible(r)} {took}"
@@ -36,27 +53,42 @@ def describe(trial: FrozenTrial) -> str:
     return f"{line}\n  {limited}" if limited else line
 
 
+def rate_text(rate_rps: float | None) -> str:
+    """12.5 -> '12.50 req/s'; None or inf (all requests at once) -> 'a burst'."""
+    return "a burst" if rate_rps is None or not math.isfinite(rate_rps) else f"{rate_rps:.2f} req/s"
+
+
+def best_text(study: optuna.Study) -> str:
+    """'best #7: 1374.9 tok/s at 37.60 req/s': the search's best so far, its throughput at its own rate."""
+    scored = scored_best_first(study)
+    if not scored:
+        return "best: none meets the limit yet"
+    trial, ranked = scored[0]
+    return f"best #{trial.number}: {ranked.output_throughput_tok_s:.1f} tok/s at {rate_text(ranked.rate_rps)}"
+
+
 def why_infeasible(result: dict) -> str:
-    """In words and in rates, what stopped a trial that met the limit at no rate."""
+    """In words and in rates, what stopped a trial that met the limit at no rate: the rate it missed at, with its TTFT
+    P99 there, and why it went no lower."""
     tried = result.get("requests")
     evidence = f" ({tried} requests)" if tried else ""
+    closest = (f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))} at "
+               f"{rate_text(result.get('rate_rps'))}")
     floor = result.get("floor_rps")
     if result.get("stopped_early") and floor:
-        return (f"missed the limit down to {floor:.2f} req/s, 0.9 x the best's lower bound: it cannot beat the best, "
-                f"stopped early{evidence}")
+        return (f"over the limit down to {floor:.2f} req/s, 0.9 x the best's lower bound ({closest}): it cannot beat "
+                f"the best, stopped early{evidence}")
     if result.get("stopped_early"):
-        return f"cannot beat the best so far: stopped early{evidence}"
-    return f"missed the limit at every rate tried, TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))} at " \
-           f"the closest{evidence}"
+        return f"over the limit below the best's rate ({closest}): it cannot beat the best, stopped early{evidence}"
+    return f"over the limit at every rate tried ({closest}, the closest){evidence}"
 
 
-def remaining_s(budget: int | None, finished: int, trial_s: float | None, deadline_unix_s: float | None,
-                now_unix_s: float) -> float | None:
-    """Pure: the estimated time left: trials left x a trial's estimated duration, capped by the deadline."""
-    by_trials = None if budget is None or trial_s is None else max(budget - finished, 0) * trial_s
-    by_deadline = None if deadline_unix_s is None else max(deadline_unix_s - now_unix_s, 0.0)
-    known = [x for x in (by_trials, by_deadline) if x is not None]
-    return min(known) if known else None
+def work_s(trials_left: int | None, trial_s: float | None, runs_left: int, run_s: float | None) -> float | None:
+    """Pure: how long the search trials and confirmation runs still to finish take at their estimated lengths; None
+    when that is not known (no estimate yet, or the trials left are not counted: a deadline alone decides)."""
+    if trials_left is None or (trials_left and trial_s is None) or (runs_left and run_s is None):
+        return None
+    return trials_left * (trial_s or 0.0) + runs_left * (run_s or 0.0)
 
 
 def clock_text(seconds: float) -> str:
@@ -69,57 +101,137 @@ def clock_text(seconds: float) -> str:
     return f"{s}s"
 
 
+@dataclass(frozen=True)
+class Status:
+    """Where a run stands after its latest trial: what is done of how much, and the estimated time left then."""
+
+    phase: str  # "search", "confirmation 2/9"
+    done: int  # search trials and confirmation runs finished
+    total: int | None  # ... of those planned (None: a deadline decides)
+    at_s: float  # the clock reading the estimate was made at
+    work_s: float | None = None  # the work not yet finished, at its estimated lengths (work_s())
+    next_s: float = 0.0  # of which the trial or run starting now
+    deadline_unix_s: float | None = None
+    best: str = ""  # "best #7: 1374.9 tok/s"
+
+    def left_s(self, now_s: float) -> float | None:
+        """Pure: the time left at `now_s`: the work counted down since the estimate, never below the work not yet
+        started (a trial that runs long holds it), capped by the deadline; None when nothing is known."""
+        known = []
+        if self.work_s is not None:
+            known.append(max(self.work_s - (now_s - self.at_s), self.work_s - self.next_s, 0.0))
+        if self.deadline_unix_s is not None:
+            known.append(max(self.deadline_unix_s - now_s, 0.0))
+        return min(known) if known else None
+
+    def text(self, started_s: float, now_s: float) -> str:
+        """Pure: '12/40 search, 8m12s elapsed, ~20m05s left, best #7: 1374.9 tok/s at 37.60 req/s'."""
+        left = self.left_s(now_s)
+        count = f"{self.done} done ({self.phase})" if self.total is None else f"{self.done}/{self.total} {self.phase}"
+        if left is None:
+            eta = "time left unknown"
+        elif left < 1 and (self.total is None or self.done < self.total):
+            eta = "finishing"  # the last trial or run takes longer than estimated
+        else:
+            eta = f"~{clock_text(left)} left"
+        parts = [count, f"{clock_text(now_s - started_s)} elapsed", eta]
+        return ", ".join(parts + ([self.best] if self.best else []))
+
+
+def console_stream() -> TextIO:
+    """The console as it is now: a copy of stderr's file descriptor, so that the display still reaches it while a
+    trial points descriptor 2 at its engine's log (core/processes.py `output_to`); sys.stderr itself when it has no
+    descriptor (a test's capture)."""
+    try:
+        return os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return sys.stderr
+
+
 class Progress:
-    """Callback for `study.optimize`: a bar over trials with elapsed and estimated remaining time and the best
-    result so far, and one line per trial."""
+    """The console of a run: `write` a line (a trial's, a run's, a note), `update` the status after each trial.
 
-    def __init__(self, study: optuna.Study, budget: int | None, quiet: bool = False,
-                 deadline_unix_s: float | None = None,
-                 trial_estimate_s: Callable[[], float | None] = lambda: None,
-                 now_unix_s: Callable[[], float] = time.time,
-                 reserve_s: Callable[[], float] = lambda: 0.0) -> None:
-        self._quiet = quiet
-        self._reserve = reserve_s  # the confirmation's estimated time after the search
-        self._budget, self._deadline, self._estimate, self._now = budget, deadline_unix_s, trial_estimate_s, now_unix_s
-        self._started = now_unix_s()
-        self._bar = None if quiet else tqdm(total=budget, initial=min(finished_count(study), budget or 10**9),
-                                            desc="trials", unit="trial", file=sys.stderr, dynamic_ncols=True,
-                                            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}"
-                                            if budget is not None else "{desc}: {n_fmt}{postfix}")
-        self._update(study)
+    Live (a terminal): a bar under the lines, redrawn every `tick_s` by a thread of its own. Otherwise: the lines as
+    they are, and `still running: <status>` when `heartbeat_s` passed without a line. `now` and `thread=False` are
+    for tests, which call `tick()` themselves."""
 
-    def postfix(self, study: optuna.Study) -> str:
-        """'elapsed 3m12s, ~25m00s left, best: 731.0 tok/s (#19)'."""
-        now = self._now()
-        left = remaining_s(self._budget, finished_count(study), self._estimate(), self._deadline, now)
-        if left is not None and self._deadline is None:
-            left += self._reserve()
-        scored = scored_best_first(study)
-        best = scored[0] if scored else None
-        parts = [f"elapsed {clock_text(now - self._started)}",
-                 "time left unknown" if left is None else f"~{clock_text(left)} left",
-                 "best: none feasible yet" if best is None else
-                 f"best: {best[1].output_throughput_tok_s:.1f} tok/s (#{best[0].number})"]
-        return ", ".join(parts)
+    def __init__(self, status: Status, stream: TextIO | None = None, live: bool | None = None,
+                 now: Callable[[], float] = time.time, tick_s: float = TICK_S, heartbeat_s: float = HEARTBEAT_S,
+                 thread: bool = True) -> None:
+        self._own_stream = stream is None
+        self._stream = console_stream() if stream is None else stream
+        self._live = self._stream.isatty() if live is None else live
+        self._now, self._heartbeat_s = now, heartbeat_s
+        self._status, self._started_s = status, now()
+        self._last_line_s = self._started_s
+        self._lock = threading.Lock()
+        self._bar = None
+        if self._live:
+            self._bar = tqdm(total=status.total, initial=status.done, file=self._stream, dynamic_ncols=True,
+                             leave=True, mininterval=0, bar_format="{desc}")
+            self._draw()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick_until_closed, args=(tick_s,), daemon=True) \
+            if thread else None
+        if self._thread is not None:
+            self._thread.start()
 
-    def _update(self, study: optuna.Study) -> None:
-        if self._bar is None:
-            return
-        self._bar.set_postfix_str(self.postfix(study))
+    @property
+    def live(self) -> bool:
+        return self._live
 
-    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if self._bar is None:
-            return
-        if is_confirmation(trial):
-            from optimizer.search.confirm import describe as describe_run
+    def text(self) -> str:
+        """The status line as it reads now."""
+        return self._status.text(self._started_s, self._now())
 
-            self._bar.write(describe_run(trial), file=sys.stderr)
-            return
-        self._bar.write(describe(trial), file=sys.stderr)
-        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
-            self._bar.update(1)
-        self._update(study)
+    def write(self, *parts: object) -> None:
+        """A line of its own (a trial's, a note), above the live bar; print-like, for `say`."""
+        line = " ".join(str(p) for p in parts)
+        with self._lock:
+            if self._bar is not None:
+                self._bar.write(line, file=self._stream)
+            else:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+            self._last_line_s = self._now()
+
+    def update(self, status: Status) -> None:
+        """A new status, made after a trial ended (the display counts it down between trials)."""
+        self._status = status
+        with self._lock:
+            self._draw()
+
+    def tick(self) -> None:
+        """Redraw the live bar (the clock moved); not live, a `still running` line when none came for a while."""
+        with self._lock:
+            if self._bar is not None:
+                self._draw()
+                return
+        if self._now() - self._last_line_s >= self._heartbeat_s:
+            self.write(f"still running: {self.text()}")
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+        """Stop the display, leaving the bar as it stands (a run stopped by Ctrl-C shows how far it got)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            if self._bar is not None:
+                self._draw()
+                self._bar.close()
+                self._bar = None
+        if self._own_stream and self._stream is not sys.stderr:
+            self._stream.close()
+
+    def _draw(self) -> None:
+        if self._bar is None:
+            return
+        s = self._status
+        self._bar.total, self._bar.n = s.total, s.done
+        self._bar.bar_format = "|{bar:20}| {desc}" if s.total else "{desc}"
+        self._bar.set_description_str(self.text(), refresh=False)
+        self._bar.refresh()
+
+    def _tick_until_closed(self, tick_s: float) -> None:
+        while not self._stop.wait(tick_s):
+            self.tick()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config.model import ModelInfo, default_model, inspect_model
 from optimizer.config.settings import StudyConfig
@@ -20,13 +21,17 @@ from optimizer.measurement.workload import build_workload
 from optimizer.params.preflight import DeviceMemory
 from optimizer.params.space import resolve
 from optimizer.search.attrs import (
-    RESULT, STUDY_CREATED, STUDY_DEMO_SCALE, STUDY_MACHINE, STUDY_P99_STABILITY, STUDY_REQUESTS_CHOICE, TIMINGS,
+    CONFIRM, RESULT, STUDY_CONFIRMATION, STUDY_CREATED, STUDY_DEMO_SCALE, STUDY_MACHINE, STUDY_P99_STABILITY,
+    STUDY_REQUESTS_CHOICE, TIMINGS,
 )
 from optimizer.search.fitting import machine_warning, served_dtype, size_demo
 from optimizer.search.objective import Objective
-from optimizer.search.progress import Progress, clock_text
+from optimizer.search.progress import Progress, Status, best_text, clock_text, work_s
+from optimizer.search.progress import describe as describe_trial
 from optimizer.search.records import RecordStore
-from optimizer.search.study import finished_count, open_study, run_to_budget, storage_for, stored_config
+from optimizer.search.study import (
+    finished_count, is_confirmation, open_study, run_to_budget, search_trials, storage_for, stored_config,
+)
 
 
 @dataclass
@@ -171,39 +176,64 @@ def say_to_stderr(*args: Any) -> None:
 
 def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_to_stderr) -> optuna.Study:
     """Run search trials until the study holds its budget of them (less the confirmation's runs), or the next would
-    end past its deadline (less the time kept for the confirmation); then the confirmation (search/confirm.py)."""
+    end past its deadline (less the time kept for the confirmation); then the confirmation (search/confirm.py).
+
+    Unless `quiet`, one progress display covers both (search/progress.py): it prints every trial's and run's line,
+    and the lines said meanwhile, under one estimate of the time left, which the run's first line states."""
     from optimizer.search import confirm
 
-    config = prepared.config
+    config, study = prepared.config, prepared.study
     split = confirm.plan(config.budget, config.confirm)
     say(split.line)
     estimate = trial_estimate(prepared)
-    study = prepared.study
+    tally = Tally(split.search_budget, split.runs)
+    tally.resume(study)
 
     def reserve_s() -> float:
         run_s = confirm.run_estimate_s(study)
         return split.runs * run_s if run_s is not None else 0.0
 
-    progress = Progress(study, split.search_budget, quiet=quiet, deadline_unix_s=config.deadline_unix_s,
-                        trial_estimate_s=estimate, reserve_s=reserve_s)
+    def status() -> Status:
+        return run_status(prepared, tally, estimate)
+
+    first = status()
+    if not quiet:
+        say(start_estimate(first, tally))
+    progress = None if quiet else Progress(first)
+    say = progress.write if progress is not None else say
+
+    def on_trial(s: optuna.Study, trial: FrozenTrial) -> None:
+        if progress is not None:  # a run of an interrupted confirmation, still queued, may come first
+            progress.write(confirm.describe(trial) if is_confirmation(trial) else describe_trial(trial))
+            progress.update(status())
+
+    def on_run(s: optuna.Study, trial: FrozenTrial) -> None:
+        tally.run_done(study)
+        if progress is not None:
+            progress.write(confirm.describe(trial))
+            progress.update(status())
+
     try:
-        try:
-            stop = run_to_budget(study, prepared.objective, split.search_budget, on_trial=progress,
-                                 deadline_unix_s=config.deadline_unix_s, trial_estimate_s=estimate,
-                                 reserve_s=reserve_s)
-        finally:
-            progress.close()
+        stop = run_to_budget(study, prepared.objective, split.search_budget, on_trial=on_trial,
+                             deadline_unix_s=config.deadline_unix_s, trial_estimate_s=estimate, reserve_s=reserve_s)
         if stop.reason:
             say(stop.reason)
+        rounds = 0
         if split.rounds and not stop.reason.startswith("time budget: the deadline has passed"):
             rounds = confirm.rounds_in_time(split.rounds, config.deadline_unix_s, confirm.run_estimate_s(study))
             if rounds < split.rounds:
                 say(f"confirmation: {rounds} of {split.rounds} rounds fit before the deadline")
-            line = confirm.run(study, prepared.objective, rounds, config.engine_args, say,
-                               on_run=(lambda s, t: None) if quiet else (lambda s, t: say(confirm.describe(t))),
+        tally.confirm(rounds * confirm.CONFIGS)
+        if progress is not None:
+            progress.update(status())
+        if rounds:
+            line = confirm.run(study, prepared.objective, rounds, config.engine_args, say, on_run=on_run,
                                deadline_unix_s=config.deadline_unix_s, workload_seed=config.workload.seed)
             if line:
                 say(line)
+        tally.confirmed()
+        if progress is not None:
+            progress.update(status())
     except Exception as exc:
         from optimizer.search.dbretry import storage_error_in
 
@@ -211,7 +241,95 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
         if lost is not None and lost is not exc:
             raise lost from None
         raise
+    finally:
+        if progress is not None:
+            progress.close()
     return study
+
+
+@dataclass
+class Tally:
+    """What a run plans and has done, for its progress display: search trials out of the search's budget (None: a
+    deadline decides), then confirmation runs out of those planned. The runs planned shrink to what the queued plan
+    holds (fewer candidates than a round has room for) and, at the end, to what ran (a confirmation that stopped
+    early)."""
+
+    search_budget: int | None
+    runs_planned: int
+    runs_done: int = 0
+    confirming: bool = False
+
+    def resume(self, study: optuna.Study) -> None:
+        """A study whose search is done may have run part of its confirmation: count its runs of the stored plan."""
+        if self.search_budget is None or finished_count(study) < self.search_budget:
+            return
+        stored = STUDY_CONFIRMATION.of(study)
+        if not stored:
+            return
+        runs = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+                if (CONFIRM.of(t) or {}).get("plan") == stored.get("plan")]
+        last_trial = max(t.number for t in search_trials(study))
+        if runs and min(t.number for t in runs) > last_trial:  # a plan of this search, not of a shorter one before
+            self.runs_done = len(runs)
+            self.runs_planned = max(self.runs_planned, self.runs_done)
+
+    def confirm(self, runs: int) -> None:
+        """The search is over: `runs` are planned (the rounds that fit before a deadline)."""
+        self.confirming, self.runs_planned = True, max(runs, self.runs_done)
+
+    def run_done(self, study: optuna.Study) -> None:
+        self.runs_done += 1
+        stored = STUDY_CONFIRMATION.of(study) or {}
+        if stored.get("candidates") and stored.get("rounds"):  # as queued: its rounds of its candidates
+            dropped = stored.get("dropped") or {}  # a candidate clearly behind ran only the rounds before it dropped
+            planned = sum(int(dropped.get(str(n), stored["rounds"])) for n in stored["candidates"])
+            self.runs_planned = max(planned, self.runs_done)
+
+    def confirmed(self) -> None:
+        """The confirmation is over, perhaps early: the runs planned are the runs done."""
+        self.runs_planned = self.runs_done
+
+    def status(self, study: optuna.Study, trial_s: float | None, run_s: float | None,
+               deadline_unix_s: float | None) -> Status:
+        """Where the run stands now, with the time its work left takes at `trial_s` a trial and `run_s` a run."""
+        import time
+
+        finished = finished_count(study)
+        trials_left = None if self.search_budget is None else max(self.search_budget - finished, 0)
+        if self.confirming:
+            trials_left = 0
+        runs_left = max(self.runs_planned - self.runs_done, 0)
+        total = None if self.search_budget is None and not self.confirming else \
+            finished + (trials_left or 0) + self.runs_done + runs_left
+        phase = f"confirmation {self.runs_done}/{self.runs_planned}" if self.confirming and self.runs_planned \
+            else "search"
+        return Status(phase=phase, done=finished + self.runs_done, total=total, at_s=time.time(),
+                      work_s=work_s(trials_left, trial_s, runs_left, run_s),
+                      next_s=(trial_s if trials_left else run_s if runs_left else 0.0) or 0.0,
+                      deadline_unix_s=deadline_unix_s, best="" if self.confirming else best_text(study))
+
+
+def run_status(prepared: Prepared, tally: Tally, estimate: Callable[[], float | None] | None = None) -> Status:
+    """Where the run of `prepared` stands now: search trials at `trial_estimate`'s length, confirmation runs at the
+    median run's (search/confirm.py `run_estimate_s`), and before any trial both at the probe's estimate, so that
+    the first estimate is the probe's for the whole study."""
+    from optimizer.search.confirm import run_estimate_s
+
+    estimate = estimate or trial_estimate(prepared)
+    trial_s = estimate()
+    return tally.status(prepared.study, trial_s, run_estimate_s(prepared.study) or trial_s,
+                        prepared.config.deadline_unix_s)
+
+
+def start_estimate(status: Status, tally: Tally) -> str:
+    """The run's one estimate of its length, as its progress display starts it."""
+    left = status.left_s(status.at_s)
+    what = (f"{tally.search_budget} search trials" if tally.search_budget is not None else "search trials") + (
+        f" and {tally.runs_planned} confirmation runs" if tally.runs_planned else "")
+    if left is None:
+        return f"estimated time: known after the first trial ({what})"
+    until = " (the deadline)" if status.work_s is None or status.work_s > left else ""
+    return f"estimated time: ~{clock_text(left)}{until} for {what}"
 
 
 def trial_estimate(prepared: Prepared) -> Callable[[], float | None]:

@@ -12,8 +12,9 @@ from optimizer.core.errors import UsageError
 from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.simulated import SimulatedEngine
 from optimizer.search.attrs import STUDY_DEMO_SCALE
-from optimizer.search.progress import clock_text, remaining_s
-from optimizer.search.runner import budget_text, prepare
+from optimizer.search.progress import clock_text
+from optimizer.search.confirm import plan
+from optimizer.search.runner import Tally, budget_text, prepare, run_status, start_estimate
 from optimizer.search.study import open_study, run_to_budget, storage_for, time_left_for
 from tests.support.fakes import SimEngine, make_config
 
@@ -87,11 +88,7 @@ def test_a_resume_keeps_the_stored_deadline_unless_a_new_one_is_given(tmp_path, 
     assert budget_text(stored).startswith("40 trials or until ") and "whichever comes first" in budget_text(stored)
 
 
-def test_remaining_time_by_hand():
-    assert remaining_s(40, 10, 60.0, None, 0.0) == 1800.0  # 30 trials x 60 s
-    assert remaining_s(40, 10, 60.0, 600.0, 0.0) == 600.0  # the deadline comes first
-    assert remaining_s(None, 10, 60.0, 900.0, 300.0) == 600.0
-    assert remaining_s(40, 10, None, None, 0.0) is None
+def test_clock_text_by_hand():
     assert [clock_text(s) for s in (42, 125, 3725)] == ["42s", "2m05s", "1h02m"]
 
 
@@ -109,9 +106,28 @@ def test_the_probe_chooses_a_smaller_demo_on_a_slow_machine(tmp_path, model_cach
     assert prepared.config.model == DEMO_LADDER[-1].name
     stored = STUDY_DEMO_SCALE.of(prepared.study)
     assert stored["scale"]["model"] == DEMO_LADDER[-1].name and stored["probe"]["prefill_ms"] > 100
-    assert any(s.startswith(f"demo scale: {DEMO_LADDER[-1].name}: ") and "estimated duration ~" in s for s in said)
+    assert any(s.startswith(f"demo scale: {DEMO_LADDER[-1].name}: ") for s in said)
+    assert not any("estimated" in s for s in said)  # the one estimate is the run's, as its progress display starts
     # a resume keeps the choice and does not probe again
     said.clear()
     again = prepare(prepared.config, tmp_path, say=said.append, engine_factory=lambda: SimulatedEngine(big),
                     memory_probe=lambda: None)
     assert again.config.model == DEMO_LADDER[-1].name and not any(s.startswith("probe") for s in said)
+
+
+def test_the_run_starts_with_the_probes_estimate_of_the_whole_study(tmp_path, model_cache):
+    """One estimate at the start, and the progress display's is the same: 18 search trials and 6 confirmation runs
+    (--budget 24) at the probe's estimate per trial add up to the probe's estimate of the study."""
+    config = StudyConfig(study_name="demo", storage_url=f"sqlite:///{tmp_path}/demo.db", ttft_p99_ms=150.0,
+                         budget=24, model=DEFAULT_MODEL_NAME, model_is_default=True, demo_probe=True, device="cpu",
+                         workload=WorkloadSpec(**CPU_DEMO_WORKLOAD), engine_args={"enforce_eager": True})
+    prepared = prepare(config, tmp_path, say=lambda *a: None,
+                       engine_factory=lambda: SimulatedEngine(model_info(DEMO_LADDER[0].config, "sim")),
+                       memory_probe=lambda: None)
+    split = plan(config.budget, config.confirm)
+    tally = Tally(split.search_budget, split.runs)
+    status = run_status(prepared, tally)
+    estimated_s = STUDY_DEMO_SCALE.of(prepared.study)["scale"]["estimated_s"]
+    assert (status.done, status.total) == (0, 24) and status.left_s(status.at_s) == pytest.approx(estimated_s)
+    assert start_estimate(status, tally) == (f"estimated time: ~{clock_text(estimated_s)} for 18 search trials and "
+                                             f"6 confirmation runs")
