@@ -55,14 +55,19 @@ def worker_exit_defaults(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in WORKER_EXIT_WAIT_ENV.items() if k not in env}
 
 
+def _signal(procs: list[psutil.Process], kill: bool) -> None:
+    """SIGKILL (`kill`) or SIGTERM each of `procs`; one that has ended meanwhile is skipped."""
+    for proc in procs:
+        try:
+            proc.kill() if kill else proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def kill_now(refs: list[ProcessRef], wait_s: float = 2.0) -> list[int]:
     """SIGKILL the live ones at once (a process that ignores SIGTERM while blocked); returns their PIDs."""
     live = [p for p in (r.alive() for r in refs) if p is not None]
-    for proc in live:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
+    _signal(live, kill=True)
     psutil.wait_procs(live, timeout=wait_s)
     return [p.pid for p in live]
 
@@ -122,17 +127,9 @@ def release_shared_memory(names: set[str]) -> list[str]:
 def end_processes(refs: list[ProcessRef], grace_s: float = 5.0) -> list[int]:
     """SIGTERM the live ones, SIGKILL what is left after `grace_s`. Returns the PIDs that had to be ended."""
     live = [p for p in (r.alive() for r in refs) if p is not None]
-    for proc in live:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
+    _signal(live, kill=False)
     _, still = psutil.wait_procs(live, timeout=grace_s)
-    for proc in still:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
+    _signal(still, kill=True)
     psutil.wait_procs(still, timeout=grace_s)
     return [p.pid for p in live]
 

@@ -195,14 +195,12 @@ def decision_headline(d: Decision) -> str:
         return "No trial meets the limit: there is no recommendation."
     if not d.confirmed:
         return summary_lines(d)[0]
-    assert d.confirmation is not None
-    row = next(r for r in confirmation_rows(d) if r["trial"] == f"#{d.best.number}")
-    gain = "" if row["gain"] == "-" else f"; gain over vLLM's defaults {row['gain']}, 95% interval " \
-                                         f"{row['gain 95% interval']}"
+    tp, g = d.throughput(d.best), d.gain(d.best)
+    gain = "" if g is None else (f"; gain over vLLM's defaults {g.pct:+.1f}% (ratio of the medians)"
+                                 + (f", per-round 95% interval {g.interval_text()}" if g.known else ""))
     which = f"keep vLLM's defaults ({d.defaults_of}, trial #{d.best.number})" if d.best.baseline else \
         f"trial #{d.best.number}"
-    return (f"recommended: {which}: {row['output tok/s']} output tok/s, 95% interval {row['95% interval']}, median of "
-            f"{len(d.confirmation.full_rounds)} confirmation rounds{gain}")
+    return f"recommended: {which}: {tp.text()}{gain}"
 
 
 def _decision_lines(d: Decision) -> list[str]:
