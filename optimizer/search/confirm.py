@@ -26,8 +26,9 @@ measured again:
 
 The runs come out of the user's budget: `--budget 40` with up to 3 rounds of 3 configs is 31 search trials and up
 to 9 runs (rounds that decide early leave the rest unspent). By default the confirmation takes at most a quarter of a
-trial budget (none when that holds fewer than 2 rounds); `--confirm N` asks for up to N rounds whatever the budget. With a deadline (`--budget 8h`), the search stops early
-enough for the rounds, and a round that would end past the deadline is not started.
+trial budget (none when that holds fewer than 2 rounds); `--confirm N` asks for up to N rounds whatever the budget.
+With a deadline (`--budget 8h`), the search stops early enough for the rounds, and a round that would end past the
+deadline is not started.
 """
 
 from __future__ import annotations

@@ -120,9 +120,10 @@ def best_first(study: optuna.Study, limit_ms: float | None = None) -> list[Froze
 
 
 def recommended(study: optuna.Study, limit_ms: float | None = None) -> FrozenTrial | None:
-    """The recommendation: at the study's own limit, the config the confirmation recommends (`Confirmation.recommended`:
-    the best over its full rounds, or vLLM's defaults when no candidate beats them by more than +-3 points); otherwise, or at another `limit_ms`, the best-scored trial (the one `pareto_front`
-    puts first). None when no trial meets the limit."""
+    """The recommendation: at the study's own limit, the config the confirmation recommends
+    (`Confirmation.recommended`: the best over its full rounds, or vLLM's defaults when no candidate beats them by
+    more than +-3 points); otherwise, or at another `limit_ms`, the best-scored trial (the one `pareto_front` puts
+    first). None when no trial meets the limit."""
     if limit_ms is None:
         confirmed = confirmation(study)
         if confirmed is not None and confirmed.recommended is not None:
