@@ -186,8 +186,7 @@ def next_runs(c: Confirmation) -> tuple[list[tuple[FrozenTrial, int]], dict[int,
     round still missing (an interrupted run), else the next round's, its order rotated by the round, else none when
     the rounds decided or ran out. With the next round come the configs that drop out at it (number -> round):
     those clearly behind the leader."""
-    started = sorted(set().union(*(set(x.runs) for x in c.configs))) if c.configs else []
-    last = started[-1] if started else -1
+    last = c.rounds_started[-1] if c.rounds_started else -1
     missing = [x for x in c.configs if c.measured_in(x, last) and last not in x.runs] if last >= 0 else []
     if missing:
         return [(x.trial, last) for x in missing], {}

@@ -234,11 +234,13 @@ class Confirmation:
         return round_ < self.dropped.get(c.number, round_ + 1)
 
     @property
+    def rounds_started(self) -> list[int]:
+        """The rounds any config has a run of, in order."""
+        return sorted(set().union(*(set(c.runs) for c in self.configs))) if self.configs else []
+
+    @property
     def full_rounds(self) -> list[int]:
-        if not self.configs:
-            return []
-        started = set().union(*(set(c.runs) for c in self.configs))
-        return sorted(r for r in started if all(r in c.runs for c in self.configs if self.measured_in(c, r)))
+        return [r for r in self.rounds_started if all(r in c.runs for c in self.configs if self.measured_in(c, r))]
 
     @property
     def runs_done(self) -> int:
