@@ -116,7 +116,7 @@ def _ours(records, rate: float) -> dict[str, float]:
             "ttfts_ms": [r.ttft_s * 1000 for r in sorted(records, key=lambda r: r.index)]}
 
 
-def _vllm_bench(url: str, model: str, trace: Path, n: int, out: Path) -> dict[str, float]:
+def vllm_bench(url: str, model: str, trace: Path, n: int, out: Path) -> dict[str, float]:
     cmd = [sys.executable, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", url, "--model", model,
            "--tokenizer", model, "--dataset-name", "timed_trace", "--dataset-path", str(trace),
            "--num-prompts", str(n), "--ignore-eos", "--seed", "0", "--disable-tqdm",
@@ -157,7 +157,7 @@ async def http_side(model: str, params: dict[str, Any], workload: Workload, rate
                             records = await replay(remote, workload.requests, workload.arrivals_s(rate), clock)
                         got = {**_ours(records, rate), **watch.summary()}
                     else:
-                        got = await asyncio.to_thread(_vllm_bench, server.base_url, remote.model_name, traces[rate],
+                        got = await asyncio.to_thread(vllm_bench, server.base_url, remote.model_name, traces[rate],
                                                       len(workload.requests), work / f"vllm-{rate:g}-{i}.json")
                     runs.setdefault((side, rate), []).append(got)
                     print(f"  repeat {i + 1} rate {rate:g} {side:>5}: " + ", ".join(

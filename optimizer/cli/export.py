@@ -44,8 +44,15 @@ def _export(ns: argparse.Namespace) -> int:
     d = decide(study, config)  # the recommendation and its numbers, as `optimize report` gives them
     best = d.best
     confirmed = (d.throughput(best), d.gain(best)) if best is not None and d.throughput(best).confirmed else None
+    conf = d.confirmed_of(best) if best is not None else None
+    served = None
+    if conf is not None and conf.served is not None:
+        from optimizer.decision.views import served_record
+
+        assert d.confirmation is not None
+        served = served_record(d.confirmation, conf)
     done = export_all(best.trial if best is not None else None, config, Path(ns.out or ns.studies_dir),
-                      model_path(config), confirmed)
+                      model_path(config), confirmed, served)
     print(done.command)
     if not ns.quiet:
         for note in done.notes:

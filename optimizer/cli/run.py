@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "its closest rival again in N alternating rounds, each on a fresh engine with the rate bisected to "
                    "within 3%%, and choose from those numbers, with 95%% intervals (default 3, taking at most a "
                    "quarter of a trial budget; the runs come out of --budget; 0: none)")
+    p.add_argument("--served", action=argparse.BooleanOptionalAction, default=None,
+                   help="after the confirmation, measure vLLM's defaults and the leader again through `vllm serve` "
+                   "over HTTP, as deployed, and show both rates at the limit (default on; two runs out of --budget; "
+                   "--no-served: none; with --backend http every trial is served already)")
     p.add_argument("--prescreen", type=str, help="first run N trials on the simulated engine (study NAME.sim, "
                    "seconds, no engine starts) and queue their best and least certain configs before the real ones")
     p.add_argument("--calibration", help="step-time model written by `optimize calibrate`, for the simulator "
@@ -97,6 +101,8 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
         out["repeats"] = positive_int(ns.repeats, "--repeats")
     if ns.confirm is not None:
         out["confirm"] = 0 if ns.confirm.strip() == "0" else positive_int(ns.confirm, "--confirm")
+    if getattr(ns, "served", None) is not None:
+        out["served"] = ns.served
     if ns.trial_timeout is not None:
         out["trial_timeout_s"] = parse_duration_ms(ns.trial_timeout, "--trial-timeout") / 1000
     if ns.prescreen is not None:
@@ -243,7 +249,8 @@ def run_study(ns: argparse.Namespace) -> int:
     config, stored = resolve_config(ns)
     from optimizer.search.confirm import plan
 
-    plan(config.budget, config.confirm)  # a --confirm the budget cannot hold fails here, before anything is written
+    # a --confirm the budget cannot hold fails here, before anything is written
+    plan(config.budget, config.confirm, config.serves_after)
     prepared = prepare(config, Path(ns.studies_dir), say)
     config = prepared.config  # with the count a pilot chose (--num-requests auto)
     if stored is not None:

@@ -94,6 +94,10 @@ class StudyConfig(StrictModel):
     confirm: int | None = Field(None, ge=0, description="Confirmation rounds after the search (search/confirm.py): "
                                                         "None is the default (3, at most a quarter of a trial "
                                                         "budget); 0: none.")
+    served: bool = Field(True, description="After the confirmation, vLLM's defaults and the leader are measured "
+                                           "again through `vllm serve` over HTTP (search/confirm.py), beside the "
+                                           "in-process numbers; a study with backend 'http' measures as served "
+                                           "throughout and needs no such step.")
     repeats: int = Field(1, ge=1, description="Replays at each trial's best rate (1 + repeats - 1 again); the "
                                               "trial's values are their medians. The baseline runs at least 3.")
     backend: Literal["inprocess", "http"] = Field(
@@ -117,6 +121,11 @@ class StudyConfig(StrictModel):
         if self.budget is None and self.deadline_unix_s is None:
             raise ValueError("a study needs a budget: --budget N (trials) or --budget DURATION (e.g. 8h)")
         return self
+
+    @property
+    def serves_after(self) -> bool:
+        """True when the confirmation ends with runs through `vllm serve` (`served`, and trials run in process)."""
+        return self.served and self.backend == "inprocess"
 
     def identity(self) -> dict[str, Any]:
         """Fields that define what a study measures: a resume may not change them."""

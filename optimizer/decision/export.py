@@ -257,6 +257,9 @@ def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], de
     labels.update(_labels("optimize.measured", measured))
     if meta.get("confirmed"):
         labels.update(_confirmed_labels(meta["confirmed"]))
+    if meta.get("rate_at_limit"):  # in process and as served, each named by its key
+        labels.update(_labels("optimize.rate_at_limit", {k: v for k, v in meta["rate_at_limit"].items()
+                                                         if v is not None and "measured_as" not in k}))
     service: dict[str, Any] = {
         "image": "${VLLM_IMAGE:-vllm/vllm-openai:latest}",
         "entrypoint": ["vllm", "serve"],
@@ -306,7 +309,8 @@ def confirmed_line(tp: Throughput, gain: Gain | None) -> str:
     """'Confirmed in 3 rounds on fresh engines: 731.2 output tok/s (median, 95% interval of the mean 702.0-760.1);
     +12.3% over vLLM's defaults (ratio of the medians, per-round 95% interval +4.0% to +20.1%).': the numbers
     `optimize report` shows (decision/numbers.py)."""
-    line = f"Confirmed in {tp.rounds} rounds on fresh engines: {tp.output_throughput_tok_s:.1f} output tok/s (median"
+    line = (f"Confirmed in {tp.rounds} rounds on fresh engines in process (AsyncLLM): "
+            f"{tp.output_throughput_tok_s:.1f} output tok/s (median")
     if tp.low_tok_s is not None and tp.high_tok_s is not None:
         line += f", 95% interval of the mean {tp.low_tok_s:.1f}-{tp.high_tok_s:.1f}"
     line += ")"
@@ -318,6 +322,21 @@ def confirmed_line(tp: Throughput, gain: Gain | None) -> str:
     return line + "."
 
 
+def served_line(served: dict[str, Any]) -> str:
+    """'As served (vllm serve over HTTP): 31.20 req/s at the TTFT P99 limit [29.80, 32.60]; in process 44.80
+    [43.10, 46.50].': the config's rate at the limit measured both ways (decision/views.py::served_record)."""
+    inproc = served.get("rate_at_limit_rps")
+    then = "" if inproc is None else f"; in process {inproc:.2f} req/s"
+    if served.get("rate_low_rps") is not None:
+        then += f" [{served['rate_low_rps']:.2f}, {served['rate_high_rps']:.2f}]"
+    if served.get("served_rate_at_limit_rps") is None:
+        return f"As served (vllm serve over HTTP): not measured ({served.get('served_not_measured')}){then}."
+    high = served.get("served_high_rps")
+    return (f"As served (vllm serve over HTTP): {served['served_rate_at_limit_rps']:.2f} req/s at the TTFT P99 limit "
+            f"[{served['served_low_rps']:.2f}, {'open' if high is None else format(high, '.2f')}]{then}"
+            + (": they differ by more than their intervals" if served.get("served_differs") else "") + ".")
+
+
 def confirmed_metadata(tp: Throughput, gain: Gain | None) -> dict[str, Any]:
     """The confirmed numbers as the JSON's `metadata.confirmed`."""
     return {"rounds": tp.rounds, "output_throughput": tp.to_dict(),
@@ -325,10 +344,12 @@ def confirmed_metadata(tp: Throughput, gain: Gain | None) -> dict[str, Any]:
 
 
 def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, model: str,
-               confirmed: tuple[Throughput, Gain | None] | None = None) -> Exported:
+               confirmed: tuple[Throughput, Gain | None] | None = None,
+               served: dict[str, Any] | None = None) -> Exported:
     """Write `<study>.recommended.yaml` (for `vllm serve --config`), `<study>.engine_args.json` and
     `<study>.compose.yaml` into `out_dir`; `confirmed`: the trial's numbers from the confirmation and its gain over
-    vLLM's defaults, where it was confirmed (`Decision.throughput`, `Decision.gain`)."""
+    vLLM's defaults, where it was confirmed (`Decision.throughput`, `Decision.gain`); `served`: its rates at the
+    limit as served and in process (decision/views.py::served_record), where it ran through `vllm serve`."""
     if trial is None:
         raise OptimizerError(
             f"study {config.study_name!r} has no trial that meets TTFT P99 <= {format_ms(config.ttft_p99_ms)}: "
@@ -340,6 +361,9 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
     if confirmed:
         header.append(confirmed_line(*confirmed))
         meta["confirmed"] = confirmed_metadata(*confirmed)
+    if served:
+        header.append(served_line(served))
+        meta["rate_at_limit"] = served
     if env:  # a --config YAML holds no environment: say what to set
         header.append("Environment (set before starting the server): "
                       + " ".join(f"{k}={v}" for k, v in env.items()) + ".")

@@ -25,7 +25,7 @@ from optimizer.decision.probes import Panel, chart_html, legend_html, outcome, r
 from optimizer.decision.tables import format_output
 from optimizer.decision.trial import TrialView
 from optimizer.decision.views import (
-    confirmation_lines, confirmation_rows, front_rows, limited_line, role_text, summary_lines, title,
+    confirmation_lines, confirmation_rows, front_rows, limited_line, role_text, served_lines, summary_lines, title,
 )
 from optimizer.hardware.machine import describe
 from optimizer.measurement.rerank import Answer, rank_curve
@@ -151,6 +151,9 @@ def _runs(d: Decision) -> list[tuple[TrialView, str]]:
         for round_, run in sorted(conf.runs.items()):
             view = TrialView(run, rank_curve(CURVE.of(run), d.limit_ms, d.other_limits_ms))
             out.append((view, f"confirmation round {round_ + 1} of #{conf.number}"))
+        if conf.served is not None:
+            view = TrialView(conf.served, rank_curve(CURVE.of(conf.served), d.limit_ms, d.other_limits_ms))
+            out.append((view, f"as served (vllm serve over HTTP) of #{conf.number}"))
     return out
 
 
@@ -247,7 +250,8 @@ def render_html(d: Decision, png: bytes, info: RunInfo | None = None) -> str:
     if note:
         items += f"<li>note: {e(note)}</li>"
     confirmed = "" if not d.confirmed else (f"<h2>Confirmation</h2><p>{e(confirmation_lines(d)[0])}</p>"
-                                            f"{format_output(confirmation_rows(d), 'html')}")
+                                            f"{format_output(confirmation_rows(d), 'html')}"
+                                            + "".join(f"<p>{e(line)}</p>" for line in served_lines(d)))
     spaced = [{k.replace("_", " "): value for k, value in row.items()} for row in front_rows(d, with_params=False)]
     front = format_output(spaced, "html") if d.front else "<p>(no trial)</p>"
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(d.study_name)}: optimize report</title>"

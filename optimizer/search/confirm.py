@@ -22,11 +22,16 @@ measured again:
   Bonferroni correction over the looks the plan allows) and stop once they decide: the recommendation's gain over
   vLLM's defaults lies above 0, below 0, or within +-3 points; a candidate clearly behind the leader drops out of
   the later rounds; the next round is queued only when the one before has finished;
-- the recommendation is the config with the highest median over its rounds (search/score.py::recommended).
+- the recommendation is the config with the highest median over its rounds (search/score.py::recommended);
+- then, unless the study runs `vllm serve` throughout (`--backend http`) or `--no-served`, vLLM's defaults and the
+  leader run once more each through `vllm serve` over HTTP (the objective's `served_factory`), on a draw no round
+  replayed: a user deploys the server, and on a small machine the server, the engine and the client share its cores,
+  so the rate as served can lie well below the rate in process. The report shows both, each named.
 
-The runs come out of the user's budget: `--budget 40` with up to 3 rounds of 3 configs is 31 search trials and up
-to 9 runs (rounds that decide early leave the rest unspent). By default the confirmation takes at most a quarter of a
-trial budget (none when that holds fewer than 2 rounds); `--confirm N` asks for up to N rounds whatever the budget.
+The runs come out of the user's budget: `--budget 40` with up to 3 rounds of 3 configs and the 2 runs as served is
+29 search trials, up to 9 runs (rounds that decide early leave the rest unspent) and 2 served. By default the
+confirmation takes at most a quarter of a trial budget (none when that holds fewer than 2 rounds); `--confirm N` asks
+for up to N rounds whatever the budget.
 With a deadline (`--budget 8h`), the search stops early enough for the rounds, and a round that would end past the
 deadline is not started.
 """
@@ -59,6 +64,7 @@ MIN_AUTO_ROUNDS = 2  # fewer rounds give no interval: by default, then, none
 MIN_SEARCH_TRIALS = 2  # vLLM's defaults and one more: what a search keeps at the least
 ROUND_SEED_STEP = 1  # round r replays the workload of seed + ROUND_SEED_STEP + r
 RUN_OVER_TRIAL = 1.3  # a confirmation run against a median search trial: its bisection replays more
+SERVED_CONFIGS = 2  # measured through `vllm serve` after the rounds: vLLM's defaults and the leader
 
 
 @dataclass(frozen=True)
@@ -68,36 +74,41 @@ class Plan:
     rounds: int
     search_budget: int | None  # trials the search runs (None: the deadline decides)
     line: str
+    served: int = 0  # runs through `vllm serve` after the rounds (SERVED_CONFIGS, or 0: none)
 
     @property
     def runs(self) -> int:
-        return self.rounds * CONFIGS
+        return self.rounds * CONFIGS + self.served
 
 
-def plan(budget: int | None, asked: int | None) -> Plan:
+def plan(budget: int | None, asked: int | None, served: bool = False) -> Plan:
     """Pure: the rounds a study confirms at most and the trials its search keeps. `asked` None is the default: as many
     rounds as a quarter of the budget holds (none below 2; with a deadline alone, 3); a number is the user's
-    `--confirm N`. The rounds stop before that once they decide (measurement/sequential.py)."""
+    `--confirm N`. The rounds stop before that once they decide (measurement/sequential.py). With `served`, the
+    rounds end with SERVED_CONFIGS runs through `vllm serve` (`enqueue`), which come out of the budget too."""
     if asked == 0:
         return Plan(0, budget, "confirmation: off (--confirm 0)")
     rounds = DEFAULT_ROUNDS if asked is None else asked
+    extra = SERVED_CONFIGS if served else 0
+    then = f", then {extra} runs through `vllm serve`" if extra else ""
     if budget is None:
         return Plan(rounds, None, f"confirmation: up to {rounds} rounds of up to {CONFIGS} configs after the search "
-                                  f"until they decide, planned into the deadline")
+                                  f"until they decide{then}, planned into the deadline", extra)
     if asked is None:
         rounds = int(AUTO_SHARE * budget) // CONFIGS
         if rounds < MIN_AUTO_ROUNDS:
             need = math.ceil(MIN_AUTO_ROUNDS * CONFIGS / AUTO_SHARE)
             return Plan(0, budget, f"confirmation: none: a budget of {budget} trials leaves no room for "
                                    f"{MIN_AUTO_ROUNDS} rounds (give --budget {need} or more, or --confirm N)")
-    search = budget - rounds * CONFIGS
+    search = budget - rounds * CONFIGS - extra
     if search < MIN_SEARCH_TRIALS:
-        raise UsageError(f"--confirm {rounds} takes {rounds * CONFIGS} of the {budget} trials of --budget and leaves "
-                         f"the search fewer than {MIN_SEARCH_TRIALS}: give --budget "
-                         f"{rounds * CONFIGS + MIN_SEARCH_TRIALS} or more, or fewer --confirm rounds")
+        raise UsageError(f"--confirm {rounds} takes {rounds * CONFIGS + extra} of the {budget} trials of --budget "
+                         f"and leaves the search fewer than {MIN_SEARCH_TRIALS}: give --budget "
+                         f"{rounds * CONFIGS + extra + MIN_SEARCH_TRIALS} or more, or fewer --confirm rounds")
+    runs = f"up to {rounds * CONFIGS} confirmation runs" + (
+        f" and {extra} runs through `vllm serve` (vLLM's defaults and the leader, as deployed)" if extra else "")
     return Plan(rounds, search, f"confirmation: up to {rounds} rounds of up to {CONFIGS} configs, until they decide, "
-                                f"come out of the budget of {budget}: {search} search trials, then up to "
-                                f"{rounds * CONFIGS} confirmation runs")
+                                f"come out of the budget of {budget}: {search} search trials, then {runs}", extra)
 
 
 def candidates(study: optuna.Study) -> list[FrozenTrial]:
@@ -144,13 +155,15 @@ def round_seed(workload_seed: int, round_: int) -> int:
 
 
 def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
-            workload_seed: int | None = None) -> dict[str, Any] | None:
+            workload_seed: int | None = None, served: bool = False) -> dict[str, Any] | None:
     """Plan the confirmation of the finished search (once: a plan for the same search trials is kept; asked for more
     rounds than it has, a rerun with a larger `--confirm N`, it may run up to those) and queue what it needs next:
     the runs of the last round that are missing (an interrupted run is run again), else the next round, unless the
     rounds have decided or ran out (`Confirmation.outcome`). A config clearly behind the leader drops out before the
     next round (`Confirmation.behind`). Each round's order is rotated by one and each round replays its own workload
-    draw (`round_seed`; None: the search's own workload). Returns the plan (None: nothing to confirm)."""
+    draw (`round_seed`; None: the search's own workload). With `served`, once the rounds are over, vLLM's defaults and
+    the leader run once more each through `vllm serve` (`Confirmation.served_missing`), on one draw no round replayed.
+    Returns the plan (None: nothing to confirm)."""
     key = plan_key(study)
     stored = STUDY_CONFIRMATION.of(study)
     if stored and stored.get("plan") == key:
@@ -162,6 +175,7 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
             return None
         plan_attr = {"plan": key, "rounds": rounds, "candidates": [t.number for t in chosen],
                      "limit_ms": study_limit_ms(study), "confidence": look_confidence(rounds), "dropped": {}}
+    plan_attr["served"] = served
     c = confirmation(study, plan_attr)
     assert c is not None
     runs, dropping = next_runs(c)
@@ -172,6 +186,11 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
         seed = None if workload_seed is None else round_seed(workload_seed, r)
         study.enqueue_trial({}, user_attrs=run_attrs(key, trial, r, plan_attr["limit_ms"], engine_args, seed),
                             skip_if_exists=False)
+    if not runs:
+        seed = None if workload_seed is None else round_seed(workload_seed, c.rounds)  # a draw no round replays
+        for x in c.served_missing:
+            study.enqueue_trial({}, user_attrs=run_attrs(key, x.trial, c.rounds, plan_attr["limit_ms"], engine_args,
+                                                         seed, served=True), skip_if_exists=False)
     return plan_attr
 
 
@@ -199,13 +218,14 @@ def next_runs(c: Confirmation) -> tuple[list[tuple[FrozenTrial, int]], dict[int,
 
 
 def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limit_ms: float, engine_args: dict[str, Any],
-              workload_seed: int | None = None) -> dict[str, Any]:
+              workload_seed: int | None = None, served: bool = False) -> dict[str, Any]:
     """The user attributes of one queued run of `trial`: its engine arguments, where its bisection starts (JSON has
-    no infinity, so a burst start is stored as None) and the seed of the workload it replays (None: the study's)."""
+    no infinity, so a burst start is stored as None), the seed of the workload it replays (None: the study's) and,
+    for a run through `vllm serve` (`served`), `served: true` (the objective starts a server for it)."""
     spec = {k: (None if isinstance(v, float) and math.isinf(v) else v)
             for k, v in run_spec(trial, limit_ms, engine_args).items()}
     return CONFIRM.item({"plan": plan_key, "of": trial.number, "round": round_, "params": ENGINE_PARAMS.of(trial),
-                         "workload_seed": workload_seed, **spec})
+                         "workload_seed": workload_seed, **spec, **({"served": True} if served else {})})
 
 
 def start_rates(confirm: dict[str, Any]) -> tuple[float, float | None]:
@@ -242,10 +262,10 @@ def waiting(study: optuna.Study) -> list[FrozenTrial]:
 def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: int, engine_args: dict[str, Any],
         say: Callable[..., None], on_run: Callable[[optuna.Study, FrozenTrial], None] | None = None,
         deadline_unix_s: float | None = None, now_unix_s: Callable[[], float] = time.time,
-        workload_seed: int | None = None) -> str:
+        workload_seed: int | None = None, served: bool = False) -> str:
     """Plan the confirmation (once) and run its rounds until they decide or run out (`enqueue` queues each round
-    when the one before has finished); says when a config drops out. Returns a line when it stopped short (else
-    '')."""
+    when the one before has finished), then, with `served`, the runs through `vllm serve`; says when a config drops
+    out. Returns a line when it stopped short (else '')."""
     if rounds <= 0:
         return ""
     wait_while_running(study, timeout_s=3600.0, on_wait=lambda: say("confirmation: waiting for the other workers' "
@@ -256,7 +276,7 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
         queue = waiting(study)
         if not queue:
             before = (STUDY_CONFIRMATION.of(study) or {}).get("dropped") or {}
-            plan_attr = enqueue(study, rounds, engine_args, workload_seed)
+            plan_attr = enqueue(study, rounds, engine_args, workload_seed, served)
             if plan_attr is None:
                 return "" if planned else "confirmation: nothing to confirm: no trial meets the limit"
             planned = True
@@ -294,7 +314,9 @@ def describe(trial: FrozenTrial) -> str:
     c = CONFIRM.of(trial) or {}
     r = RESULT.of(trial)
     seed = f", workload seed {c['workload_seed']}" if c.get("workload_seed") is not None else ""
-    head = f"confirmation round {int(c.get('round', 0)) + 1}, trial #{c.get('of')} again (run #{trial.number}{seed})"
+    head = (f"as served (`vllm serve` over HTTP), trial #{c.get('of')} again (run #{trial.number}{seed})"
+            if c.get("served") else
+            f"confirmation round {int(c.get('round', 0)) + 1}, trial #{c.get('of')} again (run #{trial.number}{seed})")
     if trial.state != TrialState.COMPLETE:
         return f"{head}: could not run ({PRUNED_REASON.of(trial) or trial.state.name})"
     if not r.get("feasible"):

@@ -72,7 +72,7 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
     from optimizer.search.confirm import plan
 
     budget = config.budget or 40
-    runs = plan(config.budget, config.confirm).runs if config.budget is not None else 0
+    runs = plan(config.budget, config.confirm, config.serves_after).runs if config.budget is not None else 0
     scale = choose_scale(result, config.ttft_p99_ms, budget, config.workload.num_requests, confirm_runs=runs)
     say(f"probe: lone {result.prompt_tokens}-token prefill {format_ms(result.prefill_ms)}, "
         f"{result.decode_ms:.1f} ms per output token, burst ceiling {result.burst_rps:.1f} req/s, engine start "

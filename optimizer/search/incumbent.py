@@ -43,7 +43,7 @@ def fair_incumbent_rate(study: optuna.Study) -> float | None:
     for t in trials:
         c = CONFIRM.of(t)
         r = RESULT.of(t)
-        if c is not None and r.get("feasible"):
+        if c is not None and not c.get("served") and r.get("feasible"):  # as served: another engine, slower
             confirmed.setdefault(int(c["of"]), []).append(math.inf if r.get("rate_rps") is None else r["rate_rps"])
     bounds = []
     for number, rates in confirmed.items():

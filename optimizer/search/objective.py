@@ -97,6 +97,7 @@ class Objective:
     most_free_bytes: int = 0  # the most device memory seen free in this run
     breaker: StartFailureBreaker = field(default_factory=StartFailureBreaker)  # stops a run the machine breaks
     gpu_count: int | None = None  # GPUs visible to this process (found on the first trial on cuda)
+    served_factory: EngineFactory | None = None  # `vllm serve` for the confirmation's runs as served (None: none)
     # the confirmation's draws, by seed; not an init field, so a copy (dataclasses.replace) starts its own
     round_workloads: dict[int, Workload] = field(default_factory=dict, init=False, repr=False)
 
@@ -126,7 +127,7 @@ class Objective:
         problems = self.space.violations(params)
         if problems:
             self._prune(trial, failures.INVALID_CONFIG, "; ".join(problems))
-        engine = self.engine_factory()
+        engine = self.engine_for(trial)
         log_path = self.logs_dir / f"trial-{trial.number:05d}.log"
         LOG_FILE.set(trial, str(log_path))
         params = await self._preflight(trial, engine, params, log_path)
@@ -190,6 +191,15 @@ class Objective:
             RESULT.set(trial, summary)
             return point.output_throughput_tok_s / gpus, ttft
         return point.output_throughput_tok_s, ttft
+
+    def engine_for(self, trial: optuna.Trial) -> Engine:
+        """The trial's engine: the study's, or for a confirmation run as served, `vllm serve` (`served_factory`)."""
+        if (CONFIRM.of(trial) or {}).get("served"):
+            if self.served_factory is None:
+                self._prune(trial, failures.INVALID_CONFIG, "a run as served needs `vllm serve`, which this run "
+                                                            "does not start (--no-served, or --backend http)")
+            return self.served_factory()
+        return self.engine_factory()
 
     async def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:
         """vLLM's config validation and the memory estimate: a config that cannot start costs no start."""

@@ -75,10 +75,18 @@ def factory_for(config: StudyConfig, path: str) -> EngineFactory:
     return http_factory(base) if config.backend == "http" else vllm_factory(base, config.deploy_as)
 
 
+def served_factory_for(config: StudyConfig, path: str) -> EngineFactory:
+    """`vllm serve` with the study's fixed engine arguments: the confirmation's runs as served."""
+    return http_factory(engine_base_args(config, path))
+
+
 def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = print,
             engine_factory: EngineFactory | None = None,
-            memory_probe: Callable[[], DeviceMemory | None] | None = None) -> Prepared:
-    """Validate everything a user gave before anything is written, then open (or create) the study."""
+            memory_probe: Callable[[], DeviceMemory | None] | None = None,
+            served_factory: EngineFactory | None = None) -> Prepared:
+    """Validate everything a user gave before anything is written, then open (or create) the study. The runs as
+    served go to `served_factory` (default: `vllm serve` with the study's engine arguments, when the study's
+    `serves_after`; none with an `engine_factory` given and no `served_factory`)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     path = model_path(config)
     info = inspect_model(path, config.dummy_weights)
@@ -104,6 +112,8 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
                                       "requests per replay chosen by a pilot")
     say(f"workload{scale}: {described}")
     records = RecordStore(config.storage_url)
+    if config.serves_after and served_factory is None and engine_factory is None:
+        served_factory = served_factory_for(config, path)
     objective = Objective(
         config=config,
         space=space,
@@ -113,6 +123,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         model=info,
         memory_probe=memory_probe or (lambda: DeviceMemory.probe(config.device)),
         records=records,
+        served_factory=served_factory if config.serves_after else None,
     )
     choice = None
     if pilot_first:
@@ -183,7 +194,8 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
     from optimizer.search import confirm
 
     config, study = prepared.config, prepared.study
-    split = confirm.plan(config.budget, config.confirm)
+    serves = prepared.objective.served_factory is not None
+    split = confirm.plan(config.budget, config.confirm, serves)
     say(split.line)
     estimate = trial_estimate(prepared)
     tally = Tally(split.search_budget, split.runs)
@@ -223,12 +235,13 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
             rounds = confirm.rounds_in_time(split.rounds, config.deadline_unix_s, confirm.run_estimate_s(study))
             if rounds < split.rounds:
                 say(f"confirmation: {rounds} of {split.rounds} rounds fit before the deadline")
-        tally.confirm(rounds * confirm.CONFIGS)
+        tally.confirm(rounds * confirm.CONFIGS + (split.served if rounds else 0))
         if progress is not None:
             progress.update(status())
         if rounds:
             line = confirm.run(study, prepared.objective, rounds, config.engine_args, say, on_run=on_run,
-                               deadline_unix_s=config.deadline_unix_s, workload_seed=config.workload.seed)
+                               deadline_unix_s=config.deadline_unix_s, workload_seed=config.workload.seed,
+                               served=serves)
             if line:
                 say(line)
         tally.confirmed()
@@ -283,6 +296,10 @@ class Tally:
         if stored.get("candidates") and stored.get("rounds"):  # as queued: its rounds of its candidates
             dropped = stored.get("dropped") or {}  # a candidate clearly behind ran only the rounds before it dropped
             planned = sum(int(dropped.get(str(n), stored["rounds"])) for n in stored["candidates"])
+            if stored.get("served"):  # the runs through `vllm serve` after the rounds
+                from optimizer.search.confirm import SERVED_CONFIGS
+
+                planned += SERVED_CONFIGS
             self.runs_planned = max(planned, self.runs_done)
 
     def confirmed(self) -> None:

@@ -179,6 +179,7 @@ class Confirmed:
 
     trial: FrozenTrial  # the search trial it measures again (vLLM's defaults: the baseline)
     runs: dict[int, FrozenTrial]  # round -> its finished run
+    served: FrozenTrial | None = None  # its run through `vllm serve` after the rounds (None: none, or not yet)
 
     @property
     def number(self) -> int:
@@ -200,6 +201,33 @@ class Confirmed:
             return None, None
         r = RESULT.of(run)
         return (r.get("rate_rps") if r.get("feasible") else None), r.get("failed_rate_rps")
+
+    def rate_rps(self, round_: int) -> float | None:
+        """The round's rate at the limit, in process: its run's pooled fit (runs stored before: the rate it passed);
+        0 when the run met the limit at no rate; None when the round has no run of it."""
+        run = self.runs.get(round_)
+        return None if run is None else run_rate_rps(run)
+
+    @property
+    def served_rate(self) -> RateAtLimit | None:
+        """Its rate at the limit as served (`vllm serve` over HTTP), with the fit's 95% interval; None when it has
+        no served run, or the run met the limit nowhere."""
+        if self.served is None or self.served.state != TrialState.COMPLETE:
+            return None
+        fit = RESULT.of(self.served).get("rate_at_limit")
+        return RateAtLimit.from_dict(fit) if fit and RESULT.of(self.served).get("feasible") else None
+
+
+def run_rate_rps(run: FrozenTrial) -> float:
+    """A finished run's rate at the limit: its pooled fit's (runs stored before: the rate it passed; a burst that met
+    the limit: inf); 0 when it met the limit nowhere, or could not run."""
+    r = RESULT.of(run)
+    if run.state != TrialState.COMPLETE or not r.get("feasible"):
+        return 0.0
+    fit = r.get("rate_at_limit")
+    if fit:
+        return float(fit["rate_rps"])
+    return math.inf if r.get("rate_rps") is None else float(r["rate_rps"])
 
 
 @dataclass(frozen=True)
@@ -320,6 +348,34 @@ class Confirmation:
             return []
         return [c for c in self.active if c is not best and not c.baseline and behind(self.difference(c, best))]
 
+    def rates_rps(self, c: Confirmed) -> list[float]:
+        """`c`'s rate at the limit in process, per full round."""
+        return [v for r in self.full_rounds if (v := c.rate_rps(r)) is not None]
+
+    def rate_interval(self, c: Confirmed) -> Interval:
+        """`c`'s rate at the limit in process over the full rounds: median, and the interval of the mean at the
+        plan's confidence."""
+        return interval(self.rates_rps(c), floor=0.0, confidence=self.confidence)
+
+    @property
+    def served_configs(self) -> list[Confirmed]:
+        """The configs measured through `vllm serve` once the rounds are over: vLLM's defaults and the leader (when
+        the defaults lead, the best other config still measured), so that the user sees both as deployed."""
+        best, base = self.best, self.base
+        if best is None:
+            return []
+        if best is base:
+            others = sorted((c for c in self.active if c is not base), key=lambda c: -self.interval(c).median)
+            best = others[0] if others else None
+        return [c for c in (base, best) if c is not None]
+
+    @property
+    def served_missing(self) -> list[Confirmed]:
+        """The configs whose served run is still to run (none while the rounds are running)."""
+        if not self.plan.get("served") or not self.complete:
+            return []
+        return [c for c in self.served_configs if c.served is None]
+
     def tied(self, c: Confirmed) -> bool:
         """True when the measurements do not rank `c` apart from the best: the interval of its per-round gain over
         the best includes 0 (with one round, no interval: tied only on an equal number)."""
@@ -337,10 +393,15 @@ def confirmation(study: optuna.Study, plan: dict[str, Any] | None = None) -> Con
         return None
     trials = {t.number: t for t in search_trials(study)}
     runs: dict[int, dict[int, FrozenTrial]] = {n: {} for n in plan["candidates"]}
+    served: dict[int, FrozenTrial] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         c = CONFIRM.of(t)
-        if c is not None and c.get("plan") == plan.get("plan") and c.get("of") in runs:
+        if c is None or c.get("plan") != plan.get("plan") or c.get("of") not in runs:
+            continue
+        if c.get("served"):
+            served.setdefault(c["of"], t)
+        else:
             runs[c["of"]].setdefault(int(c["round"]), t)  # a duplicate (two workers) keeps the first
-    configs = [Confirmed(trials[n], runs[n]) for n in plan["candidates"] if n in trials]
+    configs = [Confirmed(trials[n], runs[n], served.get(n)) for n in plan["candidates"] if n in trials]
     return Confirmation(plan, configs)
 

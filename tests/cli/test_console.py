@@ -73,22 +73,26 @@ def test_a_command_that_imports_vllm_prints_no_triton_banner_unless_debug(tmp_pa
 
 def test_a_log_of_a_study_has_one_line_per_trial_and_per_run_and_no_redraws(tmp_path, config_only_model, capsys,
                                                                            monkeypatch):
-    """`optimize` with its stderr in a file (here: captured, no terminal), on the simulated engine: 2 search trials and
-    2 rounds of confirmation runs. Each trial and each run is one line, and nothing is redrawn or padded."""
+    """`optimize` with its stderr in a file (here: captured, no terminal), on the simulated engine: 2 search trials,
+    2 rounds of confirmation runs and 2 runs as served. Each trial and each run is one line, and nothing is redrawn or
+    padded."""
     from optimizer.search import runner
     from tests.support.fakes import SimEngine, load, run_cli
 
     monkeypatch.setattr(runner, "factory_for", lambda config, path: SimEngine)
-    code, err = run_cli(capsys, "--ttft-p99", "30ms", "--budget", "8", "--confirm", "2", "--model",
+    monkeypatch.setattr(runner, "served_factory_for", lambda config, path: SimEngine)
+    code, err = run_cli(capsys, "--ttft-p99", "30ms", "--budget", "10", "--confirm", "2", "--model",
                         str(config_only_model), "--dummy-weights", "--device", "cpu", "--num-requests", "40",
                         "--input-len", "64:256", "--output-len", "2:6", "--studies-dir", str(tmp_path))
     assert code == 0, err
     assert "\r" not in err and all(line.strip() for line in err.splitlines()), err  # no redraws, no blank padding
     heads = [line for line in err.splitlines() if line.startswith(("baseline (vLLM defaults) #", "trial #",
-                                                                   "confirmation round "))]
+                                                                   "confirmation round ", "as served ("))]
     trials = load(tmp_path).get_trials(deepcopy=False)
-    numbers = sorted(int(line.split("#")[1].split(":")[0].split(" ")[0]) if not line.startswith("confirmation")
-                     else int(line.split("(run #")[1].split(",")[0]) for line in heads)
+    numbers = sorted(int(line.split("(run #")[1].split(",")[0].split(")")[0])
+                     if line.startswith(("confirmation", "as served (")) else
+                     int(line.split("#")[1].split(":")[0].split(" ")[0]) for line in heads)
     assert numbers == [t.number for t in trials], err  # each trial and each run once
     assert any(line.startswith("confirmation round 2,") for line in heads), err
+    assert sum(line.startswith("as served (") for line in heads) == 2, err  # vLLM's defaults and the leader
     assert sum(line.startswith("estimated time: ") for line in err.splitlines()) == 1  # one estimate, at the start

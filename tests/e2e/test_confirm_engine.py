@@ -19,19 +19,29 @@ pytestmark = pytest.mark.engine
 
 
 def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny_model, model_cache):
-    # 8 trials: 2 rounds of up to 3 configs (6 runs) leave the search 2 (vLLM's defaults and one more)
-    proc = optimize(model_cache, tmp_path, *SMALL, "--budget", "8", "--confirm", "2", "--study", "c")
+    # 10 trials: 2 rounds of up to 3 configs (6 runs) and 2 runs through `vllm serve` leave the search 2 (vLLM's
+    # defaults and one more)
+    proc = optimize(model_cache, tmp_path, *SMALL, "--budget", "10", "--confirm", "2", "--study", "c")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert ("confirmation: up to 2 rounds of up to 3 configs, until they decide, come out of the budget of 8: 2 search "
-            "trials") in proc.stderr
+    assert ("confirmation: up to 2 rounds of up to 3 configs, until they decide, come out of the budget of 10: 2 "
+            "search trials, then up to 6 confirmation runs and 2 runs through `vllm serve`") in proc.stderr
     study = load(tmp_path, "c")
     assert finished_count(study) == 2
-    runs = [t for t in study.trials if CONFIRM.of(t) is not None]
+    every = [t for t in study.trials if CONFIRM.of(t) is not None]
+    runs = [t for t in every if not CONFIRM.of(t).get("served")]
+    served = [t for t in every if CONFIRM.of(t).get("served")]
     plan = STUDY_CONFIRMATION.of(study)
     assert plan["candidates"][0] == 0 and len(runs) == 2 * len(plan["candidates"])
-    assert all(t.state == TrialState.COMPLETE for t in runs)
-    pids = [tuple(ENGINE_PIDS.of(t)) for t in runs]
+    assert all(t.state == TrialState.COMPLETE for t in every)
+    pids = [tuple(ENGINE_PIDS.of(t)) for t in every]
     assert all(pids) and len(set(pids)) == len(pids)  # every run on an engine of its own
+    # the runs as served: vLLM's defaults and the leader, each through a real `vllm serve`, after the rounds
+    assert len(served) == 2 and {CONFIRM.of(t)["of"] for t in served} >= {0}
+    assert min(t.number for t in served) > max(t.number for t in runs)
+    for t in served:
+        log = (tmp_path / "c.logs" / f"trial-{t.number:05d}.log").read_text(errors="replace")
+        assert "vllm.entrypoints.openai.api_server" in log  # the server's command line heads its log
+        assert RESULT.of(t)["feasible"] and RESULT.of(t)["rate_at_limit"]["rate_rps"] > 0
     for t in runs:
         r = RESULT.of(t)
         if r["feasible"] and r.get("failed_rate_rps"):  # bisected to within 3%, its fit within +-3%, or out of probes
@@ -44,7 +54,9 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
     out = proc.stdout
     (tmp_path / "out.txt").write_text(out + proc.stderr)
     print(out)
-    assert "confirmed in 2 rounds, alternating, each config on a fresh engine" in out
+    assert "confirmed in 2 rounds, alternating, each config on a fresh engine in process (AsyncLLM)" in out
+    served_lines = [line for line in out.splitlines() if line.startswith("as served (vllm serve over HTTP, run #")]
+    assert len(served_lines) == 2 and all("req/s in process" in line for line in served_lines), out
     row = next(line for line in out.splitlines() if line.startswith("vLLM defaults"))
     assert re.search(r"\[\d+\.\d, \d+\.\d\]", row)  # the defaults' median with its interval
     # the verdict, one of three, with its rounds (measurement/sequential.py)
@@ -57,3 +69,5 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
     assert export.returncode == 0, export.stderr[-2000:]
     meta = json.loads((tmp_path / "c.engine_args.json").read_text())["metadata"]
     assert meta["trial"] == c.recommended.number and meta["confirmed"]["rounds"] == 2
+    assert meta["rate_at_limit"]["served_measured_as"] == "as served (vllm serve over HTTP)"
+    assert meta["rate_at_limit"]["served_rate_at_limit_rps"] > 0

@@ -1,0 +1,161 @@
+"""Held against independent replays: a finished study's vLLM defaults and leader (the configs its confirmation served,
+search/confirm.py), each measured at the rate the study reports and at 1.15 x it, with fresh draws of 1000 or more
+requests and 3 runs each, in both backends:
+
+- in process (AsyncLLM, the backend the search and the rounds measured with): this project's replay of the draw at the
+  confirmed in-process rate at the limit (the median over the rounds);
+- as served (`vllm serve` over HTTP): vLLM's own benchmark client (`vllm bench serve`'s module, fed the same draw as a
+  timed_trace, benchmarks/parity.py) at the rate as served that the study's run through `vllm serve` found.
+
+Prints one row per config, backend and factor with the TTFT P99 of every run, and the verdict the issue asks for: at
+the reported rate, TTFT P99 under the limit in every run ("holds"); at 1.15 x, over the limit or fallen behind in most
+runs ("breaks"). Each run draws its own requests (seed + 100 + run), never a draw the study measured.
+
+    flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/held.py --studies-dir DIR --study NAME [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import optuna  # noqa: E402
+
+from optimizer.cli.common import existing_config  # noqa: E402
+from optimizer.core.clock import MonotonicClock  # noqa: E402
+from optimizer.decision.decide import decide  # noqa: E402
+from optimizer.engines.http_engine import HttpEngine, RemoteEngine  # noqa: E402
+from optimizer.engines.vllm_engine import VllmEngine  # noqa: E402
+from optimizer.measurement.metrics import summarize  # noqa: E402
+from optimizer.measurement.replay import replay  # noqa: E402
+from optimizer.measurement.workload import build_workload  # noqa: E402
+from optimizer.config.model import inspect_model  # noqa: E402
+from optimizer.search.attrs import ENGINE_PARAMS  # noqa: E402
+from optimizer.search.runner import engine_base_args, model_path  # noqa: E402
+from optimizer.search.study import default_storage_url, storage_for  # noqa: E402
+
+from parity import timed_trace, vllm_bench  # noqa: E402 (benchmarks/parity.py: vLLM's own client)
+
+FACTORS = (1.0, 1.15)
+
+
+def draws(config, vocab_size: int, n: int, runs: int) -> list:
+    return [build_workload(config.workload.model_copy(update={"num_requests": n, "seed": config.workload.seed + 100
+                                                              + k}), vocab_size) for k in range(runs)]
+
+
+async def in_process(base: dict[str, Any], deploy_as: str, params: dict[str, Any], rate: float, workloads: list,
+                     log: Path) -> dict[float, list[tuple[float, bool]]]:
+    """(TTFT P99 ms, fell behind) per run, per factor, on one engine, the prefix cache reset before every run."""
+    engine = VllmEngine(base, deploy_as=deploy_as)
+    await engine.start(params, log)
+    out: dict[float, list[tuple[float, bool]]] = {}
+    try:
+        clock = MonotonicClock()
+        await replay(engine, workloads[0].warmup, [0.0] * len(workloads[0].warmup), clock)
+        for w in workloads:
+            for f in FACTORS:
+                await engine.reset_prefix_cache()
+                m = summarize(await replay(engine, w.requests, w.arrivals_s(rate * f), clock), rate * f)
+                out.setdefault(f, []).append((m.ttft.p99_ms, m.falls_behind))
+                print(f"  in process {rate * f:.2f} req/s: TTFT P99 {m.ttft.p99_ms:.0f} ms"
+                      f"{', fell behind' if m.falls_behind else ''}", flush=True)
+    finally:
+        await engine.shutdown()
+    return out
+
+
+async def as_served(base: dict[str, Any], params: dict[str, Any], rate: float, workloads: list, work: Path,
+                    log: Path) -> dict[float, list[tuple[float, bool]]]:
+    """(TTFT P99 ms, fell behind: completed under 90% of the offered rate) per run and factor, vLLM's own client."""
+    server = HttpEngine(base)
+    await server.start(params, log)
+    remote = RemoteEngine(server.base_url)
+    out: dict[float, list[tuple[float, bool]]] = {}
+    try:
+        await remote.start({})
+        clock = MonotonicClock()
+        await replay(remote, workloads[0].warmup, [0.0] * len(workloads[0].warmup), clock)
+        for k, w in enumerate(workloads):
+            for f in FACTORS:
+                await remote.reset_prefix_cache()
+                trace = timed_trace(w, rate * f, work / f"trace-{k}-{f:g}.jsonl")
+                got = await asyncio.to_thread(vllm_bench, server.base_url, remote.model_name, trace,
+                                              len(w.requests), work / f"vllm-{k}-{f:g}.json")
+                behind = got["completed"] / got["duration_s"] < 0.9 * rate * f
+                out.setdefault(f, []).append((got["ttft_p99_ms"], behind))
+                print(f"  as served {rate * f:.2f} req/s (vLLM's client): TTFT P99 {got['ttft_p99_ms']:.0f} ms"
+                      f"{', behind' if behind else ''}", flush=True)
+    finally:
+        await remote.shutdown()
+        await server.shutdown()
+    return out
+
+
+def verdict(runs: dict[float, list[tuple[float, bool]]], limit_ms: float) -> str:
+    at = all(p99 <= limit_ms and not behind for p99, behind in runs[1.0])
+    above = sum(p99 > limit_ms or behind for p99, behind in runs[FACTORS[1]]) > len(runs[FACTORS[1]]) / 2
+    return f"{'holds' if at else 'MISSES'} at the rate, {'breaks' if above else 'DOES NOT BREAK'} at 1.15x"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--studies-dir", default="studies")
+    p.add_argument("--study", default="default")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--num-requests", type=int, default=1000)
+    p.add_argument("--out", default=None, help="folder for traces, vLLM's result JSONs and logs (default: a temp dir)")
+    args = p.parse_args()
+    url = default_storage_url(args.study, Path(args.studies_dir))
+    config = existing_config(url, args.study)
+    if config is None:
+        raise SystemExit(f"no study {args.study!r} in {args.studies_dir}")
+    study = optuna.load_study(study_name=args.study, storage=storage_for(url))
+    d = decide(study, config)
+    c = d.confirmation
+    if c is None or not any(x.served_rate for x in c.configs):
+        raise SystemExit("the study has no confirmation with runs as served: run optimize with --served (default)")
+    path = model_path(config)
+    base = engine_base_args(config, path)
+    work = Path(args.out or tempfile.mkdtemp(prefix="held-"))
+    work.mkdir(parents=True, exist_ok=True)
+    workloads = draws(config, inspect_model(path, config.dummy_weights).vocab_size, args.num_requests, args.runs)
+    limit = config.ttft_p99_ms
+    rows = []
+    for x in c.served_configs:
+        params = ENGINE_PARAMS.of(x.trial)
+        name = f"#{x.number}" + (" (vLLM's defaults)" if x.baseline else "")
+        inproc_rate = c.rate_interval(x).median
+        print(f"{name}: in process at {inproc_rate:.2f} req/s and 1.15x, {args.runs} runs of {args.num_requests}",
+              flush=True)
+        rows.append((name, "in process", inproc_rate,
+                     asyncio.run(in_process(base, config.deploy_as, params, inproc_rate, workloads,
+                                            work / f"inproc-{x.number}.log"))))
+        if x.served_rate is not None:
+            served_rate = x.served_rate.rate_rps
+            print(f"{name}: as served at {served_rate:.2f} req/s and 1.15x (vLLM's client)", flush=True)
+            rows.append((name, "as served", served_rate,
+                         asyncio.run(as_served(base, params, served_rate, workloads, work,
+                                               work / f"served-{x.number}.log"))))
+    print(f"\nTTFT P99 limit {limit:.0f} ms; {args.runs} runs of {args.num_requests} requests each, fresh draws; "
+          f"files in {work}")
+    print(f"{'config':<22} {'backend':<11} {'rate':>7} | {'TTFT P99 ms at the rate':<26} | "
+          f"{'at 1.15x':<26} | verdict")
+    for name, backend, rate, runs in rows:
+        cell = {f: ", ".join(f"{p99:.0f}{'*' if behind else ''}" for p99, behind in runs[f]) for f in FACTORS}
+        print(f"{name:<22} {backend:<11} {rate:>7.2f} | {cell[1.0]:<26} | {cell[FACTORS[1]]:<26} | "
+              f"{verdict(runs, limit)}")
+    print("*: fell behind (backlog grew over the arrivals in process; as served, completed under 90% of the rate)")
+    print("medians: " + "; ".join(f"{n} {b} {statistics.median(p for p, _ in r[1.0]):.0f}/"
+                                  f"{statistics.median(p for p, _ in r[FACTORS[1]]):.0f} ms" for n, b, _, r in rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The runs as served (search/confirm.py, issue 20 item 7): once the confirmation's rounds are over, vLLM's defaults
+and the leader run once more through the study's `served_factory` (`vllm serve` in a real run; here a simulator
+whose steps are slower, as a server sharing the cores is), and every view names which rate is which."""
+
+import json
+
+import pytest
+
+from optimizer.decision.decide import decide
+from optimizer.decision.document import render, report_document
+from optimizer.decision.views import served_record
+from optimizer.engines.sim.noise import scaled
+from optimizer.search import confirm
+from optimizer.search.attrs import CONFIRM
+from optimizer.search.runner import prepare, run
+from optimizer.search.score import confirmation
+from optimizer.search.study import finished_count, is_confirmation
+from tests.support.fakes import SimEngine, make_config
+
+SERVED_SLOWDOWN = 1.3  # every step of the "server" takes 30% longer: its rate at the limit is lower
+
+
+class ServedSim(SimEngine):
+    """The simulator standing in for `vllm serve`: the same scheduler, every step SERVED_SLOWDOWN x slower."""
+
+    made = 0
+
+    def __init__(self):
+        super().__init__()
+        self.time_model = scaled(self.time_model, SERVED_SLOWDOWN)
+        ServedSim.made += 1
+
+
+def test_plan_counts_the_served_runs_in_the_budget():
+    p = confirm.plan(40, None, served=True)
+    assert (p.rounds, p.search_budget, p.served, p.runs) == (3, 29, 2, 11)
+    assert "29 search trials" in p.line and "2 runs through `vllm serve`" in p.line
+    assert confirm.plan(40, None).search_budget == 31  # without: as before
+    assert confirm.plan(40, 0, served=True).runs == 0  # no confirmation, no runs as served
+
+
+@pytest.fixture
+def served_study(tmp_path, config_only_model):
+    config = make_config(tmp_path, config_only_model, budget=14, confirm=2, ttft_p99_ms=45.0)
+    ServedSim.made = 0
+    prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None,
+                       served_factory=ServedSim)
+    return config, run(prepared, quiet=True)
+
+
+def test_the_rounds_end_with_the_defaults_and_the_leader_as_served(served_study):
+    config, study = served_study
+    assert finished_count(study) == 14 - 2 * confirm.CONFIGS - confirm.SERVED_CONFIGS
+    c = confirmation(study)
+    assert c is not None and c.complete
+    runs = [t for t in study.trials if is_confirmation(t)]
+    served = [t for t in runs if CONFIRM.of(t).get("served")]
+    # the last runs, one per config served, after every round, each on the served engine
+    assert runs[-len(served):] == served and ServedSim.made == len(served) == confirm.SERVED_CONFIGS
+    assert sorted(CONFIRM.of(t)["of"] for t in served) == sorted(x.number for x in c.served_configs)
+    assert c.base in c.served_configs and c.served_missing == []
+    # one draw for both, a draw no round replayed
+    assert {CONFIRM.of(t)["workload_seed"] for t in served} == {confirm.round_seed(config.workload.seed, c.rounds)}
+    assert c.full_rounds == [0, 1]  # the served runs are no round of the confirmation
+    for x in c.served_configs:  # the slower "server" holds the limit to a lower rate than the engine in process
+        assert x.served_rate is not None and x.served_rate.rate_rps < c.rate_interval(x).median
+
+
+def test_every_view_names_the_rate_in_process_and_as_served(served_study, tmp_path):
+    config, study = served_study
+    d = decide(study, config)
+    c = d.confirmation
+    doc = report_document(d)
+    rows = {r["trial"]: r for r in doc["confirmation"]["configs"]}
+    for x in c.served_configs:
+        r = rows[x.number]
+        assert r["rate_measured_as"] == "in process (AsyncLLM)"
+        assert r["served_measured_as"] == "as served (vllm serve over HTTP)"
+        assert r["served_rate_at_limit_rps"] == pytest.approx(x.served_rate.rate_rps)
+        assert r["rate_at_limit_rps"] == pytest.approx(c.rate_interval(x).median)
+        # 30% slower per step at a 45 ms limit: a quarter of the rate, outside both intervals, and said with both
+        assert r["served_differs"] is True
+    text, _ = render(d, "table")
+    assert "req/s at the limit, as served (vllm serve)" in text and "in process (AsyncLLM)" in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("as served (vllm serve over HTTP")]
+    assert len(lines) == len(c.served_configs)
+    assert all("differ by more than their intervals" in ln and "req/s in process" in ln for ln in lines)
+    from optimizer.cli.main import main
+
+    best = d.confirmed_of(d.best)
+    assert main(["export", "--study", config.study_name, "--storage", config.storage_url, "--studies-dir",
+                 str(tmp_path), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    meta = json.loads((tmp_path / "out" / f"{config.study_name}.engine_args.json").read_text())["metadata"]
+    assert best is not None and best.served is not None  # the recommendation is always among the configs served
+    assert meta["rate_at_limit"] == json.loads(json.dumps(served_record(c, best)))
+    yaml_text = (tmp_path / "out" / f"{config.study_name}.recommended.yaml").read_text()
+    assert "As served (vllm serve over HTTP):" in yaml_text and "in process" in yaml_text
