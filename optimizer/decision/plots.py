@@ -73,8 +73,7 @@ def _pareto(ax: Axes, d: Decision) -> None:
                    facecolors="none", edgecolors="black", linewidths=1.5, label=f"vLLM defaults (#{base.number})",
                    zorder=4)
     if d.best is not None:
-        ax.scatter([d.best.ranked.ttft_p99_ms], [d.best.ranked.output_throughput_tok_s], s=260, marker="*",
-                   color="gold", edgecolors="black", label=f"recommended (#{d.best.number})", zorder=5)
+        _recommended(ax, d, d.best.ranked.ttft_p99_ms)
     xs = [v.ranked.ttft_p99_ms for v in feasible] + [c["ttft_p99_ms"] for c in missed]
     if xs and max(xs + [d.limit_ms]) / max(min(xs + [d.limit_ms]), 1e-9) > 20:
         ax.set_xscale("log")
@@ -86,6 +85,23 @@ def _pareto(ax: Axes, d: Decision) -> None:
                  f"\n(no stored replay meets TTFT P99 <= {format_ms(d.limit_ms)})"))
     ax.grid(alpha=0.3)
     _legend_below(ax)
+
+
+def _recommended(ax: Axes, d: Decision, x: float) -> None:
+    """The recommendation's star at `x`: at its confirmed median with its interval as an error bar where the
+    confirmation measured it again (the number every other view gives, decision/numbers.py), else at the search's."""
+    assert d.best is not None
+    tp = d.throughput(d.best)
+    label = f"recommended (#{d.best.number})"
+    y = d.best.ranked.output_throughput_tok_s
+    if tp.confirmed and math.isfinite(tp.output_throughput_tok_s):
+        y = tp.output_throughput_tok_s
+        label += f": median of {tp.rounds} confirmation rounds"
+        if tp.low_tok_s is not None and tp.high_tok_s is not None:
+            label += f", 95% interval [{tp.low_tok_s:.0f}, {tp.high_tok_s:.0f}]"
+            ax.errorbar([x], [y], yerr=[[y - tp.low_tok_s], [tp.high_tok_s - y]], fmt="none", ecolor="black",
+                        capsize=5, zorder=4)
+    ax.scatter([x], [y], s=260, marker="*", color="gold", edgecolors="black", label=label, zorder=5)
 
 
 def _history(ax: Axes, d: Decision) -> None:
@@ -102,8 +118,7 @@ def _history(ax: Axes, d: Decision) -> None:
     if missed:
         ax.scatter(missed, [0] * len(missed), marker="x", color="0.5", label="misses the limit or cannot run")
     if d.best is not None:
-        ax.scatter([d.best.number], [d.best.ranked.output_throughput_tok_s], s=260, marker="*", color="gold",
-                   edgecolors="black", label=f"recommended (#{d.best.number})", zorder=5)
+        _recommended(ax, d, d.best.number)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial number")
     ax.set_ylabel("output throughput within the limit (tokens/s)")

@@ -224,3 +224,21 @@ def test_a_trial_curve_shows_no_sent_rate_for_a_burst_and_the_kv_peak_in_percent
     assert rows[0]["arrivals"] == "burst" and rows[0]["sent_rate_rps"] is None
     assert rows[0]["engine_kv_usage_peak_pct"] == 6.4  # as the limits line says "KV peak 6%"
     assert rows[1]["sent_rate_rps"] == 4.2 and rows[1]["chosen"]
+
+
+def test_the_charts_put_the_recommendation_at_its_confirmed_number(confirmed):
+    """The PNG's Pareto and history panels draw the recommendation's star at the number every other view gives: the
+    confirmation's median, its interval as an error bar and the rounds in the legend (not the search's one run)."""
+    from optimizer.decision.plots import figure
+
+    config, study, _ = confirmed
+    d = decide(study, stored(study))
+    tp = d.throughput(d.best)
+    assert tp.confirmed and tp.low_tok_s is not None
+    panels = [ax for ax in figure(d).axes if ax.get_title().startswith(("Pareto front", "Optimization history"))]
+    assert len(panels) == 2
+    for ax in panels:
+        star = next(c for c in ax.collections if c.get_label().startswith(f"recommended (#{d.best.number})"))
+        assert star.get_offsets()[0][1] == pytest.approx(tp.output_throughput_tok_s)
+        assert f"median of {tp.rounds} confirmation rounds" in star.get_label()
+        assert f"[{tp.low_tok_s:.0f}, {tp.high_tok_s:.0f}]" in star.get_label()
