@@ -16,6 +16,7 @@ from optimizer.measurement.sequential import Outcome
 from optimizer.params.space import SEARCHABLE, distance_to_default
 from optimizer.search.attrs import LIMITED_BY, PRUNED_REASON, RESULT, TELEMETRY
 from optimizer.search.score import Confirmed, rate_at_limit_text
+from optimizer.search.study import run_name
 
 
 def _role(d: Decision, v: TrialView, tied: frozenset[int] = frozenset()) -> str:
@@ -178,7 +179,7 @@ def confirmation_records(d: Decision) -> list[dict[str, Any]]:
                                                 if (f := conf.bracket_rps(r)[1]) is not None]),
             "search_output_throughput_tok_s": v.ranked.output_throughput_tok_s if v.ranked.answerable else None,
             "values_tok_s": c.values_tok_s(conf),  # by full round
-            "runs": [conf.runs[r].number for r in sorted(conf.runs)],  # by round
+            "runs": [run_name(conf.runs[r]) for r in sorted(conf.runs)],  # by round, by name (`--trial c3`)
         })
     return rows
 

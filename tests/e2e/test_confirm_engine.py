@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 from optimizer.config.settings import RateSearchSpec
 from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PIDS, RESULT, STUDY_CONFIRMATION
 from optimizer.search.score import confirmation, recommended
-from optimizer.search.study import finished_count
+from optimizer.search.study import confirmation_study, finished_count
 from tests.e2e.test_e2e_engine import SMALL, optimize
 from tests.support.fakes import load
 
@@ -26,12 +26,19 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
             "trials") in proc.stderr
     study = load(tmp_path, "c")
     assert finished_count(study) == 2
-    runs = [t for t in study.trials if CONFIRM.of(t) is not None]
+    assert all(t.params for t in study.best_trials)  # Optuna's own front: search trials, never a run
+    assert not any(CONFIRM.of(t) is not None for t in study.trials)
+    runs = confirmation_study(study).trials  # the study c.confirmation
     plan = STUDY_CONFIRMATION.of(study)
     assert plan["candidates"][0] == 0 and len(runs) == 2 * len(plan["candidates"])
     assert all(t.state == TrialState.COMPLETE for t in runs)
     pids = [tuple(ENGINE_PIDS.of(t)) for t in runs]
     assert all(pids) and len(set(pids)) == len(pids)  # every run on an engine of its own
+    logs = sorted(p.name for p in (tmp_path / "c.logs").glob("*.log"))
+    assert [f"confirm-{t.number:05d}.log" for t in runs] == [n for n in logs if n.startswith("confirm-")]
+    line = next(x for x in proc.stderr.splitlines() if f"(run c{runs[0].number}, " in x)  # its console line ...
+    shown = optimize(model_cache, tmp_path, "report", "--study", "c", "--trial", f"c{runs[0].number}")
+    assert shown.returncode == 0 and line.strip() in shown.stdout  # ... names it as the report takes it
     for t in runs:
         r = RESULT.of(t)
         if r["feasible"] and r.get("failed_rate_rps"):  # bisected to within 3%, its fit within +-3%, or out of probes
