@@ -121,5 +121,5 @@ def trial_name(text: str) -> str:
         return str(int(name))
     if name[:1] == "c" and name[1:].isdigit():
         return f"c{int(name[1:])}"
-    raise UsageError(f"--trial {text!r} is neither a trial number nor a confirmation run's name: e.g. --trial 3, "
-                     f"or --trial c2 (the name a confirmation run's line gives)")
+    raise UsageError(f"--trial {text!r} is not a trial number, nor a confirmation run's name: e.g. --trial 3, or "
+                     f"--trial c2 (the name a confirmation run's line gives)")

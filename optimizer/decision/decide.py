@@ -247,8 +247,8 @@ def view(d: Decision, number: int | str, runs: Sequence[str] = ()) -> TrialView:
     numbers = [v.number for v in d.views]
     have = f"#{numbers[0]}..#{numbers[-1]}" if numbers else "none yet"
     also = f"; confirmation runs: {', '.join(runs)}" if runs else ""
-    raise UsageError(f"study {d.study_name!r} has no finished trial or confirmation run {number} (finished: "
-                     f"{have}{also}): pass one of them to --trial")
+    what = f"confirmation run {number}" if str(number).startswith("c") else f"finished trial #{number}"
+    raise UsageError(f"study {d.study_name!r} has no {what} (finished: {have}{also}): pass one of them to --trial")
 
 
 def run_views(study: optuna.Study, d: Decision) -> dict[str, TrialView]:

@@ -76,6 +76,7 @@ def test_a_log_of_a_study_has_one_line_per_trial_and_per_run_and_no_redraws(tmp_
     """`optimize` with its stderr in a file (here: captured, no terminal), on the simulated engine: 2 search trials and
     2 rounds of confirmation runs. Each trial and each run is one line, and nothing is redrawn or padded."""
     from optimizer.search import runner
+    from optimizer.search.study import confirmation_study
     from tests.support.fakes import SimEngine, load, run_cli
 
     monkeypatch.setattr(runner, "factory_for", lambda config, path: SimEngine)
@@ -86,9 +87,12 @@ def test_a_log_of_a_study_has_one_line_per_trial_and_per_run_and_no_redraws(tmp_
     assert "\r" not in err and all(line.strip() for line in err.splitlines()), err  # no redraws, no blank padding
     heads = [line for line in err.splitlines() if line.startswith(("baseline (vLLM defaults) #", "trial #",
                                                                    "confirmation round "))]
-    trials = load(tmp_path).get_trials(deepcopy=False)
-    numbers = sorted(int(line.split("#")[1].split(":")[0].split(" ")[0]) if not line.startswith("confirmation")
-                     else int(line.split("(run #")[1].split(",")[0]) for line in heads)
-    assert numbers == [t.number for t in trials], err  # each trial and each run once
+    study = load(tmp_path)
+    numbers = sorted(int(line.split("#")[1].split(":")[0].split(" ")[0]) for line in heads
+                     if not line.startswith("confirmation"))
+    names = [line.split("(run ")[1].split(",")[0] for line in heads if line.startswith("confirmation")]
+    assert numbers == [t.number for t in study.get_trials(deepcopy=False)], err  # each trial once
+    runs = confirmation_study(study).get_trials(deepcopy=False)  # each run once, by the name the report takes
+    assert names == [f"c{t.number}" for t in runs], err
     assert any(line.startswith("confirmation round 2,") for line in heads), err
     assert sum(line.startswith("estimated time: ") for line in err.splitlines()) == 1  # one estimate, at the start

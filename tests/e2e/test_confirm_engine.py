@@ -9,7 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.config.settings import RateSearchSpec
-from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PIDS, RESULT, STUDY_CONFIRMATION
+from optimizer.search.attrs import BASELINE, CONFIRM, CURVE, ENGINE_PIDS, RESULT, STUDY_CONFIRMATION
 from optimizer.search.score import confirmation, recommended
 from optimizer.search.study import confirmation_study, finished_count
 from tests.e2e.test_e2e_engine import SMALL, optimize
@@ -26,7 +26,8 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
             "trials") in proc.stderr
     study = load(tmp_path, "c")
     assert finished_count(study) == 2
-    assert all(t.params for t in study.best_trials)  # Optuna's own front: search trials, never a run
+    # Optuna's own front: search trials (sampled parameters, or vLLM's defaults), never a run with params {}
+    assert study.best_trials and all(t.params or BASELINE.of(t) for t in study.best_trials)
     assert not any(CONFIRM.of(t) is not None for t in study.trials)
     runs = confirmation_study(study).trials  # the study c.confirmation
     plan = STUDY_CONFIRMATION.of(study)
