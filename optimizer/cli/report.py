@@ -16,6 +16,7 @@ from optimizer.cli.manual import new_parser
 from optimizer.core.errors import UsageError
 from optimizer.core.units import parse_duration_ms
 from optimizer.search.attrs import CONFIRM, PRUNED_DETAIL, PRUNED_REASON
+from optimizer.search.study import run_name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         [("optimize report --study llama", "the front and the recommendation; writes the PNG and HTML"),
          ("optimize report --study llama --ttft-p99 300ms --format csv", "re-ranked for a 300 ms limit, as CSV"),
          ("optimize report --study llama --trial 3", "trial #3's replays: its latency-vs-load curve"),
+         ("optimize report --study llama --trial c2", "confirmation run c2: its round, the config it measured again"),
          ("optimize report --study llama --bench-json best.json", "the recommendation as `vllm bench serve` JSON")])
     add_common_flags(p)
     add_format_flag(p)
@@ -39,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{metric}-p99", help=f"also require {metric.upper()} P99 within this limit, e.g. 50ms "
                        "(re-ranked from the stored replays)")
     p.add_argument("--trial", help="print this trial's parameters and replays (its latency-vs-load curve) instead of "
-                   "the front; a confirmation run's number prints that run: its round, the config it measured, "
-                   "its probes")
+                   "the front; a confirmation run's name (c2, as its console line gives it; in studies made before, "
+                   "its number) prints that run: its round, the config it measured, its probes")
     p.add_argument("--bench-json", metavar="PATH", help="write the result of --trial (default: the recommended trial) "
                    "in the JSON format of `vllm bench serve --save-result`")
     return p
@@ -52,19 +54,14 @@ def cmd_report(argv: list[str]) -> int:
 
 
 def _report(ns: argparse.Namespace) -> int:
-    from optimizer.decision.decide import confirmation_runs, decide, view
+    from optimizer.decision.decide import decide, run_views, view
     from optimizer.decision.document import render
     from optimizer.decision.tables import check_format, drop_empty_columns, format_output
     from optimizer.decision.views import confirmation_run_lines, curve_rows, trial_heading, trial_notes
 
     check_format(ns.format)
     limit_ms = parse_duration_ms(ns.ttft_p99, "--ttft-p99") if ns.ttft_p99 is not None else None
-    trial_no = None
-    if ns.trial is not None:
-        try:
-            trial_no = int(ns.trial)
-        except ValueError:
-            raise UsageError(f"--trial {ns.trial!r} is not a trial number, e.g. --trial 3") from None
+    trial_no = None if ns.trial is None else trial_name(ns.trial)
     other = {f"{m}_p99_ms": parse_duration_ms(getattr(ns, f"{m}_p99"), f"--{m}-p99")
              for m in ("tpot", "itl", "e2e") if getattr(ns, f"{m}_p99") is not None}
     config, study = load_study(ns)
@@ -73,11 +70,12 @@ def _report(ns: argparse.Namespace) -> int:
     if trial_no is not None or ns.bench_json:
         if trial_no is None and decision.best is None:
             raise UsageError("no trial meets the limit, so there is no recommendation to write: pass --trial N")
-        runs = confirmation_runs(study, decision) if trial_no is not None else {}
-        chosen = runs[trial_no] if trial_no in runs else view(decision, trial_no, sorted(runs)) \
+        runs = run_views(study, decision) if trial_no is not None else {}
+        chosen = runs[trial_no] if trial_no in runs else view(decision, trial_no, list(runs)) \
             if trial_no is not None else decision.best
         run = CONFIRM.of(chosen.trial)  # a confirmation run: `of` is the search trial it measured again
         of = view(decision, int(run["of"])) if run is not None else None
+        what = f"run {run_name(chosen.trial)}" if run is not None else f"trial #{chosen.number}"
         if trial_no is not None:
             heading = trial_heading(decision, chosen, of)
             rows = curve_rows(decision, chosen)
@@ -86,8 +84,7 @@ def _report(ns: argparse.Namespace) -> int:
                 (print if ns.format == "table" else say)(line)
             print(format_output(drop_empty_columns(rows) if ns.format == "table" else rows, ns.format)
                   if rows or ns.format != "table" else
-                  f"trial #{chosen.number} stored no replays: it could not run ({why}: "
-                  f"{PRUNED_DETAIL.of(chosen.trial)})")
+                  f"{what} stored no replays: it could not run ({why}: {PRUNED_DETAIL.of(chosen.trial)})")
             notes = trial_notes(chosen) + ([] if of is not None else confirmation_run_lines(decision, chosen))
             for line in notes:
                 (print if ns.format == "table" else say)(line)
@@ -98,10 +95,11 @@ def _report(ns: argparse.Namespace) -> int:
             result = bench_result(chosen.trial, config, point, decision.limit_ms)
             meta = confirmed_metadata(decision, of if of is not None else chosen)  # a run: its config's numbers
             if run is not None:
-                meta["optimizer_confirmation_run"] = {"of": run["of"], "round": int(run["round"]) + 1}
+                meta["optimizer_confirmation_run"] = {"of": run["of"], "round": int(run["round"]) + 1,
+                                                      "run": run_name(chosen.trial)}
             path = write_bench_json(Path(ns.bench_json), {**result, **meta})
             rate = point.get("offered_rate_rps")
-            say(f"wrote {path} (trial #{chosen.number} at {'a burst' if rate is None else f'{rate:.2f} req/s'})")
+            say(f"wrote {path} ({what} at {'a burst' if rate is None else f'{rate:.2f} req/s'})")
         return 0
     from optimizer.decision.html import run_info
     from optimizer.decision.plots import write_report
@@ -113,3 +111,15 @@ def _report(ns: argparse.Namespace) -> int:
     png, html = write_report(decision, Path(ns.out or ns.studies_dir), run_info(study, config))
     say(f"wrote {png} and {html}")
     return 0
+
+
+def trial_name(text: str) -> str:
+    """`--trial`'s value as the report looks it up: a trial's number ('3', '#3' -> '3') or a confirmation run's
+    name ('c2', 'C02' -> 'c2'), else a UsageError that shows both forms."""
+    name = text.strip().lstrip("#").lower()
+    if name.isdigit():
+        return str(int(name))
+    if name[:1] == "c" and name[1:].isdigit():
+        return f"c{int(name[1:])}"
+    raise UsageError(f"--trial {text!r} is not a trial number, nor a confirmation run's name: e.g. --trial 3, or "
+                     f"--trial c2 (the name a confirmation run's line gives)")

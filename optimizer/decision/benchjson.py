@@ -27,6 +27,7 @@ from optimizer.decision.trial import TrialView
 from optimizer.measurement.rerank import rank_curve
 from optimizer.measurement.workload import build_workload
 from optimizer.search.attrs import BASELINE, CURVE, ENGINE_CONFIG, PRUNED_REASON
+from optimizer.search.study import confirmation_study_name, in_confirmation_study
 
 # Stored curve keys that are already vLLM result keys under another name.
 _SAME_METRIC = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "tpot_p99_ms": "p99_tpot_ms",
@@ -71,7 +72,7 @@ def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any],
         "date": when.strftime("%Y%m%d-%H%M%S") if when else None,
         "endpoint_type": "vllm",
         "backend": "vllm",
-        "label": f"optimize:{config.study_name}#{trial.number}",
+        "label": f"optimize:{study_of(config.study_name, trial)}#{trial.number}",
         "model_id": model_id,
         "tokenizer_id": model_id,
         "num_prompts": config.workload.num_requests,
@@ -127,3 +128,8 @@ def write_bench_json(path: Path, result: dict[str, Any]) -> Path:
     tmp.write_text(json.dumps(result))
     tmp.replace(path)
     return path
+
+
+def study_of(study_name: str, trial: FrozenTrial) -> str:
+    """The Optuna study that holds `trial`: the study, or for a confirmation run its confirmation study."""
+    return confirmation_study_name(study_name) if in_confirmation_study(trial) else study_name

@@ -28,7 +28,7 @@ from optimizer.measurement.rerank import Answer, pareto_front, rank_curve, recom
 from optimizer.params.deploy import label as deploy_label
 from optimizer.search.attrs import CURVE
 from optimizer.search.score import Confirmation, compared_per_gpu, confirmation, noise_cv, rank_trials, tied_with
-from optimizer.search.study import FINISHED, is_confirmation, search_trials
+from optimizer.search.study import FINISHED, confirmation_runs, run_name, search_trials
 
 
 @dataclass(frozen=True)
@@ -238,20 +238,21 @@ def resolution(v: TrialView) -> float:
     return r.next_rate_rps / r.rate_rps - 1
 
 
-def view(d: Decision, number: int, runs: Sequence[int] = ()) -> TrialView:
-    """The finished trial `number`, or a UsageError that lists the ones there are (and the confirmation `runs`)."""
+def view(d: Decision, number: int | str, runs: Sequence[str] = ()) -> TrialView:
+    """The finished trial `number`, or a UsageError that lists the ones there are (and the confirmation `runs`, by
+    name)."""
     for v in d.views:
-        if v.number == number:
+        if str(v.number) == str(number):
             return v
     numbers = [v.number for v in d.views]
     have = f"#{numbers[0]}..#{numbers[-1]}" if numbers else "none yet"
-    also = f"; confirmation runs: {', '.join(f'#{n}' for n in runs)}" if runs else ""
-    raise UsageError(f"study {d.study_name!r} has no finished trial #{number} (finished: {have}{also}): pass one of "
-                     f"them to --trial")
+    also = f"; confirmation runs: {', '.join(runs)}" if runs else ""
+    what = f"confirmation run {number}" if str(number).startswith("c") else f"finished trial #{number}"
+    raise UsageError(f"study {d.study_name!r} has no {what} (finished: {have}{also}): pass one of them to --trial")
 
 
-def confirmation_runs(study: optuna.Study, d: Decision) -> dict[int, TrialView]:
-    """The study's finished confirmation runs by number, each ranked under the report's limit like a trial (none in
-    a study made before the confirmation, or without one)."""
-    return {t.number: TrialView(t, rank_curve(CURVE.of(t), d.limit_ms, d.other_limits_ms))
-            for t in study.get_trials(deepcopy=False, states=FINISHED) if is_confirmation(t)}
+def run_views(study: optuna.Study, d: Decision) -> dict[str, TrialView]:
+    """The study's finished confirmation runs by name (c3: search/study.py `run_name`), each ranked under the
+    report's limit like a trial (none in a study made before the confirmation, or without one)."""
+    return {run_name(t): TrialView(t, rank_curve(CURVE.of(t), d.limit_ms, d.other_limits_ms))
+            for t in confirmation_runs(study, FINISHED)}

@@ -34,6 +34,7 @@ from optimizer.search.attrs import (
     BASELINE_NOTE, CONFIRM, CURVE, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CREATED, STUDY_MACHINE,
 )
 from optimizer.search.progress import why_infeasible
+from optimizer.search.study import in_confirmation_study, run_name
 
 NOT_RECORDED = "not recorded"
 
@@ -170,11 +171,11 @@ def trial_rows(d: Decision) -> list[dict[str, Any]]:
     entries = [(v, role_text(d, v)) for v in d.views] + _runs(d)
     by_config = {v.number: v for v in d.views}
     rows = []
-    for v, role in sorted(entries, key=lambda e: e[0].number):
+    for v, role in sorted(entries, key=_in_order):
         config = by_config.get((CONFIRM.of(v.trial) or {}).get("of", v.number), v)
         requests = RESULT.of(v.trial).get("requests")
         rows.append({
-            "trial": f"#{v.number}", "role": role,
+            "trial": _label(v), "role": role,
             "output tok/s": f"{v.ranked.output_throughput_tok_s:.1f}" if v.ranked.answerable else "-",
             "rate at the limit, req/s [95%]": _rate_cell(d, v),
             "TTFT P99": format_ms(v.ranked.ttft_p99_ms) if v.ranked.answerable else "-",
@@ -188,8 +189,19 @@ def trial_rows(d: Decision) -> list[dict[str, Any]]:
 def probe_panels(d: Decision) -> list[Panel]:
     """One panel per trial and confirmation run that stored probes, by number; the recommendation highlighted."""
     entries = [(v, role_text(d, v)) for v in d.views] + _runs(d)
-    return [Panel(f"#{v.number}" + (f" {role}" if role else ""), v.curve, v.ranked.point, v is d.best)
-            for v, role in sorted(entries, key=lambda e: e[0].number) if v.curve]
+    return [Panel(_label(v) + (f" {role}" if role else ""), v.curve, v.ranked.point, v is d.best)
+            for v, role in sorted(entries, key=_in_order) if v.curve]
+
+
+def _label(v: TrialView) -> str:
+    """#7 for a search trial; a confirmation run by its name (c3), as `optimize report --trial` takes it (runs that
+    studies made before stored among their trials: #57)."""
+    return run_name(v.trial) if in_confirmation_study(v.trial) else f"#{v.number}"
+
+
+def _in_order(entry: tuple[TrialView, str]) -> tuple[bool, int]:
+    """Search trials (and runs stored among them) by number, then the confirmation study's runs by theirs."""
+    return in_confirmation_study(entry[0].trial), entry[0].number
 
 
 def decision_headline(d: Decision) -> str:

@@ -16,6 +16,7 @@ from optimizer.measurement.sequential import Outcome
 from optimizer.params.space import SEARCHABLE, distance_to_default
 from optimizer.search.attrs import LIMITED_BY, PRUNED_REASON, RESULT, TELEMETRY
 from optimizer.search.score import Confirmation, Confirmed, rate_at_limit_text
+from optimizer.search.study import run_name
 
 
 def _role(d: Decision, v: TrialView, tied: frozenset[int] = frozenset()) -> str:
@@ -178,7 +179,7 @@ def confirmation_records(d: Decision) -> list[dict[str, Any]]:
                                                 if (f := conf.bracket_rps(r)[1]) is not None]),
             "search_output_throughput_tok_s": v.ranked.output_throughput_tok_s if v.ranked.answerable else None,
             "values_tok_s": c.values_tok_s(conf),  # by full round
-            "runs": [conf.runs[r].number for r in sorted(conf.runs)],  # by round
+            "runs": [run_name(conf.runs[r]) for r in sorted(conf.runs)],  # by round, by name (`--trial c3`)
             **served_record(c, conf),
         })
     return rows
@@ -206,7 +207,7 @@ def served_record(c: Confirmation, conf: Confirmed) -> dict[str, Any]:
             "served_low_rps": served.low_rps if served is not None else None,
             "served_high_rps": served.high_rps if served is not None and math.isfinite(served.high_rps) else None,
             "served_measured_as": "as served (vllm serve over HTTP)" if conf.served is not None else None,
-            "served_run": conf.served.number if conf.served is not None else None,
+            "served_run": run_name(conf.served) if conf.served is not None else None,
             "served_not_measured": why, "served_differs": differ}
 
 
@@ -232,10 +233,10 @@ def served_lines(d: Decision) -> list[str]:
         if r["rate_low_rps"] is not None:
             inproc += f" {rate_interval_text(r['rate_low_rps'], r['rate_high_rps'])}"
         if r["served_rate_at_limit_rps"] is None:
-            out.append(f"as served (vllm serve over HTTP, run #{r['served_run']}): {who} not measured "
+            out.append(f"as served (vllm serve over HTTP, run {r['served_run']}): {who} not measured "
                        f"({r['served_not_measured']}); {inproc}")
             continue
-        line = (f"as served (vllm serve over HTTP, run #{r['served_run']}): {who} holds the limit up to "
+        line = (f"as served (vllm serve over HTTP, run {r['served_run']}): {who} holds the limit up to "
                 f"{r['served_rate_at_limit_rps']:.2f} req/s "
                 f"{rate_interval_text(r['served_low_rps'], r['served_high_rps'])}; {inproc}")
         if r["served_differs"] and r["rate_at_limit_rps"]:

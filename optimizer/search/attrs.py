@@ -66,7 +66,9 @@ SIM_GOODPUT_TOK_S: Attr[float | None] = Attr("sim_goodput_tok_s", None, "a pre-s
 RUN: Attr[bool] = Attr("run", False, "benchmarks/repeatability.py: one of its repeated runs")
 AB: Attr[str | None] = Attr("ab", None, "benchmarks/ab_gain.py: which side of the A/B ('defaults', 'recommended')")
 CONFIRM: Attr[Json | None] = Attr("confirm", None, "a confirmation run, not a search trial: {plan, of (the trial it "
-                                                   "measures again), round} (search/confirm.py)")
+                                                   "measures again), round, apart (stored in the study NAME."
+                                                   "confirmation)} (search/confirm.py)")
+CONFIRM_APART = "apart"  # the key, in a run's CONFIRM, that says the run is stored in the study NAME.confirmation
 
 # --- on a trial: who ran it, and its engine's processes ------------------------------------------------------------
 WORKER: Attr[Json | None] = Attr("worker", None, "the optimize process running it: {host, pid, create_time}")
@@ -121,8 +123,10 @@ STUDY_P99_STABILITY: StudyAttr[Json | None] = StudyAttr("p99_stability", None,
 STUDY_VERIFY: StudyAttr[Json | None] = StudyAttr("verify", None, "`optimize verify`'s results and its choice")
 STUDY_CONFIRMATION: StudyAttr[Json | None] = StudyAttr("confirmation", None, "the confirmation's plan: {plan, rounds, "
                                                        "candidates, baseline, why} (search/confirm.py)")
+STUDY_CONFIRMS: StudyAttr[str | None] = StudyAttr("confirms", None, "on a study NAME.confirmation: NAME, the study "
+                                                                    "whose confirmation runs it holds")
 
 STUDY_ATTRS: tuple[StudyAttr[Any], ...] = (
     STUDY_CONFIG, STUDY_MACHINE, STUDY_CREATED, STUDY_DEMO_SCALE, STUDY_REQUESTS_CHOICE, STUDY_PRESCREEN,
-    STUDY_P99_STABILITY, STUDY_VERIFY, STUDY_CONFIRMATION,
+    STUDY_P99_STABILITY, STUDY_VERIFY, STUDY_CONFIRMATION, STUDY_CONFIRMS,
 )

@@ -10,8 +10,11 @@ measured again:
   pooled fit) overlaps the recommendation's (for trials stored before: whose bracket, widened by the study's noise);
 - each run is a trial of its own (a fresh engine, the warm-up, then `search_rate` from its trial's bracket: probes
   sized by evidence until the rate passed and the rate failed are within 3% or its fit's interval is within +-3%),
-  stored in the study with a `confirm` attribute, so that an interrupted confirmation resumes where it stopped, as
-  trials do;
+  stored with a `confirm` attribute in the study's confirmation study NAME.confirmation (search/study.py
+  `confirmation_study`), so that an interrupted confirmation resumes where it stopped, as trials do, and Optuna's own
+  tools (`best_trials`, optuna-dashboard) see in NAME only the search's trials. Run 3 of it is named c3 (`run_name`:
+  `optimize report --trial c3`, its engine log confirm-00003.log); studies made before kept their runs among their
+  trials, and still report them (search/study.py `confirmation_runs`);
 - the rounds alternate the order of the configs (round 2 starts with the second), so a slow minute of the
   machine hits each alike, and a round's runs of two configs are taken next to each other: the gain is measured
   per round (optimizer/measurement/intervals.py);
@@ -50,12 +53,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.errors import UsageError
 from optimizer.measurement.sequential import Outcome, look_confidence
-from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS
+from optimizer.search.attrs import (
+    CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
+)
 from optimizer.search.score import (
     Confirmation, baseline, confirmation, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps,
     scored_best_first, study_limit_ms, tied_with,
 )
-from optimizer.search.study import is_confirmation, search_trials, wait_while_running
+from optimizer.search.study import (
+    confirmation_runs, confirmation_study, is_confirmation, run_name, search_trials, wait_while_running,
+)
 
 DEFAULT_ROUNDS = 3
 CONFIGS = 3  # vLLM's defaults, the recommendation and its closest rival: what each round plans for
@@ -182,15 +189,17 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     if dropping:
         plan_attr["dropped"] = {**plan_attr.get("dropped", {}), **{str(n): r for n, r in dropping.items()}}
     STUDY_CONFIRMATION.set(study, plan_attr)
+    home = confirmation_study(study, create=True)
+    assert home is not None
     for trial, r in runs:
         seed = None if workload_seed is None else round_seed(workload_seed, r)
-        study.enqueue_trial({}, user_attrs=run_attrs(key, trial, r, plan_attr["limit_ms"], engine_args, seed),
-                            skip_if_exists=False)
+        home.enqueue_trial({}, user_attrs=run_attrs(key, trial, r, plan_attr["limit_ms"], engine_args, seed),
+                           skip_if_exists=False)
     if not runs:
         seed = None if workload_seed is None else round_seed(workload_seed, c.rounds)  # a draw no round replays
         for x in c.served_missing:
-            study.enqueue_trial({}, user_attrs=run_attrs(key, x.trial, c.rounds, plan_attr["limit_ms"], engine_args,
-                                                         seed, served=True), skip_if_exists=False)
+            home.enqueue_trial({}, user_attrs=run_attrs(key, x.trial, c.rounds, plan_attr["limit_ms"], engine_args,
+                                                        seed, served=True), skip_if_exists=False)
     return plan_attr
 
 
@@ -220,12 +229,14 @@ def next_runs(c: Confirmation) -> tuple[list[tuple[FrozenTrial, int]], dict[int,
 def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limit_ms: float, engine_args: dict[str, Any],
               workload_seed: int | None = None, served: bool = False) -> dict[str, Any]:
     """The user attributes of one queued run of `trial`: its engine arguments, where its bisection starts (JSON has
-    no infinity, so a burst start is stored as None), the seed of the workload it replays (None: the study's) and,
-    for a run through `vllm serve` (`served`), `served: true` (the objective starts a server for it)."""
+    no infinity, so a burst start is stored as None), the seed of the workload it replays (None: the study's), that
+    it is stored in the confirmation study and, for a run through `vllm serve` (`served`), `served: true` (the
+    objective starts a server for it)."""
     spec = {k: (None if isinstance(v, float) and math.isinf(v) else v)
             for k, v in run_spec(trial, limit_ms, engine_args).items()}
     return CONFIRM.item({"plan": plan_key, "of": trial.number, "round": round_, "params": ENGINE_PARAMS.of(trial),
-                         "workload_seed": workload_seed, **spec, **({"served": True} if served else {})})
+                         "workload_seed": workload_seed, CONFIRM_APART: True, **spec,
+                         **({"served": True} if served else {})})
 
 
 def start_rates(confirm: dict[str, Any]) -> tuple[float, float | None]:
@@ -238,11 +249,11 @@ def start_rates(confirm: dict[str, Any]) -> tuple[float, float | None]:
 def run_estimate_s(study: optuna.Study) -> float | None:
     """How long one confirmation run takes: the median of the runs so far, else RUN_OVER_TRIAL x the median search
     trial; None before any trial finished."""
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if TIMINGS.of(t).get("total_s")]
-    runs = [TIMINGS.of(t)["total_s"] for t in done if is_confirmation(t)]
+    complete = (TrialState.COMPLETE,)
+    runs = [TIMINGS.of(t)["total_s"] for t in confirmation_runs(study, complete) if TIMINGS.of(t).get("total_s")]
     if runs:
         return float(statistics.median(runs))
-    trials = [TIMINGS.of(t)["total_s"] for t in done if not is_confirmation(t)]
+    trials = [TIMINGS.of(t)["total_s"] for t in search_trials(study, complete) if TIMINGS.of(t).get("total_s")]
     return RUN_OVER_TRIAL * float(statistics.median(trials)) if trials else None
 
 
@@ -256,7 +267,9 @@ def rounds_in_time(rounds: int, deadline_unix_s: float | None, run_s: float | No
 
 
 def waiting(study: optuna.Study) -> list[FrozenTrial]:
-    return study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    """The runs queued in `study`'s confirmation study, oldest first."""
+    home = confirmation_study(study)
+    return [] if home is None else home.get_trials(deepcopy=False, states=(TrialState.WAITING,))
 
 
 def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: int, engine_args: dict[str, Any],
@@ -264,15 +277,31 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
         deadline_unix_s: float | None = None, now_unix_s: Callable[[], float] = time.time,
         workload_seed: int | None = None, served: bool = False) -> str:
     """Plan the confirmation (once) and run its rounds until they decide or run out (`enqueue` queues each round
-    when the one before has finished), then, with `served`, the runs through `vllm serve`; says when a config drops
-    out. Returns a line when it stopped short (else '')."""
+    when the one before has finished), then, with `served`, the runs through `vllm serve`, in the study's
+    confirmation study; says when a config drops out. Returns a line when it stopped short (else '')."""
     if rounds <= 0:
         return ""
-    wait_while_running(study, timeout_s=3600.0, on_wait=lambda: say("confirmation: waiting for the other workers' "
-                                                                  "trials to finish"))
+    said = []
+
+    def on_wait() -> None:
+        if not said:
+            said.append(True)
+            say("confirmation: waiting for the other workers' trials to finish")
+
+    for s in (study, confirmation_study(study)):  # another worker's search trial, or its confirmation run
+        if s is not None:
+            wait_while_running(s, timeout_s=3600.0, on_wait=on_wait)
     key, planned = plan_key(study), False
     callbacks = [lambda s, t: on_run(s, t)] if on_run else []
     while True:
+        left = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        for t in left:
+            if is_confirmation(t):  # a run a study made before queued among its trials: queued again apart
+                _drop(study, t)
+        pending = [t for t in left if not is_confirmation(t)]
+        if pending:
+            return (f"confirmation: not run: {len(pending)} trials queued before it (the pre-screen's?) still wait: "
+                    f"run again with a larger --budget to measure them first")
         queue = waiting(study)
         if not queue:
             before = (STUDY_CONFIRMATION.of(study) or {}).get("dropped") or {}
@@ -286,23 +315,25 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
             queue = waiting(study)
             if not queue:
                 return ""
-        head = CONFIRM.of(queue[0])
-        if head is None:
-            return (f"confirmation: not run: {len(queue)} trials queued before it (the pre-screen's?) still wait: "
-                    f"run again with a larger --budget to measure them first")
+        head = CONFIRM.of(queue[0]) or {}
         if head.get("plan") != key:  # an older plan's run, never started: skip it
-            _drop(study, queue[0])
+            home = confirmation_study(study)
+            assert home is not None
+            _drop(home, queue[0])
             continue
         if deadline_unix_s is not None:
             left_s, est = deadline_unix_s - now_unix_s(), run_estimate_s(study)
             if est is not None and est > left_s:
                 return (f"confirmation: stopped at the deadline: the next run takes ~{est:.0f} s and {left_s:.0f} s "
                         f"are left; fewer rounds are reported")
-        study.optimize(objective, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=True)
+        home = confirmation_study(study)
+        assert home is not None
+        home.optimize(objective, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=True)
 
 
 def _drop(study: optuna.Study, trial: FrozenTrial) -> None:
-    """End a queued run of an older plan unrun (FAIL, never queued again)."""
+    """End a queued run unrun (FAIL, never queued again): one of an older plan, or one a study made before queued
+    among its trials."""
     try:
         study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
@@ -314,9 +345,9 @@ def describe(trial: FrozenTrial) -> str:
     c = CONFIRM.of(trial) or {}
     r = RESULT.of(trial)
     seed = f", workload seed {c['workload_seed']}" if c.get("workload_seed") is not None else ""
-    head = (f"as served (`vllm serve` over HTTP), trial #{c.get('of')} again (run #{trial.number}{seed})"
+    head = (f"as served (`vllm serve` over HTTP), trial #{c.get('of')} again (run {run_name(trial)}{seed})"
             if c.get("served") else
-            f"confirmation round {int(c.get('round', 0)) + 1}, trial #{c.get('of')} again (run #{trial.number}{seed})")
+            f"confirmation round {int(c.get('round', 0)) + 1}, trial #{c.get('of')} again (run {run_name(trial)}{seed})")
     if trial.state != TrialState.COMPLETE:
         return f"{head}: could not run ({PRUNED_REASON.of(trial) or trial.state.name})"
     if not r.get("feasible"):

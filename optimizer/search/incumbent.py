@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from optimizer.measurement.intervals import interval
 from optimizer.search.attrs import CONFIRM, CURVE, RESULT
 from optimizer.search.score import rate_interval_rps
-from optimizer.search.study import is_confirmation
+from optimizer.search.study import confirmation_runs, search_trials
 
 # The spread of one trial's rate at the limit, measured once (the rung its bisection lands on, the P99 of one
 # replay): 6% (docs/measurement.md#confirmation). One-sided 95%: 1.645 of it.
@@ -38,21 +38,21 @@ def single_run_lower_rps(rate_rps: float, replays: int = 1) -> float:
 
 def fair_incumbent_rate(study: optuna.Study) -> float | None:
     """The highest lower bound of a feasible rate among the study's finished trials (None before the first)."""
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    complete = (TrialState.COMPLETE,)
     confirmed: dict[int, list[float]] = {}
-    for t in trials:
-        c = CONFIRM.of(t)
+    for t in confirmation_runs(study, complete):
+        c = CONFIRM.of(t) or {}
         r = RESULT.of(t)
-        if c is not None and not c.get("served") and r.get("feasible"):  # as served: another engine, slower
+        if not c.get("served") and r.get("feasible"):  # a run as served measured another engine, slower
             confirmed.setdefault(int(c["of"]), []).append(math.inf if r.get("rate_rps") is None else r["rate_rps"])
     bounds = []
     for number, rates in confirmed.items():
         iv = interval(rates)
         if iv.known and math.isfinite(iv.low):
             bounds.append(iv.low)
-    for t in trials:
+    for t in search_trials(study, complete):
         r = RESULT.of(t)
-        if is_confirmation(t) or not r.get("feasible") or t.number in confirmed:
+        if not r.get("feasible") or t.number in confirmed:
             continue
         rate = r.get("rate_rps")
         if rate is None:

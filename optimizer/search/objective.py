@@ -45,6 +45,7 @@ from optimizer.search.records import RecordStore
 from optimizer.search.recovery import worker_identity
 from optimizer.search.probes import TrialReplays
 from optimizer.search.repeats import with_repeats
+from optimizer.search.study import in_confirmation_study
 
 CONSTRAINT = "ttft_p99_over_limit_ms"
 # The constraint value of a config that cannot run at all: worse than any measured SLO miss.
@@ -128,7 +129,7 @@ class Objective:
         if problems:
             self._prune(trial, failures.INVALID_CONFIG, "; ".join(problems))
         engine = self.engine_for(trial)
-        log_path = self.logs_dir / f"trial-{trial.number:05d}.log"
+        log_path = self.logs_dir / log_name(trial)
         LOG_FILE.set(trial, str(log_path))
         params = await self._preflight(trial, engine, params, log_path)
         try:
@@ -141,8 +142,10 @@ class Objective:
                 confirm = CONFIRM.of(trial)
                 incumbent = fair_incumbent_rate(trial.study) if self.early_stop and confirm is None else None
                 with telemetry:
+                    # records by (study, number): a confirmation run's are its confirmation study's
                     search = await asyncio.wait_for(self._measure(engine, incumbent, trial.number, engine_points,
-                                                                  self._repeats(trial), confirm),
+                                                                  self._repeats(trial), confirm,
+                                                                  trial.study.study_name),
                                                     timeout=self.config.trial_timeout_s)
             except asyncio.TimeoutError:
                 self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
@@ -314,9 +317,9 @@ class Objective:
 
     async def _measure(self, engine: Engine, incumbent_rate_rps: float | None, trial_number: int,
                        engine_points: list[dict[str, Any] | None], repeats: int = 1,
-                       confirm: dict[str, Any] | None = None):
+                       confirm: dict[str, Any] | None = None, study_name: str | None = None):
         measuring = TrialReplays(engine, self.workload_of(confirm), self.config, self.clock, self.records, trial_number,
-                                 engine_points)
+                                 engine_points, study_name=study_name)
         return await measuring.measure(incumbent_rate_rps, repeats, confirm)
 
     def _repeats(self, trial: optuna.Trial) -> int:
@@ -334,6 +337,12 @@ class Objective:
         PRUNED_DETAIL.set(trial, detail[:1000])
         set_constraint(trial, CONSTRAINT, CANNOT_RUN_MS)
         raise optuna.TrialPruned(f"{reason}: {detail}")
+
+
+def log_name(trial: optuna.Trial | optuna.trial.FrozenTrial) -> str:
+    """The file name of a trial's engine log in the study's logs folder: trial-00007.log; a confirmation run stored
+    in the confirmation study, whose numbers start at 0 again, confirm-00003.log."""
+    return f"{'confirm' if in_confirmation_study(trial) else 'trial'}-{trial.number:05d}.log"
 
 
 def log_tail(log_path: Path, max_chars: int = 4000) -> str:

@@ -36,6 +36,7 @@ class TrialReplays:
     trial_number: int
     engine_points: list[dict[str, Any] | None]
     replays: int = 0
+    study_name: str | None = None  # whose trial it is, for its records (None: the config's study)
 
     async def run_replay(self, rate_rps: float, rule: ProbeRule | None = None) -> list[RequestRecord]:
         """One cold replay at `rate_rps` (a probe when `rule` is given: it stops when the rule's verdict is settled)."""
@@ -53,7 +54,8 @@ class TrialReplays:
                 records = rule.kept(records, WITHDRAWN)
         self.engine_points.append(summarize_engine(await stats.take_engine_stats()) if stats is not None else None)
         if self.records is not None:  # between replays, never inside one
-            self.records.save(self.config.study_name, self.trial_number, self.replays, rate_rps, records)
+            self.records.save(self.study_name or self.config.study_name, self.trial_number, self.replays, rate_rps,
+                              records)
         self.replays += 1
         return records
 

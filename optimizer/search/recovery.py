@@ -16,7 +16,7 @@ import psutil
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.processes import ProcessRef, end_processes
-from optimizer.search.attrs import BASELINE, CONFIRM, ENGINE_PROCESSES, INTERRUPTED, RETRY_OF, WORKER
+from optimizer.search.attrs import BASELINE, CONFIRM, CONFIRM_APART, ENGINE_PROCESSES, INTERRUPTED, RETRY_OF, WORKER
 
 
 def worker_identity() -> dict[str, Any]:
@@ -57,7 +57,8 @@ def recover(study: optuna.Study) -> tuple[list[int], list[int]]:
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:
-    """Queue once more the parameters of every interrupted trial that has not been queued again yet."""
+    """Queue once more the parameters of every interrupted trial that has not been queued again yet (in a
+    confirmation study, every interrupted run)."""
     trials = study.get_trials(deepcopy=False)
     retried = {RETRY_OF.of(t) for t in trials} | {t.system_attrs.get("failed_trial") for t in trials}
     queued = []
@@ -66,8 +67,12 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
             attrs: dict[str, Any] = RETRY_OF.item(t.number)
             if BASELINE.of(t):
                 attrs.update(BASELINE.item(True))
-            if CONFIRM.of(t) is not None:  # a confirmation run is run again as one
-                attrs.update(CONFIRM.item(CONFIRM.of(t)))
+            confirm = CONFIRM.of(t)
+            if confirm is not None and not confirm.get(CONFIRM_APART):
+                continue  # a run stored among the search's trials (studies made before): the confirmation queues
+                # its missing runs in the confirmation study (search/confirm.py `next_runs`)
+            if confirm is not None:  # a confirmation run is run again as one, in the confirmation study
+                attrs.update(CONFIRM.item(confirm))
             study.enqueue_trial(t.params, user_attrs=attrs, skip_if_exists=False)
             queued.append(t.number)
     return queued

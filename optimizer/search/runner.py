@@ -30,7 +30,7 @@ from optimizer.search.progress import Progress, Status, best_text, clock_text, w
 from optimizer.search.progress import describe as describe_trial
 from optimizer.search.records import RecordStore
 from optimizer.search.study import (
-    finished_count, is_confirmation, open_study, run_to_budget, search_trials, storage_for, stored_config,
+    confirmation_runs, finished_count, is_confirmation, open_study, run_to_budget, storage_for, stored_config,
 )
 
 
@@ -276,13 +276,14 @@ class Tally:
         """A study whose search is done may have run part of its confirmation: count its runs of the stored plan."""
         if self.search_budget is None or finished_count(study) < self.search_budget:
             return
+        from optimizer.search.confirm import plan_key
+
         stored = STUDY_CONFIRMATION.of(study)
-        if not stored:
+        if not stored or stored.get("plan") != plan_key(study):  # none, or a plan of a shorter search before
             return
-        runs = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        runs = [t for t in confirmation_runs(study, (TrialState.COMPLETE, TrialState.PRUNED))
                 if (CONFIRM.of(t) or {}).get("plan") == stored.get("plan")]
-        last_trial = max(t.number for t in search_trials(study))
-        if runs and min(t.number for t in runs) > last_trial:  # a plan of this search, not of a shorter one before
+        if runs:
             self.runs_done = len(runs)
             self.runs_planned = max(self.runs_planned, self.runs_done)
 

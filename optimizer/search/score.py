@@ -26,7 +26,7 @@ from optimizer.measurement.rerank import Answer, Ranked, merge_repeats, rank_cur
 from optimizer.measurement.sequential import FIRST_LOOK_ROUND, Outcome, behind, outcome
 from optimizer.params.parallel import gpus_needed, per_gpu_curve
 from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PARAMS, RESULT, STUDY_CONFIG, STUDY_CONFIRMATION
-from optimizer.search.study import is_baseline, search_trials
+from optimizer.search.study import confirmation_runs, is_baseline, search_trials
 
 
 def _layouts(trials: Sequence[FrozenTrial], engine_args: Mapping[str, Any]) -> dict[int, int]:
@@ -394,9 +394,9 @@ def confirmation(study: optuna.Study, plan: dict[str, Any] | None = None) -> Con
     trials = {t.number: t for t in search_trials(study)}
     runs: dict[int, dict[int, FrozenTrial]] = {n: {} for n in plan["candidates"]}
     served: dict[int, FrozenTrial] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        c = CONFIRM.of(t)
-        if c is None or c.get("plan") != plan.get("plan") or c.get("of") not in runs:
+    for t in confirmation_runs(study, (TrialState.COMPLETE, TrialState.PRUNED)):
+        c = CONFIRM.of(t) or {}
+        if c.get("plan") != plan.get("plan") or c.get("of") not in runs:
             continue
         if c.get("served"):
             served.setdefault(c["of"], t)

@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import UsageError
-from optimizer.search.attrs import BASELINE, CONFIRM, STUDY_CONFIG, WORKER
+from optimizer.search.attrs import BASELINE, CONFIRM, CONFIRM_APART, STUDY_CONFIG, STUDY_CONFIRMS, WORKER
 from optimizer.search.breaker import is_environment_failure
 from optimizer.search.recovery import recover
 
@@ -32,6 +32,7 @@ HEARTBEAT_GRACE_S = 60
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 DIRECTIONS = ["maximize", "minimize"]  # output throughput (tok/s), TTFT P99 (ms) at the best sustained rate
 METRIC_NAMES = ["output_throughput_tok_s", "ttft_p99_ms"]  # what optuna-dashboard shows as the objectives
+CONFIRMATION_SUFFIX = ".confirmation"  # the study that holds a study's confirmation runs: NAME.confirmation
 
 
 def default_storage_url(study_name: str, studies_dir: Path) -> str:
@@ -158,8 +159,16 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage) -> opt
         study.enqueue_trial({}, user_attrs=BASELINE.item(True), skip_if_exists=False)  # only the creator queues it
         return study
     else:
-        refuse_parallel_sqlite(study, config.storage_url)
+        runs = confirmation_study(study)
+        for s in (study, *([runs] if runs is not None else [])):  # a confirmation run may be the one still running
+            refuse_parallel_sqlite(s, config.storage_url)
         STUDY_CONFIG.set(study, _stored_form(config))  # a larger budget is the only change allowed
+        if runs is not None:
+            requeued, ended = recover(runs)
+            if requeued or ended:
+                names = ", ".join(f"c{n}" for n in requeued) or "none"
+                warnings.warn(f"recovered from an earlier run: confirmation runs {names} queued again, leftover "
+                              f"engine processes {ended} ended", stacklevel=1)
     requeued, ended = recover(study)
     if requeued or ended:
         warnings.warn(f"recovered from an earlier run: trials {requeued} queued again, "
@@ -218,6 +227,55 @@ def ensure_baseline(study: optuna.Study) -> None:
 def is_confirmation(trial: FrozenTrial) -> bool:
     """A confirmation run (optimizer/search/confirm.py): a config measured again after the search, not a trial of it."""
     return CONFIRM.of(trial) is not None
+
+
+def confirmation_study_name(study_name: str) -> str:
+    """The name of the study that holds the confirmation runs of study `study_name`, in the same storage."""
+    return study_name + CONFIRMATION_SUFFIX
+
+
+def confirmation_study(study: optuna.Study, create: bool = False) -> optuna.Study | None:
+    """The study beside `study` that holds its confirmation runs (NAME.confirmation), so that Optuna's own tools
+    (`best_trials`, optuna-dashboard) see in NAME only the trials the search proposed. None where it does not exist
+    yet; `create` makes it, with `study`'s directions and metric names (workers racing to do so share one)."""
+    storage = study._storage
+    name = confirmation_study_name(study.study_name)
+    sampler = optuna.samplers.RandomSampler()  # its runs are queued with their parameters: nothing is sampled
+    try:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    except KeyError:
+        if not create:
+            return None
+    try:
+        runs = optuna.create_study(study_name=name, storage=storage, directions=study.directions, sampler=sampler)
+    except optuna.exceptions.DuplicatedStudyError:  # another worker made it a moment ago
+        return confirmation_study(study)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if study.metric_names:
+            runs.set_metric_names(study.metric_names)
+    STUDY_CONFIRMS.set(runs, study.study_name)
+    return runs
+
+
+def confirmation_runs(study: optuna.Study, states: tuple[TrialState, ...] = FINISHED) -> list[FrozenTrial]:
+    """The confirmation runs of `study` in `states`: those of its confirmation study, after those a study made
+    before it had one stored among its own trials. Every reader of the runs gets them here."""
+    inline = [t for t in study.get_trials(deepcopy=False, states=states) if is_confirmation(t)]
+    runs = confirmation_study(study)
+    return inline + ([] if runs is None else runs.get_trials(deepcopy=False, states=states))
+
+
+def in_confirmation_study(trial: FrozenTrial | optuna.Trial) -> bool:
+    """True for a confirmation run stored in the confirmation study (False for a run a study made before stored
+    among its own trials, and for every search trial)."""
+    return bool((CONFIRM.of(trial) or {}).get(CONFIRM_APART))
+
+
+def run_name(trial: FrozenTrial) -> str:
+    """A confirmation run's name: c3 for run 3 of the confirmation study; a run stored among the search's trials
+    (studies made before) by its trial number there, 57, as `optimize report --trial` always took it."""
+    return f"c{trial.number}" if in_confirmation_study(trial) else str(trial.number)
 
 
 def search_trials(study: optuna.Study, states: tuple[TrialState, ...] = FINISHED) -> list[FrozenTrial]:

@@ -78,6 +78,7 @@ def test_a_log_of_a_study_has_one_line_per_trial_and_per_run_and_no_redraws(tmp_
     padded."""
     from optimizer.search import runner
     from optimizer.search.attrs import CONFIRM
+    from optimizer.search.study import confirmation_study
     from tests.support.fakes import SimEngine, load, run_cli
 
     monkeypatch.setattr(runner, "factory_for", lambda config, path: SimEngine)
@@ -89,12 +90,15 @@ def test_a_log_of_a_study_has_one_line_per_trial_and_per_run_and_no_redraws(tmp_
     assert "\r" not in err and all(line.strip() for line in err.splitlines()), err  # no redraws, no blank padding
     heads = [line for line in err.splitlines() if line.startswith(("baseline (vLLM defaults) #", "trial #",
                                                                    "confirmation round ", "as served ("))]
-    trials = load(tmp_path).get_trials(deepcopy=False)
-    numbers = sorted(int(line.split("(run #")[1].split(",")[0].split(")")[0])
-                     if line.startswith(("confirmation", "as served (")) else
-                     int(line.split("#")[1].split(":")[0].split(" ")[0]) for line in heads)
-    assert numbers == [t.number for t in trials], err  # each trial and each run once
+    study = load(tmp_path)
+    is_run = ("confirmation", "as served (")
+    numbers = sorted(int(line.split("#")[1].split(":")[0].split(" ")[0]) for line in heads
+                     if not line.startswith(is_run))
+    names = [line.split("(run ")[1].split(",")[0].split(")")[0] for line in heads if line.startswith(is_run)]
+    assert numbers == [t.number for t in study.get_trials(deepcopy=False)], err  # each trial once
+    runs = confirmation_study(study).get_trials(deepcopy=False)  # each run once, by the name the report takes
+    assert names == [f"c{t.number}" for t in runs], err
     assert any(line.startswith("confirmation round 2,") for line in heads), err
-    served = [t for t in trials if (CONFIRM.of(t) or {}).get("served")]  # vLLM's defaults and the leader, if any
+    served = [t for t in runs if (CONFIRM.of(t) or {}).get("served")]  # vLLM's defaults and the leader, if any
     assert served and sum(line.startswith("as served (") for line in heads) == len(served), err
     assert sum(line.startswith("estimated time: ") for line in err.splitlines()) == 1  # one estimate, at the start

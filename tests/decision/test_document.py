@@ -23,7 +23,7 @@ from optimizer.measurement.rerank import rank_curve
 from optimizer.search.attrs import CONFIRM, STUDY_CONFIG
 from optimizer.search.objective import CONSTRAINT
 from optimizer.search.score import confirmation
-from optimizer.search.study import DIRECTIONS, is_confirmation
+from optimizer.search.study import DIRECTIONS, confirmation_runs, is_confirmation
 from tests.support import synthetic
 from tests.support.fakes import make_config, run_study
 
@@ -145,24 +145,25 @@ def test_the_headline_gives_the_confirmed_number_with_its_interval_and_rounds(co
 
 def test_report_trial_reaches_a_confirmation_run(confirmed, capsys):
     config, study, d = confirmed
-    run = next(t for t in study.trials if is_confirmation(t))
+    assert not any(is_confirmation(t) for t in study.trials)  # the runs are in their own study
+    run = confirmation_runs(study)[-1]
     of, round_ = CONFIRM.of(run)["of"], CONFIRM.of(run)["round"]
     rc, out, err = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--trial",
-                       str(run.number), "--bench-json", str(d / "run.json"))
+                       f"c{run.number}", "--bench-json", str(d / "run.json"))
     assert rc == 0, err
     lines = out.splitlines()
-    assert lines[0].startswith(f"confirmation round {round_ + 1}, trial #{of} again (run #{run.number}")
+    assert lines[0].startswith(f"confirmation round {round_ + 1}, trial #{of} again (run c{run.number}")
     assert lines[1].startswith(f"it measured trial #{of}") and "max_num_seqs=" in lines[1]
     assert any(line.startswith("replay") for line in lines)  # its probes
     bench = json.loads((d / "run.json").read_text())
-    assert bench["optimizer_trial"] == run.number
-    assert bench["optimizer_confirmation_run"] == {"of": of, "round": round_ + 1}
+    assert bench["optimizer_trial"] == run.number and bench["label"].endswith(f":s.confirmation#{run.number}")
+    assert bench["optimizer_confirmation_run"] == {"of": of, "round": round_ + 1, "run": f"c{run.number}"}
     doc = report_json(capsys, config, d)
     mine = next(r for r in doc["confirmation"]["configs"] if r["trial"] == of)
     assert bench["optimizer_output_throughput"]["output_throughput_tok_s"] == pytest.approx(
         mine["output_throughput_tok_s"])  # the config's confirmed number, beside the run's own replay
     rc, _, err = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--trial", "99")
-    assert rc == 2 and f"confirmation runs: #{run.number}" in err
+    assert rc == 2 and f"c{run.number}" in err.split("confirmation runs: ")[1]
 
 
 def test_export_and_bench_json_carry_the_recommendation_and_its_confirmed_numbers(confirmed, capsys):

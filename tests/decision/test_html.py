@@ -24,7 +24,7 @@ from optimizer.decision.report import summary_text
 from optimizer.decision.views import confirmation_rows, title
 from optimizer.hardware.machine import fingerprint
 from optimizer.search.attrs import STUDY_CREATED
-from optimizer.search.study import is_confirmation
+from optimizer.search.study import confirmation_runs, is_confirmation
 from tests.support.fakes import config_only_model_in, make_config, run_study
 
 
@@ -91,7 +91,8 @@ def test_a_new_study_stores_when_and_where_it_was_made(confirmed):
     rows = dict(metadata_rows(decide(study, config), run_info(study, config)))
     assert rows["date"] == created.strftime("%Y-%m-%d %H:%M:%S UTC")
     assert rows["vLLM"] == str(fingerprint("cpu")["vllm"]) and rows["machine"].endswith("; engine on cpu")
-    runs = [t for t in study.trials if is_confirmation(t)]
+    runs = confirmation_runs(study)
+    assert runs and not any(is_confirmation(t) for t in study.trials)  # in the study's confirmation study
     assert rows["trials"].endswith(f"; {len(runs)} confirmation runs of {len(runs)} planned (2 rounds of "
                                    f"{len(runs) // 2} configs, 2 full)")
 
@@ -100,9 +101,10 @@ def test_the_page_lists_every_confirmation_run_with_its_reason(confirmed):
     study, config, _ = confirmed
     d = decide(study, config)
     rows = trial_rows(d)
-    assert [r["trial"] for r in rows] == [f"#{t.number}" for t in study.trials]  # confirmation runs included
-    runs = [r for r in rows if r["role"].startswith("confirmation round")]
-    assert len(runs) == sum(is_confirmation(t) for t in study.trials) > 0
+    # the search's trials, then the confirmation runs by the names the report takes (c0, c1, ...)
+    runs = confirmation_runs(study)
+    assert [r["trial"] for r in rows] == [f"#{t.number}" for t in study.trials] + [f"c{t.number}" for t in runs]
+    assert len([r for r in rows if r["role"].startswith("confirmation round")]) == len(runs) > 0
     assert all(r["what stopped it"] and r["what stopped it"] != "-" for r in rows)
 
 

@@ -9,9 +9,9 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.config.settings import RateSearchSpec
-from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PIDS, RESULT, STUDY_CONFIRMATION
+from optimizer.search.attrs import BASELINE, CONFIRM, CURVE, ENGINE_PIDS, RESULT, STUDY_CONFIRMATION
 from optimizer.search.score import confirmation, recommended
-from optimizer.search.study import finished_count
+from optimizer.search.study import confirmation_study, finished_count
 from tests.e2e.test_e2e_engine import SMALL, optimize
 from tests.support.fakes import load
 
@@ -27,7 +27,10 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
             "search trials, then up to 6 confirmation runs and 2 runs through `vllm serve`") in proc.stderr
     study = load(tmp_path, "c")
     assert finished_count(study) == 2
-    every = [t for t in study.trials if CONFIRM.of(t) is not None]
+    # Optuna's own front: search trials (sampled parameters, or vLLM's defaults), never a run with params {}
+    assert study.best_trials and all(t.params or BASELINE.of(t) for t in study.best_trials)
+    assert not any(CONFIRM.of(t) is not None for t in study.trials)
+    every = confirmation_study(study).trials  # the study c.confirmation
     runs = [t for t in every if not CONFIRM.of(t).get("served")]
     served = [t for t in every if CONFIRM.of(t).get("served")]
     plan = STUDY_CONFIRMATION.of(study)
@@ -42,9 +45,14 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
     assert c.served_configs[0].number == 0 and len(served) == len(c.served_configs) >= 1
     assert min(t.number for t in served) > max(t.number for t in runs)
     for t in served:
-        log = (tmp_path / "c.logs" / f"trial-{t.number:05d}.log").read_text(errors="replace")
+        log = (tmp_path / "c.logs" / f"confirm-{t.number:05d}.log").read_text(errors="replace")
         assert "vllm.entrypoints.openai.api_server" in log  # the server's command line heads its log
         assert RESULT.of(t)["feasible"] and RESULT.of(t)["rate_at_limit"]["rate_rps"] > 0
+    logs = sorted(p.name for p in (tmp_path / "c.logs").glob("*.log"))
+    assert [f"confirm-{t.number:05d}.log" for t in every] == [n for n in logs if n.startswith("confirm-")]
+    line = next(x for x in proc.stderr.splitlines() if f"(run c{runs[0].number}, " in x)  # its console line ...
+    shown = optimize(model_cache, tmp_path, "report", "--study", "c", "--trial", f"c{runs[0].number}")
+    assert shown.returncode == 0 and line.strip() in shown.stdout  # ... names it as the report takes it
     for t in runs:
         r = RESULT.of(t)
         if r["feasible"] and r.get("failed_rate_rps"):  # bisected to within 3%, its fit within +-3%, or out of probes
@@ -58,7 +66,7 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
     (tmp_path / "out.txt").write_text(out + proc.stderr)
     print(out)
     assert "confirmed in 2 rounds, alternating, each config on a fresh engine in process (AsyncLLM)" in out
-    served_lines = [line for line in out.splitlines() if line.startswith("as served (vllm serve over HTTP, run #")]
+    served_lines = [line for line in out.splitlines() if line.startswith("as served (vllm serve over HTTP, run c")]
     assert len(served_lines) == len(served) and all("req/s in process" in line for line in served_lines), out
     row = next(line for line in out.splitlines() if line.startswith("vLLM defaults"))
     assert re.search(r"\[\d+\.\d, \d+\.\d\]", row)  # the defaults' median with its interval

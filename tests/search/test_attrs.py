@@ -30,7 +30,7 @@ STORED_STUDY_KEYS = {
     "STUDY_CONFIG": "optimizer_config", "STUDY_MACHINE": "machine", "STUDY_DEMO_SCALE": "demo_scale",
     "STUDY_REQUESTS_CHOICE": "num_requests_choice", "STUDY_PRESCREEN": "prescreen",
     "STUDY_P99_STABILITY": "p99_stability", "STUDY_VERIFY": "verify", "STUDY_CONFIRMATION": "confirmation",
-    "STUDY_CREATED": "created",
+    "STUDY_CREATED": "created", "STUDY_CONFIRMS": "confirms",
 }
 
 

@@ -12,12 +12,15 @@ from optimizer.decision.decide import decide
 from optimizer.decision.report import summary_text
 from optimizer.decision.document import render
 from optimizer.search import confirm
-from optimizer.search.attrs import CONFIRM, RESULT, STUDY_CONFIRMATION
+from optimizer.search.attrs import BASELINE, CONFIRM, CURVE, LOG_FILE, RESULT, RETRY_OF, STUDY_CONFIRMATION
 from optimizer.search.incumbent import fair_incumbent_rate, single_run_lower_rps
 from optimizer.search.objective import Objective
 from optimizer.search.runner import prepare, run
-from optimizer.search.score import confirmation, recommended
-from optimizer.search.study import finished_count, is_confirmation
+from optimizer.search.score import confirmation, feasible, recommended
+from optimizer.search.records import RecordStore
+from optimizer.search.study import (
+    confirmation_runs, confirmation_study, confirmation_study_name, finished_count, is_confirmation,
+)
 from tests.support.fakes import SimEngine, make_config, run_study
 
 
@@ -48,10 +51,12 @@ def confirmed(tmp_path, config_only_model):
 
 def test_rounds_alternate_on_fresh_engines_after_the_search(confirmed):
     config, study = confirmed
-    runs = [t for t in study.trials if is_confirmation(t)]
-    search = [t for t in study.trials if not is_confirmation(t)]
+    runs = confirmation_study(study).trials  # in the study NAME.confirmation, not among the search's trials
+    search = study.trials
+    assert not any(is_confirmation(t) for t in search) and all(is_confirmation(t) for t in runs)
     assert finished_count(study) == len(search) == 12 - 2 * confirm.CONFIGS
-    assert min(t.number for t in runs) > max(t.number for t in search)  # after the search
+    assert min(t.datetime_start for t in runs) > max(t.datetime_complete for t in search)  # after the search
+    assert [t.number for t in confirmation_runs(study)] == [t.number for t in runs]
     plan = STUDY_CONFIRMATION.of(study)
     chosen = plan["candidates"]
     assert plan["rounds"] == 2 and chosen[0] == 0 and 2 <= len(chosen) <= confirm.CONFIGS  # the defaults first
@@ -61,6 +66,44 @@ def test_rounds_alternate_on_fresh_engines_after_the_search(confirmed):
     for t in runs:  # each run bisected the rate at the limit to within 3%
         r = RESULT.of(t)
         assert r["feasible"] and r["failed_rate_rps"] / r["rate_rps"] <= 1.03 + 1e-9
+    # their numbers start at 0 again: their engine logs and request records never take a search trial's
+    logs = [LOG_FILE.of(t) for t in (*search, *runs)]
+    assert len(set(logs)) == len(logs) and all(log.endswith(f"confirm-{t.number:05d}.log") for log, t in
+                                               zip(logs[len(search):], runs))
+    store = RecordStore(config.storage_url)
+    try:
+        mine = [store.load(confirmation_study_name(config.study_name), t.number) for t in runs]
+        searched = [store.load(config.study_name, t.number) for t in search]
+    finally:
+        store.close()
+    # each holds its own replays, one per point of its curve: none of a run added to the search trial of its number
+    assert [len(r) for r in mine + searched] == [len(CURVE.of(t)) for t in (*runs, *search)]
+    assert all(mine) and all(searched)
+
+
+def test_optunas_best_trials_are_search_trials_and_report_reaches_a_run_by_its_name(confirmed, tmp_path, capsys):
+    from optimizer.cli.main import main
+
+    config, _ = confirmed
+    study = optuna.load_study(study_name=config.study_name, storage=config.storage_url)  # as Optuna's tools see it
+    front = study.best_trials
+    # the search's trials alone: sampled parameters, or vLLM's defaults; never a run with params {}
+    assert front and all(not is_confirmation(t) and (t.params or BASELINE.of(t)) for t in front)
+    top = max((t for t in study.trials if t.state == TrialState.COMPLETE and feasible(t)), key=lambda t: t.values[0])
+    assert top.number in {t.number for t in front}  # the search's highest throughput within the limit leads it
+    runs = optuna.load_study(study_name=f"{config.study_name}.confirmation", storage=config.storage_url).trials
+    run = runs[-1]
+    line = confirm.describe(run)
+    assert f"(run c{run.number}, " in line  # the name the console gives it ...
+    rc = main(["report", "--study", config.study_name, "--storage", config.storage_url, "--trial", f"c{run.number}",
+               "--studies-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.splitlines()[0] == line  # ... is the name the report takes
+    assert out.splitlines()[1].startswith(f"it measured trial #{CONFIRM.of(run)['of']}")
+    rc = main(["report", "--study", config.study_name, "--storage", config.storage_url, "--trial",
+               f"c{len(runs) + 5}", "--studies-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"has no confirmation run c{len(runs) + 5}" in err and "confirmation runs: c0, c1, " in err
 
 
 def test_round_seeds_are_new_draws_one_per_round():
@@ -88,8 +131,10 @@ def test_each_round_replays_its_own_draw_the_same_for_every_config(tmp_path, con
     prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
     study_draw = {r.prompt_token_ids[:8] for r in prepared.objective.workload.requests}
     by_round: dict[int, set] = {}
-    for t in study.trials:  # engine k served trial k: trials run one at a time, each on its own engine
-        sent = set(PromptLog.sent[t.number])
+    runs = confirmation_study(study).trials
+    assert len(PromptLog.sent) == len(study.trials) + len(runs)  # one engine each, one at a time
+    for k, t in enumerate([*study.trials, *runs]):  # engine k served the k-th trial: the search's, then the runs
+        sent = set(PromptLog.sent[k])
         c = CONFIRM.of(t)
         if c is None:
             assert sent <= study_draw | {r.prompt_token_ids[:8] for r in prepared.objective.workload.warmup}
@@ -135,7 +180,7 @@ def test_report_of_a_confirmed_trial_lists_its_runs(confirmed, tmp_path, capsys)
     for r, line in enumerate(lines):
         run_no = c.best.runs[r].number
         seed = confirm.round_seed(config.workload.seed, r)
-        assert line.startswith(f"confirmation round {r + 1}, trial #{c.best.number} again (run #{run_no}, "
+        assert line.startswith(f"confirmation round {r + 1}, trial #{c.best.number} again (run c{run_no}, "
                                f"workload seed {seed}): ") and "req/s at the limit [" in line and "tok/s" in line
 
 
@@ -160,14 +205,18 @@ def test_an_interrupted_confirmation_resumes_without_running_anything_twice(tmp_
         Objective.run = real
     study = prepared.study
     assert not confirmation(study).complete
-    again = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
+    stopped = [t for t in confirmation_study(study).trials if t.state == TrialState.FAIL]
+    assert [t.number for t in stopped] == [2]
+    with pytest.warns(UserWarning, match="confirmation runs c2 queued again"):
+        again = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
+    queued = confirmation_study(study).get_trials(states=(TrialState.WAITING,))
+    assert [(RETRY_OF.of(t), CONFIRM.of(t)) for t in queued] == [(2, CONFIRM.of(stopped[0]))]  # run again as one
     study = run(again, quiet=True)
     c = confirmation(study)
     assert c.complete
-    done = [(CONFIRM.of(t)["of"], CONFIRM.of(t)["round"]) for t in study.trials
-            if is_confirmation(t) and t.state == TrialState.COMPLETE]
+    done = [(CONFIRM.of(t)["of"], CONFIRM.of(t)["round"]) for t in confirmation_runs(study, (TrialState.COMPLETE,))]
     assert len(done) == len(set(done)) == 2 * len(c.configs)  # every slot once
-    assert finished_count(study) == 6  # the search was not extended
+    assert finished_count(study) == 6 and not any(is_confirmation(t) for t in study.trials)  # no search trial more
 
 
 def test_a_rerun_with_more_rounds_adds_them_to_the_finished_plan(tmp_path, config_only_model):
@@ -178,7 +227,7 @@ def test_a_rerun_with_more_rounds_adds_them_to_the_finished_plan(tmp_path, confi
     assert finished_count(study) == 6  # the search was not extended
     plan, c = STUDY_CONFIRMATION.of(study), confirmation(study)
     assert plan["rounds"] == 3 and c.complete and c.full_rounds == [0, 1, 2]
-    runs = [t for t in study.trials if is_confirmation(t) and t.state == TrialState.COMPLETE]
+    runs = confirmation_runs(study, (TrialState.COMPLETE,))
     slots = [(CONFIRM.of(t)["round"], CONFIRM.of(t)["of"]) for t in runs]
     assert len(slots) == len(set(slots)) == 3 * len(plan["candidates"])  # the first two rounds not run again
     chosen = plan["candidates"]
@@ -186,12 +235,13 @@ def test_a_rerun_with_more_rounds_adds_them_to_the_finished_plan(tmp_path, confi
     seeds = {CONFIRM.of(t)["round"]: CONFIRM.of(t)["workload_seed"] for t in runs}
     assert seeds == {r: confirm.round_seed(first.workload.seed, r) for r in range(3)}  # its own draw
     again = run_study(tmp_path, first.model_copy(update={"budget": 15, "confirm": 3}))
-    assert len([t for t in again.trials if is_confirmation(t)]) == len(study.trials) - 6  # asked again: no more
+    assert len(confirmation_study(again).trials) == len(runs)  # asked again: no more
 
 
 def test_no_confirmation_on_a_small_budget_leaves_the_study_as_before(tmp_path, config_only_model):
     study = run_study(tmp_path, make_config(tmp_path, config_only_model))  # 3 trials: no room for rounds
     assert not any(is_confirmation(t) for t in study.trials) and STUDY_CONFIRMATION.of(study) is None
+    assert confirmation_study(study) is None
 
 
 def test_the_incumbent_is_its_lower_bound_not_its_luckiest_measurement():
@@ -297,3 +347,40 @@ def test_a_config_that_dropped_out_is_not_waited_for():
     c = confirmation(study)
     assert c.full_rounds == [0, 1, 2] and [x.number for x in c.active] == [0, 1]
     assert c.outcome.value == "undecided" and confirm.next_runs(c) == ([], {})
+
+
+def _as_made_before(study: optuna.Study, name: str) -> optuna.Study:
+    """`study` copied to study `name` as the confirmation stored it before it had a study of its own: its runs
+    among the search's trials, numbered after them, with no CONFIRM `apart`."""
+    from optimizer.search.attrs import CONFIRM_APART
+
+    old = optuna.create_study(study_name=name, storage=study._storage, directions=study.directions)
+    for key, value in study.user_attrs.items():
+        old.set_user_attr(key, value)
+    for t in study.trials:
+        old.add_trial(t)
+    for t in confirmation_study(study).trials:
+        attrs = {**t.user_attrs, **CONFIRM.item({k: v for k, v in CONFIRM.of(t).items() if k != CONFIRM_APART})}
+        old.add_trial(optuna.trial.create_trial(state=t.state, values=t.values, user_attrs=attrs))
+    return old
+
+
+def test_a_study_made_before_with_its_runs_among_its_trials_still_reports_them(confirmed, tmp_path, capsys):
+    from optimizer.cli.main import main
+
+    config, study = confirmed
+    old = _as_made_before(study, "before")
+    inline = [t for t in old.trials if is_confirmation(t)]
+    assert len(inline) == len(confirmation_study(study).trials) and confirmation_study(old) is None
+    assert [t.number for t in confirmation_runs(old)] == [t.number for t in inline]
+    c, new = confirmation(old), confirmation(study)
+    assert c.complete and c.full_rounds == new.full_rounds
+    assert [c.interval(x).median for x in c.configs] == [new.interval(x).median for x in new.configs]
+    assert recommended(old).number == recommended(study).number
+    text = summary_text(old, config)
+    assert "confirmed in 2 rounds" in text
+    run = inline[0]
+    rc = main(["report", "--study", "before", "--storage", config.storage_url, "--trial", str(run.number),
+               "--studies-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.splitlines()[0] == confirm.describe(run) and f"(run {run.number}, " in out

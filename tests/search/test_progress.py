@@ -9,10 +9,11 @@ import sys
 from optuna.trial import create_trial
 
 from optimizer.core.processes import output_to
-from optimizer.search.attrs import CONFIRM, RESULT, STUDY_CONFIRMATION, TIMINGS
+from optimizer.search.attrs import CONFIRM, CONFIRM_APART, RESULT, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.objective import CONSTRAINT
 from optimizer.search.progress import Progress, Status, describe, why_infeasible, work_s
 from optimizer.search.runner import Tally
+from optimizer.search.study import confirmation_study
 from tests.support import synthetic
 
 
@@ -136,11 +137,21 @@ def test_the_count_covers_the_budget_and_follows_the_confirmation_as_it_shrinks(
         tally.run_done(study)
     tally.confirmed()  # decisive after 4 runs
     assert tally.status(study, 60.0, 80.0, None).total == 9
-    study.add_trial(create_trial(values=[500.0, 90.0], user_attrs=CONFIRM.item({"plan": "5:4", "of": 2, "round": 0}),
-                                 constraints={CONSTRAINT: 0.0}))
+    runs = confirmation_study(study, create=True)  # where the runs are stored
+    runs.add_trial(create_trial(values=[500.0, 90.0], constraints={CONSTRAINT: 0.0}, user_attrs=CONFIRM.item(
+        {"plan": "5:4", "of": 2, "round": 0, CONFIRM_APART: True})))
     again = Tally(search_budget=5, runs_planned=6)
     again.resume(study)
     assert (again.runs_done, again.status(study, 60.0, 80.0, None).done) == (1, 6)
+    study.add_trial(create_trial(values=[500.0, 90.0], user_attrs=CONFIRM.item({"plan": "5:4", "of": 0, "round": 0}),
+                                 constraints={CONSTRAINT: 0.0}))  # one a study made before stored among its trials
+    again = Tally(search_budget=5, runs_planned=6)
+    again.resume(study)
+    assert (again.runs_done, again.status(study, 60.0, 80.0, None).done) == (2, 7)
+    STUDY_CONFIRMATION.set(study, {"plan": "4:3", "rounds": 3, "candidates": [0, 2], "limit_ms": 100.0})
+    stale = Tally(search_budget=5, runs_planned=6)
+    stale.resume(study)  # a plan of a shorter search before: none of its runs is this search's
+    assert stale.runs_done == 0
 
 
 def test_the_display_reaches_the_console_while_a_trial_points_stderr_at_its_engine_log(tmp_path, capfd, monkeypatch):

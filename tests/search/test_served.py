@@ -14,7 +14,7 @@ from optimizer.search import confirm
 from optimizer.search.attrs import CONFIRM
 from optimizer.search.runner import prepare, run
 from optimizer.search.score import confirmation
-from optimizer.search.study import finished_count, is_confirmation
+from optimizer.search.study import confirmation_runs, finished_count
 from tests.support.fakes import SimEngine, make_config
 
 SERVED_SLOWDOWN = 1.3  # every step of the "server" takes 30% longer: its rate at the limit is lower
@@ -53,7 +53,7 @@ def test_the_rounds_end_with_the_defaults_and_the_leader_as_served(served_study)
     assert finished_count(study) == 14 - 2 * confirm.CONFIGS - confirm.SERVED_CONFIGS
     c = confirmation(study)
     assert c is not None and c.complete
-    runs = [t for t in study.trials if is_confirmation(t)]
+    runs = confirmation_runs(study)  # in the study NAME.confirmation
     served = [t for t in runs if CONFIRM.of(t).get("served")]
     # the last runs, one per config served, after every round, each on the served engine
     assert runs[-len(served):] == served and ServedSim.made == len(served) == confirm.SERVED_CONFIGS
