@@ -47,7 +47,7 @@ def _export(ns: argparse.Namespace) -> int:
     conf = d.confirmed_of(best) if best is not None else None
     served = None
     if conf is not None and conf.served is not None:
-        from optimizer.decision.views import served_record
+        from optimizer.decision.served import served_record
 
         assert d.confirmation is not None
         served = served_record(d.confirmation, conf)

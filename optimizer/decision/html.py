@@ -24,8 +24,9 @@ from optimizer.decision.importance import importance_caveat, importance_trials
 from optimizer.decision.probes import Panel, chart_html, legend_html, outcome, rate_text
 from optimizer.decision.tables import format_output
 from optimizer.decision.trial import TrialView
+from optimizer.decision.served import served_lines
 from optimizer.decision.views import (
-    confirmation_lines, confirmation_rows, front_rows, limited_line, role_text, served_lines, summary_lines, title,
+    confirmation_lines, confirmation_rows, front_rows, limited_line, role_text, summary_lines, title,
 )
 from optimizer.hardware.machine import describe
 from optimizer.measurement.rerank import Answer, rank_curve

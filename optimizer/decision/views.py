@@ -9,13 +9,14 @@ from typing import Any
 from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision, rate_text, resolution, view
 from optimizer.decision.numbers import GAIN_STATISTIC, THROUGHPUT_STATISTIC, interval_text
+from optimizer.decision.served import IN_PROCESS, rate_interval_text, served_lines, served_record
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import median
 from optimizer.measurement.rerank import Answer, qualifies
 from optimizer.measurement.sequential import Outcome
 from optimizer.params.space import SEARCHABLE, distance_to_default
 from optimizer.search.attrs import LIMITED_BY, PRUNED_REASON, RESULT, TELEMETRY
-from optimizer.search.score import Confirmation, Confirmed, rate_at_limit_text
+from optimizer.search.score import Confirmed, rate_at_limit_text
 from optimizer.search.study import run_name
 
 
@@ -185,67 +186,6 @@ def confirmation_records(d: Decision) -> list[dict[str, Any]]:
     return rows
 
 
-def served_record(c: Confirmation, conf: Confirmed) -> dict[str, Any]:
-    """`conf`'s rate at the limit in process (the median of its full rounds, the interval of their mean) and as
-    served (`vllm serve` over HTTP, its run's pooled fit and 95% interval; None: not served), each named, and whether
-    they differ by more than both intervals (`differ`)."""
-    rates = c.rate_interval(conf)
-    served = conf.served_rate
-    inproc = (rates.low, rates.high) if rates.known else None
-    differ = None
-    if served is not None and rates.n:
-        low, high = inproc or (rates.median, rates.median)
-        differ = not (served.low_rps <= high and low <= served.high_rps)
-    why = None
-    if conf.served is not None and served is None:
-        why = PRUNED_REASON.of(conf.served) or ("met the limit at no rate tried"
-                                                if conf.served.state.name == "COMPLETE" else conf.served.state.name)
-    return {"rate_at_limit_rps": rates.median if rates.n else None,
-            "rate_low_rps": inproc[0] if inproc else None, "rate_high_rps": inproc[1] if inproc else None,
-            "rate_measured_as": "in process (AsyncLLM)",
-            "served_rate_at_limit_rps": served.rate_rps if served is not None else None,
-            "served_low_rps": served.low_rps if served is not None else None,
-            "served_high_rps": served.high_rps if served is not None and math.isfinite(served.high_rps) else None,
-            "served_measured_as": "as served (vllm serve over HTTP)" if conf.served is not None else None,
-            "served_run": run_name(conf.served) if conf.served is not None else None,
-            "served_not_measured": why, "served_differs": differ}
-
-
-def rate_interval_text(low_rps: float, high_rps: float | None) -> str:
-    """'[50.30, 53.80]'; '[50.30, open]' for a lower bound."""
-    return f"[{low_rps:.2f}, {'open' if high_rps is None else format(high_rps, '.2f')}]"
-
-
-def served_lines(d: Decision) -> list[str]:
-    """What the runs through `vllm serve` found, one line per config served: its rate at the limit as served beside
-    the rate in process, and, where the two differ by more than their intervals, that they do."""
-    c = d.confirmation
-    if c is None:
-        return []
-    out = []
-    for conf in c.configs:
-        if conf.served is None:
-            continue
-        r = served_record(c, conf)
-        who = f"#{conf.number}" + (f" vLLM's defaults ({d.defaults_of})" if conf.baseline else "")
-        inproc = (f"{r['rate_at_limit_rps']:.2f} req/s in process" if r["rate_at_limit_rps"] is not None
-                  else "no rate in process")
-        if r["rate_low_rps"] is not None:
-            inproc += f" {rate_interval_text(r['rate_low_rps'], r['rate_high_rps'])}"
-        if r["served_rate_at_limit_rps"] is None:
-            out.append(f"as served (vllm serve over HTTP, run {r['served_run']}): {who} not measured "
-                       f"({r['served_not_measured']}); {inproc}")
-            continue
-        line = (f"as served (vllm serve over HTTP, run {r['served_run']}): {who} holds the limit up to "
-                f"{r['served_rate_at_limit_rps']:.2f} req/s "
-                f"{rate_interval_text(r['served_low_rps'], r['served_high_rps'])}; {inproc}")
-        if r["served_differs"] and r["rate_at_limit_rps"]:
-            pct = (r["served_rate_at_limit_rps"] / r["rate_at_limit_rps"] - 1) * 100
-            line += f": they differ by more than their intervals ({pct:+.0f}% as served); deploy for the served rate"
-        out.append(line)
-    return out
-
-
 def _num(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None or math.isnan(x) else format(x, fmt)
 
@@ -280,7 +220,7 @@ def confirmation_lines(d: Decision) -> list[str]:
     rounds = len(c.full_rounds)
     done = f"{rounds} rounds" if rounds == c.rounds else f"{rounds} of {c.rounds} planned rounds"
     out = [(f"TTFT P99 limit {format_ms(d.limit_ms)}; confirmed in {done}, alternating, each config on a fresh "
-            f"engine in process (AsyncLLM), its rate at the limit found by probes sized by evidence.\n"
+            f"engine {IN_PROCESS}, its rate at the limit found by probes sized by evidence.\n"
             f"tok/s: the {THROUGHPUT_STATISTIC}; gain over vLLM's defaults: the {GAIN_STATISTIC}")]
     out.append(verdict_line(d))
     tied = [x for x in c.configs if c.tied(x) and not x.baseline]

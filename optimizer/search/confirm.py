@@ -345,9 +345,9 @@ def describe(trial: FrozenTrial) -> str:
     c = CONFIRM.of(trial) or {}
     r = RESULT.of(trial)
     seed = f", workload seed {c['workload_seed']}" if c.get("workload_seed") is not None else ""
-    head = (f"as served (`vllm serve` over HTTP), trial #{c.get('of')} again (run {run_name(trial)}{seed})"
-            if c.get("served") else
-            f"confirmation round {int(c.get('round', 0)) + 1}, trial #{c.get('of')} again (run {run_name(trial)}{seed})")
+    what = "as served (`vllm serve` over HTTP)" if c.get("served") else \
+        f"confirmation round {int(c.get('round', 0)) + 1}"
+    head = f"{what}, trial #{c.get('of')} again (run {run_name(trial)}{seed})"
     if trial.state != TrialState.COMPLETE:
         return f"{head}: could not run ({PRUNED_REASON.of(trial) or trial.state.name})"
     if not r.get("feasible"):

@@ -28,8 +28,11 @@ from optuna.trial import FrozenTrial, TrialState
 from tqdm import tqdm
 
 from optimizer.core.units import format_ms
-from optimizer.search.attrs import BASELINE, LIMITED_BY, PRUNED_DETAIL, PRUNED_REASON, RESULT, TIMINGS
+from optimizer.search.attrs import (
+    BASELINE, CONFIRM, LIMITED_BY, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
+)
 from optimizer.search.score import feasible, rate_at_limit_text, scored_best_first
+from optimizer.search.study import confirmation_runs, finished_count
 
 TICK_S = 1.0  # a live display is redrawn this often
 HEARTBEAT_S = 300.0  # not on a terminal: a "still running" line after this long without a line
@@ -235,3 +238,70 @@ class Progress:
     def _tick_until_closed(self, tick_s: float) -> None:
         while not self._stop.wait(tick_s):
             self.tick()
+
+
+@dataclass
+class Tally:
+    """What a run plans and has done, for its progress display: search trials out of the search's budget (None: a
+    deadline decides), then confirmation runs out of those planned. The runs planned shrink to what the queued plan
+    holds (fewer candidates than a round has room for) and, at the end, to what ran (a confirmation that stopped
+    early)."""
+
+    search_budget: int | None
+    runs_planned: int
+    runs_done: int = 0
+    confirming: bool = False
+
+    def resume(self, study: optuna.Study) -> None:
+        """A study whose search is done may have run part of its confirmation: count its runs of the stored plan."""
+        if self.search_budget is None or finished_count(study) < self.search_budget:
+            return
+        from optimizer.search.confirm import plan_key
+
+        stored = STUDY_CONFIRMATION.of(study)
+        if not stored or stored.get("plan") != plan_key(study):  # none, or a plan of a shorter search before
+            return
+        runs = [t for t in confirmation_runs(study, (TrialState.COMPLETE, TrialState.PRUNED))
+                if (CONFIRM.of(t) or {}).get("plan") == stored.get("plan")]
+        if runs:
+            self.runs_done = len(runs)
+            self.runs_planned = max(self.runs_planned, self.runs_done)
+
+    def confirm(self, runs: int) -> None:
+        """The search is over: `runs` are planned (the rounds that fit before a deadline)."""
+        self.confirming, self.runs_planned = True, max(runs, self.runs_done)
+
+    def run_done(self, study: optuna.Study) -> None:
+        self.runs_done += 1
+        stored = STUDY_CONFIRMATION.of(study) or {}
+        if stored.get("candidates") and stored.get("rounds"):  # as queued: its rounds of its candidates
+            dropped = stored.get("dropped") or {}  # a candidate clearly behind ran only the rounds before it dropped
+            planned = sum(int(dropped.get(str(n), stored["rounds"])) for n in stored["candidates"])
+            if stored.get("served"):  # the runs through `vllm serve` after the rounds
+                from optimizer.search.confirm import SERVED_CONFIGS
+
+                planned += SERVED_CONFIGS
+            self.runs_planned = max(planned, self.runs_done)
+
+    def confirmed(self) -> None:
+        """The confirmation is over, perhaps early: the runs planned are the runs done."""
+        self.runs_planned = self.runs_done
+
+    def status(self, study: optuna.Study, trial_s: float | None, run_s: float | None,
+               deadline_unix_s: float | None) -> Status:
+        """Where the run stands now, with the time its work left takes at `trial_s` a trial and `run_s` a run."""
+        import time
+
+        finished = finished_count(study)
+        trials_left = None if self.search_budget is None else max(self.search_budget - finished, 0)
+        if self.confirming:
+            trials_left = 0
+        runs_left = max(self.runs_planned - self.runs_done, 0)
+        total = None if self.search_budget is None and not self.confirming else \
+            finished + (trials_left or 0) + self.runs_done + runs_left
+        phase = f"confirmation {self.runs_done}/{self.runs_planned}" if self.confirming and self.runs_planned \
+            else "search"
+        return Status(phase=phase, done=finished + self.runs_done, total=total, at_s=time.time(),
+                      work_s=work_s(trials_left, trial_s, runs_left, run_s),
+                      next_s=(trial_s if trials_left else run_s if runs_left else 0.0) or 0.0,
+                      deadline_unix_s=deadline_unix_s, best="" if self.confirming else best_text(study))

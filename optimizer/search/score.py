@@ -203,10 +203,8 @@ class Confirmed:
         return (r.get("rate_rps") if r.get("feasible") else None), r.get("failed_rate_rps")
 
     def rate_rps(self, round_: int) -> float | None:
-        """The round's rate at the limit, in process: its run's pooled fit (runs stored before: the rate it passed);
-        0 when the run met the limit at no rate; None when the round has no run of it."""
-        run = self.runs.get(round_)
-        return None if run is None else run_rate_rps(run)
+        """The round's rate at the limit in process (`run_rate_rps`); None when the round has no run of it."""
+        return None if (run := self.runs.get(round_)) is None else run_rate_rps(run)
 
     @property
     def served_rate(self) -> RateAtLimit | None:
@@ -221,13 +219,10 @@ class Confirmed:
 def run_rate_rps(run: FrozenTrial) -> float:
     """A finished run's rate at the limit: its pooled fit's (runs stored before: the rate it passed; a burst that met
     the limit: inf); 0 when it met the limit nowhere, or could not run."""
-    r = RESULT.of(run)
+    r, fit = RESULT.of(run), RESULT.of(run).get("rate_at_limit")
     if run.state != TrialState.COMPLETE or not r.get("feasible"):
         return 0.0
-    fit = r.get("rate_at_limit")
-    if fit:
-        return float(fit["rate_rps"])
-    return math.inf if r.get("rate_rps") is None else float(r["rate_rps"])
+    return float(fit["rate_rps"]) if fit else math.inf if r.get("rate_rps") is None else float(r["rate_rps"])
 
 
 @dataclass(frozen=True)
@@ -348,14 +343,11 @@ class Confirmation:
             return []
         return [c for c in self.active if c is not best and not c.baseline and behind(self.difference(c, best))]
 
-    def rates_rps(self, c: Confirmed) -> list[float]:
-        """`c`'s rate at the limit in process, per full round."""
-        return [v for r in self.full_rounds if (v := c.rate_rps(r)) is not None]
-
     def rate_interval(self, c: Confirmed) -> Interval:
-        """`c`'s rate at the limit in process over the full rounds: median, and the interval of the mean at the
-        plan's confidence."""
-        return interval(self.rates_rps(c), floor=0.0, confidence=self.confidence)
+        """`c`'s rate at the limit in process over the full rounds: median, interval of the mean at the plan's
+        confidence."""
+        rates = [v for r in self.full_rounds if (v := c.rate_rps(r)) is not None]
+        return interval(rates, floor=0.0, confidence=self.confidence)
 
     @property
     def served_configs(self) -> list[Confirmed]:

@@ -8,7 +8,7 @@ import pytest
 
 from optimizer.decision.decide import decide
 from optimizer.decision.document import render, report_document
-from optimizer.decision.views import served_record
+from optimizer.decision.served import served_record
 from optimizer.engines.sim.noise import scaled
 from optimizer.search import confirm
 from optimizer.search.attrs import CONFIRM

@@ -14,7 +14,8 @@ from optimizer.engines.simulated import SimulatedEngine
 from optimizer.search.attrs import STUDY_DEMO_SCALE
 from optimizer.search.progress import clock_text
 from optimizer.search.confirm import plan
-from optimizer.search.runner import Tally, budget_text, prepare, run_status, start_estimate
+from optimizer.search.progress import Tally
+from optimizer.search.runner import budget_text, prepare, run_status, start_estimate
 from optimizer.search.study import open_study, run_to_budget, storage_for, time_left_for
 from tests.support.fakes import SimEngine, make_config
 
