@@ -15,7 +15,7 @@ from optimizer.search.attrs import CONFIRM
 from optimizer.search.runner import prepare, run
 from optimizer.search.score import confirmation
 from optimizer.search.study import confirmation_runs, finished_count
-from tests.support.fakes import SimEngine, make_config
+from tests.support.fakes import SimEngine, config_only_model_in, make_config
 
 SERVED_SLOWDOWN = 1.3  # every step of the "server" takes 30% longer: its rate at the limit is lower
 
@@ -39,17 +39,19 @@ def test_plan_counts_the_served_runs_in_the_budget():
     assert confirm.plan(40, 0, served=True).runs == 0  # no confirmation, no runs as served
 
 
-@pytest.fixture
-def served_study(tmp_path, config_only_model):
-    config = make_config(tmp_path, config_only_model, budget=14, confirm=2, ttft_p99_ms=45.0)
+@pytest.fixture(scope="module")
+def served_study(tmp_path_factory):
+    """One study for the module: 6 search trials, 2 rounds, then the runs as served."""
+    tmp_path = tmp_path_factory.mktemp("served")
+    config = make_config(tmp_path, config_only_model_in(tmp_path), budget=14, confirm=2, ttft_p99_ms=45.0)
     ServedSim.made = 0
     prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None,
                        served_factory=ServedSim)
-    return config, run(prepared, quiet=True)
+    return config, run(prepared, quiet=True), tmp_path
 
 
 def test_the_rounds_end_with_the_defaults_and_the_leader_as_served(served_study):
-    config, study = served_study
+    config, study, _ = served_study
     assert finished_count(study) == 14 - 2 * confirm.CONFIGS - confirm.SERVED_CONFIGS
     c = confirmation(study)
     assert c is not None and c.complete
@@ -66,8 +68,8 @@ def test_the_rounds_end_with_the_defaults_and_the_leader_as_served(served_study)
         assert x.served_rate is not None and x.served_rate.rate_rps < c.rate_interval(x).median
 
 
-def test_every_view_names_the_rate_in_process_and_as_served(served_study, tmp_path):
-    config, study = served_study
+def test_every_view_names_the_rate_in_process_and_as_served(served_study):
+    config, study, tmp_path = served_study
     d = decide(study, config)
     c = d.confirmation
     doc = report_document(d)
