@@ -176,13 +176,15 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     if stored and stored.get("plan") == key:
         plan_attr = {**stored, "rounds": max(rounds, int(stored.get("rounds", 0)))}
         plan_attr["confidence"] = look_confidence(plan_attr["rounds"])
+        # a plan made without runs as served (before them, or --no-served) gets none on a resume: its budget had none
+        plan_attr["served"] = served and bool(stored.get("served"))
     else:
         chosen = candidates(study)
         if not chosen:
             return None
         plan_attr = {"plan": key, "rounds": rounds, "candidates": [t.number for t in chosen],
-                     "limit_ms": study_limit_ms(study), "confidence": look_confidence(rounds), "dropped": {}}
-    plan_attr["served"] = served
+                     "limit_ms": study_limit_ms(study), "confidence": look_confidence(rounds), "dropped": {},
+                     "served": served}
     c = confirmation(study, plan_attr)
     assert c is not None
     runs, dropping = next_runs(c)

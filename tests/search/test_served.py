@@ -97,3 +97,19 @@ def test_every_view_names_the_rate_in_process_and_as_served(served_study):
     assert meta["rate_at_limit"] == json.loads(json.dumps(served_record(c, best)))
     yaml_text = (tmp_path / "out" / f"{config.study_name}.recommended.yaml").read_text()
     assert "As served (vllm serve over HTTP):" in yaml_text and "in process" in yaml_text
+
+
+def test_a_plan_made_without_runs_as_served_gets_none_on_a_resume(tmp_path, config_only_model):
+    """A study confirmed before the runs as served existed (or with --no-served) had no room for them in its budget:
+    running it again with a server to hand adds none."""
+    from tests.support.fakes import run_study
+
+    config = make_config(tmp_path, config_only_model, budget=10, confirm=2)
+    study = run_study(tmp_path, config)  # no served_factory: the plan is made without runs as served
+    before = len(confirmation_runs(study))
+    ServedSim.made = 0
+    again = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None,
+                    served_factory=ServedSim)
+    study = run(again, quiet=True)
+    assert len(confirmation_runs(study)) == before and ServedSim.made == 0
+    assert not any(CONFIRM.of(t).get("served") for t in confirmation_runs(study))
