@@ -123,9 +123,15 @@ def test_malformed_storage_url(tmp_path, capsys):
     assert code == 2 and "cannot open storage" in err and "sqlite:///" in err
 
 
-def test_locked_sqlite_file_is_a_clear_error_and_changes_nothing(tmp_path, capsys, config_only_model):
+def test_locked_sqlite_file_is_a_clear_error_and_changes_nothing(tmp_path, capsys, config_only_model, monkeypatch):
+    """The file stays locked through every attempt to open it, so the test waits out each attempt's busy timeout:
+    60 s in the product, five attempts. A 0.5 s timeout gives the same error; that the product waits long for a
+    reader is tests/search/test_db_faults.py's (the timeout's value, and a write that waits out a reader)."""
     import sqlite3
 
+    from optimizer.search import dbretry
+
+    monkeypatch.setattr(dbretry, "SQLITE_BUSY_TIMEOUT_S", 0.5)
     url = f"sqlite:///{tmp_path}/locked.db"
     config = StudyConfig(study_name="locked", storage_url=url, ttft_p99_ms=150.0, budget=3,
                          model=str(config_only_model), dummy_weights=True)

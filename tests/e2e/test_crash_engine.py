@@ -57,7 +57,9 @@ def kill_and_check_recovery(tmp_path, model_cache, proc, trial_number):
 
 def test_two_sigkills_and_a_ctrl_c_then_resume_lose_nothing(tmp_path, model_cache, tiny_model):
     # 1. SIGKILL in the middle of the first trial (the baseline), resume; SIGKILL its retry too, resume again.
-    proc = start(model_cache, tmp_path, "--budget", "3")
+    # A budget of 2 is the least that reaches every step: the baseline (killed twice), then one searched trial
+    # (Ctrl-C'd, then retried by the resume); each trial more would only add an engine start and its replays.
+    proc = start(model_cache, tmp_path, "--budget", "2")
     proc, retry = kill_and_check_recovery(tmp_path, model_cache, proc, 0)
     assert retry.user_attrs.get("baseline") is True  # the baseline is queued again, not lost
     proc, retry = kill_and_check_recovery(tmp_path, model_cache, proc, retry.number)
@@ -82,7 +84,7 @@ def test_two_sigkills_and_a_ctrl_c_then_resume_lose_nothing(tmp_path, model_cach
     assert proc.returncode == 0, err[-3000:]
     study = load(tmp_path)
     finished = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
-    assert len(finished) == 3
+    assert len(finished) == 2
     assert sum(bool(t.user_attrs.get("baseline")) for t in finished) == 1
     assert any(t.user_attrs.get("retry_of") == interrupted.number for t in finished)
     assert len(study.get_trials(states=(TrialState.FAIL,))) == 3  # two kills and one Ctrl-C, nothing else
