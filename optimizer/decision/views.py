@@ -256,6 +256,8 @@ def verdict_line(d: Decision) -> str:
         return (f"better than {against} by {g.pct:+.1f}% output throughput"
                 + (f" {g.interval_text()}" if g.known else "") + f", {n}: deploy the recommendation")
     if c.outcome == Outcome.KEEP:
+        if not compared:  # the search found no other config that met the limit: nothing to compare them with
+            return f"{against} are the only config measured again (no other met the limit), {n}: keep them"
         known = [g for _, g in gains if g.known and g.low_pct is not None and g.high_pct is not None]
         if known and all(g.high_pct < 0 for g in known):
             return f"{against} are better than every candidate ({shown}), {n}: keep them"

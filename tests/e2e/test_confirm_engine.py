@@ -73,7 +73,8 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
     # the verdict, one of three, with its rounds (measurement/sequential.py)
     assert re.search(r"better than vLLM's defaults .* by [+-]\d+\.\d% output throughput.*, 2 rounds|"
                      r"within \+-\d+\.\d% of vLLM's defaults .*, 2 rounds: keep them|"
-                     r"are better than every candidate .*, 2 rounds: keep them|undecided after 2 rounds", out)
+                     r"are better than every candidate .*, 2 rounds: keep them|undecided after 2 rounds|"
+                     r"are the only config measured again \(no other met the limit\), 2 rounds: keep them", out)
     report = optimize(model_cache, tmp_path, "report", "--study", "c")
     assert report.returncode == 0 and "confirmed in 2 rounds" in report.stdout
     export = optimize(model_cache, tmp_path, "export", "--study", "c")
