@@ -317,10 +317,10 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
             queue = waiting(study)
             if not queue:
                 return ""
+        home = confirmation_study(study)  # a run is queued: it exists
+        assert home is not None
         head = CONFIRM.of(queue[0]) or {}
         if head.get("plan") != key:  # an older plan's run, never started: skip it
-            home = confirmation_study(study)
-            assert home is not None
             _drop(home, queue[0])
             continue
         if deadline_unix_s is not None:
@@ -328,8 +328,6 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
             if est is not None and est > left_s:
                 return (f"confirmation: stopped at the deadline: the next run takes ~{est:.0f} s and {left_s:.0f} s "
                         f"are left; fewer rounds are reported")
-        home = confirmation_study(study)
-        assert home is not None
         home.optimize(objective, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=True)
 
 
