@@ -120,7 +120,7 @@ def main() -> None:
     study = optuna.load_study(study_name=args.study, storage=storage_for(url))
     d = decide(study, config)
     c = d.confirmation
-    if c is None or not any(x.served_rate for x in c.configs):
+    if c is None or not c.served_configs:
         raise SystemExit("the study has no confirmation with runs as served: run optimize with --served (default)")
     path = model_path(config)
     base = engine_base_args(config, path)
@@ -138,7 +138,9 @@ def main() -> None:
         rows.append((name, "in process", inproc_rate,
                      asyncio.run(in_process(base, config.deploy_as, params, inproc_rate, workloads,
                                             work / f"inproc-{x.number}.log"))))
-        if x.served_rate is not None:
+        if x.served_rate is None:
+            print(f"{name}: as served not measured (its run through vllm serve found no rate at the limit)")
+        else:
             served_rate = x.served_rate.rate_rps
             print(f"{name}: as served at {served_rate:.2f} req/s and 1.15x (vLLM's client)", flush=True)
             rows.append((name, "as served", served_rate,

@@ -37,6 +37,7 @@ from optimizer.engines.simulated import SimulatedEngine  # noqa: E402
 from optimizer.engines.sim.steptime import StepTimeModel  # noqa: E402
 from optimizer.measurement.evidence import count  # noqa: E402
 from optimizer.measurement.rate_fit import ProbeCount, RateAtLimit, fit_rate_at_limit  # noqa: E402
+from optimizer.measurement.rate_search import probe_counts  # noqa: E402
 from optimizer.measurement.replay import replay  # noqa: E402
 from optimizer.measurement.workload import build_workload  # noqa: E402
 from optimizer.search.probes import TrialReplays  # noqa: E402
@@ -45,13 +46,15 @@ REMEASURE_DRAWS = 4  # replays of the trial's own length (the workload's count) 
 REMEASURE_RATES = (0.9, 0.95, 1.0, 1.05, 1.1)
 
 
-async def trial(engine: SimulatedEngine, bench, seed: int) -> tuple[RateAtLimit | None, float]:
-    """One trial's rate at the limit on a workload of `seed`, and the seconds its probes spent sending (what a real
-    replay would take: each probe's requests at its rate)."""
+async def trial(engine: SimulatedEngine, bench, seed: int) -> tuple[RateAtLimit | None, float, RateAtLimit | None]:
+    """One trial's rate at the limit on a workload of `seed`, the seconds its probes spent sending (what a real
+    replay would take: each probe's requests at its rate), and the same probes fitted without the replays' speed
+    (the interval before it: `speed_cv=0`)."""
     spec = bench.config.workload.model_copy(update={"seed": seed})
     workload = build_workload(spec, bench.info.vocab_size)
     result = await TrialReplays(engine, workload, bench.config, MonotonicClock(), None, 0, []).measure(None)
-    return result.fit, sum((pt.requests or 0) / pt.offered_rate_rps for pt in result.points)
+    before = fit_rate_at_limit(probe_counts(result.points), speed_cv=0.0)
+    return result.fit, sum((pt.requests or 0) / pt.offered_rate_rps for pt in result.points), before
 
 
 async def remeasure(engine: SimulatedEngine, bench, seed: int, around_rps: float) -> RateAtLimit | None:
@@ -87,35 +90,38 @@ def main(argv: list[str] | None = None) -> None:
     async def one(i: int) -> tuple:
         engine = SimulatedEngine(bench.info, StepTimeModel(), "cpu", noise=noise)
         await engine.start(params)
-        fit, replay_s = await trial(engine, bench, seed=i)
+        fit, replay_s, before = await trial(engine, bench, seed=i)
         same = await remeasure(engine, bench, 10_000 + 10 * i, fit.rate_rps) if fit else None
         await engine.shutdown()
         fresh_engine = SimulatedEngine(bench.info, StepTimeModel(), "cpu", noise=noise)
         await fresh_engine.start(params)
         fresh = await remeasure(fresh_engine, bench, 20_000 + 10 * i, fit.rate_rps) if fit else None
         await fresh_engine.shutdown()
-        return fit, replay_s, same, fresh
+        return fit, replay_s, same, fresh, before
 
     for i in range(args.trials):
         rows.append(asyncio.run(one(i)))
     fits = [r for r in rows if r[0] is not None and r[0].half_width < float("inf")]
-    halves = [f.half_width for f, *_ in fits]
     minutes = [s / 60 for _, s, *_ in fits]
-    per_minute = [h * m ** 0.5 for h, m in zip(halves, minutes)]
-    inside_same = sum(1 for f, _, s, _ in fits if s is not None and f.contains(s.rate_rps))
-    inside_fresh = sum(1 for f, _, _, s in fits if s is not None and f.contains(s.rate_rps))
     print(f"vLLM's defaults on the simulator, CPU demo workload (at most 1000 requests a probe), TTFT P99 <= 150 ms; "
           f"noise run_cv {args.run_cv}, replay_cv {args.replay_cv}; {args.trials} trials")
-    for f, s, same, fresh in rows:
+    for f, s, same, fresh, before in rows:
         print(f"  trial: {f.rate_rps:7.2f} req/s [{f.low_rps:.2f}, {f.high_rps:.2f}] +-{f.half_width:5.1%} "
-              f"({f.requests} requests, {s / 60:.1f} min)   re-measured: same engine "
-              f"{same.rate_rps if same else float('nan'):7.2f}, fresh engine {fresh.rate_rps if fresh else float('nan'):7.2f}"
-              if f else "  trial: no rate passed")
-    print(f"half-width: median {statistics.median(halves):.1%}, worst {max(halves):.1%}; replay per trial: median "
-          f"{statistics.median(minutes):.2f} min of sending; precision per minute (half-width x sqrt(min)): median "
-          f"{statistics.median(per_minute):.3f}")
-    print(f"coverage: same engine, another draw {inside_same}/{len(fits)}; fresh engine, another draw "
-          f"{inside_fresh}/{len(fits)} ({time.perf_counter() - t0:.0f} s)")
+              f"(without the speed: +-{before.half_width:5.1%}; {f.requests} requests, {s / 60:.1f} min)   "
+              f"re-measured: same engine {same.rate_rps if same else float('nan'):7.2f}, fresh engine "
+              f"{fresh.rate_rps if fresh else float('nan'):7.2f}" if f else "  trial: no rate passed")
+    print(f"replay per trial: median {statistics.median(minutes):.2f} min of sending "
+          f"({time.perf_counter() - t0:.0f} s)")
+    print("| interval | half-width median | worst | precision per minute (half-width x sqrt(min)), median | "
+          "covers, same engine | covers, fresh engine |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, at in (("profile + block bootstrap (before)", 4), ("+ each replay's speed (now)", 0)):
+        halves = [r[at].half_width for r in fits]
+        per_minute = [h * m ** 0.5 for h, m in zip(halves, minutes)]
+        same = sum(1 for r in fits if r[2] is not None and r[at].contains(r[2].rate_rps))
+        fresh = sum(1 for r in fits if r[3] is not None and r[at].contains(r[3].rate_rps))
+        print(f"| {name} | {statistics.median(halves):.1%} | {max(halves):.1%} | "
+              f"{statistics.median(per_minute):.3f} | {same}/{len(fits)} | {fresh}/{len(fits)} |")
 
 
 if __name__ == "__main__":

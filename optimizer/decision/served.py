@@ -8,7 +8,8 @@ import math
 from typing import Any
 
 from optimizer.decision.decide import Decision
-from optimizer.search.attrs import PRUNED_REASON
+from optimizer.search.attrs import PRUNED_REASON, RESULT
+from optimizer.search.progress import why_infeasible
 from optimizer.search.score import Confirmation, Confirmed
 from optimizer.search.study import run_name
 
@@ -29,7 +30,7 @@ def served_record(c: Confirmation, conf: Confirmed) -> dict[str, Any]:
         differ = not (served.low_rps <= high and low <= served.high_rps)
     why = None
     if conf.served is not None and served is None:
-        why = PRUNED_REASON.of(conf.served) or ("met the limit at no rate tried"
+        why = PRUNED_REASON.of(conf.served) or (why_infeasible(RESULT.of(conf.served))
                                                 if conf.served.state.name == "COMPLETE" else conf.served.state.name)
     return {"rate_at_limit_rps": rates.median if rates.n else None,
             "rate_low_rps": inproc[0] if inproc else None, "rate_high_rps": inproc[1] if inproc else None,

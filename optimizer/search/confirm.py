@@ -56,6 +56,7 @@ from optimizer.measurement.sequential import Outcome, look_confidence
 from optimizer.search.attrs import (
     CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
+from optimizer.search.progress import why_infeasible
 from optimizer.search.score import (
     Confirmation, baseline, confirmation, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps,
     scored_best_first, study_limit_ms, tied_with,
@@ -351,6 +352,6 @@ def describe(trial: FrozenTrial) -> str:
     if trial.state != TrialState.COMPLETE:
         return f"{head}: could not run ({PRUNED_REASON.of(trial) or trial.state.name})"
     if not r.get("feasible"):
-        return f"{head}: met the limit at no rate tried [{TIMINGS.of(trial).get('total_s', 0):.0f}s]"
+        return f"{head}: {why_infeasible(r)} [{TIMINGS.of(trial).get('total_s', 0):.0f}s]"
     return (f"{head}: {rate_at_limit_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} tok/s "
             f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from optimizer.measurement.rate_fit import ProbeCount, fit_rate_at_limit, used_in_fit
+from optimizer.measurement.rate_fit import ProbeCount, fit_rate_at_limit, profile, used_in_fit
 
 
 def test_no_probe_passed_has_no_rate():
@@ -19,13 +19,13 @@ def test_nothing_over_the_limit_is_a_lower_bound_at_the_highest_rate():
 
 def test_a_bare_bracket_spans_its_gap():
     # none over at 40, all over at 50: every root between is as likely, the interval covers most of the gap
-    fit = fit_rate_at_limit([ProbeCount(40.0, 500, 0), ProbeCount(50.0, 50, 50)])
+    fit = fit_rate_at_limit([ProbeCount(40.0, 500, 0), ProbeCount(50.0, 50, 50)], speed_cv=0.0)
     assert 40.0 <= fit.low_rps < 42.0 and 48.0 < fit.high_rps <= 50.5
 
 
 def test_counts_on_both_sides_pin_the_crossing():
     # 0.5% over at 48, 2% over at 52, each of 2000 requests: the crossing at 1% lies between, near 50
-    fit = fit_rate_at_limit([ProbeCount(48.0, 2000, 10), ProbeCount(52.0, 2000, 40)])
+    fit = fit_rate_at_limit([ProbeCount(48.0, 2000, 10), ProbeCount(52.0, 2000, 40)], speed_cv=0.0)
     assert 48.0 < fit.low_rps < fit.rate_rps < fit.high_rps < 52.0
     assert fit.rate_rps == pytest.approx(50.0, rel=0.02)
 
@@ -33,7 +33,27 @@ def test_counts_on_both_sides_pin_the_crossing():
 def test_correlated_requests_widen_the_interval():
     counts = [ProbeCount(48.0, 2000, 10), ProbeCount(52.0, 2000, 40)]
     half = [ProbeCount(p.rate_rps, p.requests, p.over_limit, 0.25) for p in counts]
+    assert fit_rate_at_limit(half, speed_cv=0.0).half_width > fit_rate_at_limit(counts, speed_cv=0.0).half_width
     assert fit_rate_at_limit(half).half_width > fit_rate_at_limit(counts).half_width
+
+
+def test_the_replays_speed_widens_the_interval():
+    counts = [ProbeCount(48.0, 2000, 10), ProbeCount(52.0, 2000, 40)]
+    still, moving = fit_rate_at_limit(counts, speed_cv=0.0), fit_rate_at_limit(counts, speed_cv=0.05)
+    assert moving.rate_rps == pytest.approx(still.rate_rps, rel=0.01)
+    assert moving.low_rps < still.low_rps and moving.high_rps > still.high_rps
+
+
+def test_a_probe_is_integrated_over_its_replays_speed():
+    # one probe at 50 req/s, none of 1000 over; a root one speed sigma above it (50 x e^0.05) with the steepest
+    # slope: nothing is over while the engine felt a rate below the root, all but nothing above, so the likelihood
+    # is P(felt rate < root) = Phi(1) = 0.841 (the nodes, 0.375 sigma apart, put it within 0.05 of that in log)
+    rates, ll = profile([ProbeCount(50.0, 1000, 0)], speed_cv=0.05)
+    at = int(np.argmin(np.abs(np.log(rates / (50.0 * math.exp(0.05))))))
+    assert ll[at] == pytest.approx(math.log(0.5 * (1 + math.erf(1 / math.sqrt(2)))), abs=0.05)
+    # without the speed, a root above the probe explains it fully
+    rates, ll = profile([ProbeCount(50.0, 1000, 0)], speed_cv=0.0)
+    assert ll[int(np.argmin(np.abs(np.log(rates / (50.0 * math.exp(0.05))))))] == pytest.approx(0.0, abs=1e-3)
 
 
 def test_only_the_first_probe_mostly_over_enters():
@@ -51,5 +71,23 @@ def test_covers_a_known_curve_in_at_least_90_percent_of_draws():
     for _ in range(100):
         probes = [ProbeCount(r, n, int(rng.binomial(n, share(r))))
                   for r, n in [(40.0, 500), (48.0, 1000), (50.0, 1000), (52.0, 800), (62.0, 50)]]
+        inside += fit_rate_at_limit(probes).contains(50.0)
+    assert inside >= 90
+
+
+def test_covers_a_known_curve_when_each_replay_runs_at_its_own_speed():
+    # each probe's engine runs 5% (log-normal sigma) faster or slower than the last: to the engine, its rate is
+    # rate x factor; the interval must still cover the rate at the limit of the engine's median speed
+    rng = np.random.default_rng(11)
+
+    def share(rate):
+        return 1 / (1 + math.exp(-(math.log(0.01 / 0.99) + 40 * math.log(rate / 50.0))))
+
+    inside = 0
+    for _ in range(100):
+        probes = []
+        for r, n in [(40.0, 500), (47.0, 1000), (50.0, 1000), (53.0, 800), (62.0, 50)]:
+            felt = r * math.exp(0.05 * rng.standard_normal())
+            probes.append(ProbeCount(r, n, int(rng.binomial(n, share(felt)))))
         inside += fit_rate_at_limit(probes).contains(50.0)
     assert inside >= 90

@@ -65,7 +65,9 @@ def test_steps_down_from_a_failing_guess_then_bisects():
     res = run(knee_engine(30.0, calls), 60.0, max_replays=10)
     assert calls[:2] == [60.0, 60.0 / BRACKET_STEP]
     assert res.best.offered_rate_rps <= 30.0 * 1.03 and res.failed_rate_rps > 30.0 * 0.97
-    assert res.fit.low_rps <= 30.0 * 1.02 and 30.0 <= res.fit.high_rps and res.fit.half_width < 0.25
+    # the counts at the probe near 30 settle the search; the interval also lets each replay run at its own speed,
+    # so its upper end is held only by the all-over probe at 48, felt through that noise
+    assert res.fit.low_rps <= 30.0 * 1.02 and 30.0 <= res.fit.high_rps < 48.0 and res.fit.half_width < 0.3
 
 
 def test_stops_at_the_incumbents_floor_when_it_misses_there():

@@ -165,3 +165,18 @@ def test_the_display_reaches_the_console_while_a_trial_points_stderr_at_its_engi
     p.close()
     assert capfd.readouterr().err == "still running: 0/2 search\n"
     assert (tmp_path / "engine.log").read_text() == "INFO engine starting\n"
+
+
+def test_a_served_run_that_missed_everywhere_says_how_close_it_came():
+    from optimizer.search.confirm import describe as describe_run
+
+    missed = {"feasible": False, "rate_rps": 26.62, "ttft_p99_ms": 320.0, "output_throughput_tok_s": 748.4,
+              "requests": 667}
+    run = create_trial(values=[748.4, 320.0], constraints={CONSTRAINT: 170.0},
+                       user_attrs={**RESULT.item(missed), **TIMINGS.item({"total_s": 93}),
+                                   **CONFIRM.item({"plan": "29:28", "of": 0, "round": 3, "workload_seed": 4,
+                                                   "served": True})})
+    run.number = 9
+    line = describe_run(run)
+    assert line.startswith("as served (`vllm serve` over HTTP), trial #0 again (run ") and "seed 4): over" in line
+    assert "over the limit at every rate tried (TTFT P99 320ms at 26.62 req/s, the closest) (667 requests)" in line
