@@ -56,7 +56,7 @@ def cmd_report(argv: list[str]) -> int:
 def _report(ns: argparse.Namespace) -> int:
     from optimizer.decision.decide import decide, run_views, view
     from optimizer.decision.document import render
-    from optimizer.decision.tables import check_format, drop_empty_columns, format_output
+    from optimizer.decision.tables import check_format, curve_table, drop_empty_columns, format_output
     from optimizer.decision.views import confirmation_run_lines, curve_rows, trial_heading, trial_notes
 
     check_format(ns.format)
@@ -82,10 +82,12 @@ def _report(ns: argparse.Namespace) -> int:
             why = PRUNED_REASON.of(chosen.trial) or "no curve stored"
             for line in heading:
                 (print if ns.format == "table" else say)(line)
-            print(format_output(drop_empty_columns(rows) if ns.format == "table" else rows, ns.format)
+            print(format_output(drop_empty_columns(curve_table(rows)) if ns.format == "table" else rows, ns.format)
                   if rows or ns.format != "table" else
                   f"{what} stored no replays: it could not run ({why}: {PRUNED_DETAIL.of(chosen.trial)})")
             notes = trial_notes(chosen) + ([] if of is not None else confirmation_run_lines(decision, chosen))
+            if rows and ns.format == "table":
+                notes.append("(every column of its replays: --format csv or --format json)")
             for line in notes:
                 (print if ns.format == "table" else say)(line)
         if ns.bench_json:

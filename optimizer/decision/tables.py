@@ -75,3 +75,14 @@ def format_output(rows: list[dict[str, Any]], fmt: str) -> str:
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip() for r in cells]
     return "\n".join(lines)
+
+
+# `report --trial` as a table: what each probe decided and on what (its counts), its latency, what the engine did;
+# `--format csv` or `json` carries every column of the curve's rows (decision/views.py::curve_rows).
+CURVE_TABLE_COLUMNS = ("replay", "arrivals", "offered_rate_rps", "requests", "over_limit", "verdict", "ttft_p50_ms",
+                       "ttft_p99_ms", "output_throughput_tok_s", "meets_limit", "chosen", "engine_running_peak")
+
+
+def curve_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A trial's curve rows cut to CURVE_TABLE_COLUMNS, for a terminal (~190 characters instead of ~330)."""
+    return [{k: r[k] for k in CURVE_TABLE_COLUMNS if k in r} for r in rows]

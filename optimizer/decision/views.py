@@ -287,11 +287,12 @@ def title(d: Decision) -> str:
 
 
 def curve_rows(d: Decision, v: TrialView) -> list[dict[str, Any]]:
-    """A trial's stored replays in the order they ran: its latency-vs-load curve, judged under the limit. A burst
-    has no offered or sent rate (every request goes at once); the engine's KV cache peak is in percent."""
-    keys = ("offered_rate_rps", "sent_rate_rps", "achieved_rate_rps", "output_throughput_tok_s",
-            "request_throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms",
-            "completed", "failed", "sustained")
+    """A trial's stored replays in the order they ran: its latency-vs-load curve, judged under the limit, with each
+    probe's counts (requests resolved, how many over the limit, its verdict). A burst has no offered or sent rate
+    (every request goes at once); the engine's KV cache peak is in percent."""
+    keys = ("offered_rate_rps", "requests", "over_limit", "verdict", "sent_rate_rps", "achieved_rate_rps",
+            "output_throughput_tok_s", "request_throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms",
+            "itl_p99_ms", "e2e_p99_ms", "completed", "failed", "sustained")
     engine_keys = ("running_peak", "queued_p99_ms", "prefill_p99_ms", "preemptions")
     with_engine = any(p.get("engine") for p in v.curve)  # the engine's own view, where the engine reports it
     rows = []

@@ -318,3 +318,19 @@ def test_a_challenger_inside_the_incumbents_rate_bracket_is_not_better(tmp_path)
     base, one, two = d.views
     assert d.required_gain(one, base) == pytest.approx(0.25)
     assert not d.beyond_noise(one, base) and d.beyond_noise(two, base)
+
+
+def test_trial_table_fits_a_terminal_and_names_where_every_column_is(syn, capsys):
+    from optimizer.decision.tables import CURVE_TABLE_COLUMNS
+
+    _, _, tmp_path = syn
+    rc, out, err = cli(capsys, "report", "--study", "syn", "--studies-dir", str(tmp_path), "--trial", "1")
+    assert rc == 0, err
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("replay"))
+    assert set(header.split()) <= set(CURVE_TABLE_COLUMNS) and "ttft_p99_ms" in header.split()
+    assert max(len(line) for line in lines if not line.startswith("trial #")) <= 200
+    assert "(every column of its replays: --format csv or --format json)" in lines
+    rc, out, _ = cli(capsys, "report", "--study", "syn", "--studies-dir", str(tmp_path), "--trial", "1", "--format",
+                     "csv")
+    assert rc == 0 and {"sent_rate_rps", "tpot_p99_ms", "e2e_p99_ms"} <= set(out.splitlines()[0].split(","))

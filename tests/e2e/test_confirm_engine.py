@@ -9,6 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 from optimizer.config.settings import RateSearchSpec
+from optimizer.measurement.rate_fit import ProbeCount, fit_rate_at_limit
 from optimizer.search.attrs import BASELINE, CONFIRM, CURVE, ENGINE_PIDS, RESULT, STUDY_CONFIRMATION
 from optimizer.search.score import confirmation, recommended
 from optimizer.search.study import confirmation_study, finished_count
@@ -55,10 +56,14 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
     assert shown.returncode == 0 and line.strip() in shown.stdout  # ... names it as the report takes it
     for t in runs:
         r = RESULT.of(t)
-        if r["feasible"] and r.get("failed_rate_rps"):  # bisected to within 3%, its fit within +-3%, or out of probes
-            fit = r["rate_at_limit"]
+        if r["feasible"] and r.get("failed_rate_rps"):  # bisected to within 3%, its counts' fit (the profile
+            # interval alone, as the search reads it) within +-3%, or out of probes
+            counts = fit_rate_at_limit([ProbeCount(p["offered_rate_rps"], p["requests"], p["over_limit"],
+                                                   p.get("effective_fraction") or 1.0) for p in CURVE.of(t)
+                                        if p.get("requests") and p.get("over_limit") is not None],
+                                       resamples=0, speed_cv=0.0)
             assert r["failed_rate_rps"] / r["rate_rps"] <= 1.03 + 1e-6 \
-                or (fit["high_rps"] - fit["low_rps"]) / 2 <= 0.03 * fit["rate_rps"] + 1e-6 \
+                or (counts is not None and counts.half_width <= 0.03 + 1e-6) \
                 or len(CURVE.of(t)) == RateSearchSpec().max_replays
     c = confirmation(study)
     assert c.complete and recommended(study).number == c.recommended.number
