@@ -13,6 +13,7 @@ from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
 from optimizer.hardware.machine import DtypeChoice, choose_dtype, cpu_info, describe, differences, fingerprint
 from optimizer.measurement.engine import EngineFactory
+from optimizer.search.recovery import end_recorded, record_engine
 
 
 def dtype_fixed_by_user(config: StudyConfig) -> str | None:
@@ -63,12 +64,18 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
     params.setdefault("gpu_memory_utilization", CPU_BASELINE_MEMORY_FALLBACK)  # as the baseline starts on CPU
     say(f"probe: vLLM's defaults on {DEMO_LADDER[0].name} in {dtype}, to size the demo to this machine")
     log_path = logs_dir / "probe.log"
+    record = logs_dir / PROBE_ENGINE_RECORD
+    ended = end_recorded(record)  # an earlier run killed while it probed left its engine running
+    if ended:
+        say(f"probe: ended the engine processes an interrupted probe left running (PIDs {', '.join(map(str, ended))})")
     try:
-        result = asyncio.run(probe(factory, config.workload, info.vocab_size, MonotonicClock(), DEMO_LADDER[0].name,
-                                   str(dtype), params, log_path))
+        result = asyncio.run(recorded(probe, factory, record, config.workload, info.vocab_size, MonotonicClock(),
+                                      DEMO_LADDER[0].name, str(dtype), params, log_path))
     except OptimizerError as exc:
         say(f"probe failed ({str(exc)[:200]}; see {log_path}): keeping {DEMO_LADDER[0].name}")
         return config, None
+    finally:
+        record.unlink(missing_ok=True)
     from optimizer.search.confirm import plan
 
     budget = config.budget or 40
@@ -97,6 +104,27 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
     say(f"demo scale: {scale.model}: {verdict}")
     config = config.model_copy(update=update)
     return config, {"probe": result.to_dict(), "scale": scale.to_dict()}
+
+
+PROBE_ENGINE_RECORD = "probe.engine.json"  # the probe's engine processes while it runs (search/recovery.py)
+
+
+async def recorded(measure: Callable[..., Any], factory: EngineFactory, record: Path, *args: Any) -> Any:
+    """`measure(factory', *args)` with every engine `factory'` makes kept on record in `record` while it runs (each
+    second), so that a run killed meanwhile leaves its engine's PIDs for the next run to end."""
+    made: list[Any] = []
+
+    def tracked() -> Any:
+        made.append(factory())
+        return made[-1]
+
+    task = asyncio.ensure_future(measure(tracked, *args))
+    while not task.done():
+        await asyncio.wait({task}, timeout=1.0)
+        refs = [r for e in made for r in getattr(e, "process_refs", [])]
+        if refs:
+            record_engine(record, refs)
+    return task.result()
 
 
 def machine_warning(stored: dict[str, Any] | None, device: str) -> str | None:

@@ -3,12 +3,18 @@
 Each trial records its worker (host, PID, start time) and its engine's processes as they appear. A later run on
 the same host finds trials whose worker is dead: it ends their engine processes by PID (never by name), marks
 them failed and queues their parameters again. Trials of workers on other hosts are left to Optuna's heartbeat.
+
+An engine started outside a trial (the demo's probe, before its study exists) has no trial to hold its processes:
+they go on record in a small JSON file beside the study's logs while it runs (`record_engine`), the file is removed
+when it ends, and the next run ends what a killed run left there (`end_recorded`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -76,3 +82,30 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
             study.enqueue_trial(t.params, user_attrs=attrs, skip_if_exists=False)
             queued.append(t.number)
     return queued
+
+
+def record_engine(path: Path, refs: list[ProcessRef]) -> None:
+    """Keep `refs` (an engine's processes) on record in `path`, with this worker, replacing the file atomically."""
+    data = {"worker": worker_identity(), "processes": [[r.pid, r.create_time] for r in refs]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def end_recorded(path: Path) -> list[int]:
+    """End the processes on record in `path` when the worker that recorded them is dead on this host, then remove
+    the file; a live worker's record is left alone. Returns the PIDs that had to be ended."""
+    try:
+        data = json.loads(path.read_text())
+        w = data["worker"]
+        refs = [ProcessRef(int(pid), float(ct)) for pid, ct in data["processes"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if w.get("host") != socket.gethostname():
+        return []
+    if ProcessRef(int(w["pid"]), float(w["create_time"])).alive() is not None:
+        return []
+    ended = end_processes(refs)
+    path.unlink(missing_ok=True)
+    return ended

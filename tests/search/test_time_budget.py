@@ -109,6 +109,7 @@ def test_the_probe_chooses_a_smaller_demo_on_a_slow_machine(tmp_path, model_cach
     assert stored["scale"]["model"] == DEMO_LADDER[-1].name and stored["probe"]["prefill_ms"] > 100
     assert any(s.startswith(f"demo scale: {DEMO_LADDER[-1].name}: ") for s in said)
     assert not any("estimated" in s for s in said)  # the one estimate is the run's, as its progress display starts
+    assert not list(tmp_path.rglob("probe.engine.json"))  # its engine's record is gone with the engine
     # a resume keeps the choice and does not probe again
     said.clear()
     again = prepare(prepared.config, tmp_path, say=said.append, engine_factory=lambda: SimulatedEngine(big),
