@@ -34,7 +34,7 @@ from optimizer.params.space import distance_to_default
 from optimizer.search.attrs import (
     BASELINE_NOTE, CONFIRM, CURVE, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CREATED, STUDY_MACHINE,
 )
-from optimizer.search.progress import why_infeasible
+from optimizer.search.missed import why_infeasible
 from optimizer.search.study import in_confirmation_study, run_name
 
 NOT_RECORDED = "not recorded"

@@ -9,7 +9,7 @@ from typing import Any
 
 from optimizer.decision.decide import Decision
 from optimizer.search.attrs import PRUNED_REASON, RESULT
-from optimizer.search.progress import why_infeasible
+from optimizer.search.missed import why_infeasible
 from optimizer.search.score import Confirmation, Confirmed
 from optimizer.search.study import run_name
 

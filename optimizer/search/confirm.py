@@ -56,7 +56,7 @@ from optimizer.measurement.sequential import Outcome, look_confidence
 from optimizer.search.attrs import (
     CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
-from optimizer.search.progress import why_infeasible
+from optimizer.search.missed import why_infeasible
 from optimizer.search.score import (
     Confirmation, baseline, confirmation, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps,
     scored_best_first, study_limit_ms, tied_with,

@@ -31,6 +31,7 @@ from optimizer.core.units import format_ms
 from optimizer.search.attrs import (
     BASELINE, CONFIRM, LIMITED_BY, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
+from optimizer.search.missed import rate_text, why_infeasible
 from optimizer.search.score import feasible, rate_at_limit_text, scored_best_first
 from optimizer.search.study import confirmation_runs, finished_count
 
@@ -56,11 +57,6 @@ def describe(trial: FrozenTrial) -> str:
     return f"{line}\n  {limited}" if limited else line
 
 
-def rate_text(rate_rps: float | None) -> str:
-    """12.5 -> '12.50 req/s'; None or inf (all requests at once) -> 'a burst'."""
-    return "a burst" if rate_rps is None or not math.isfinite(rate_rps) else f"{rate_rps:.2f} req/s"
-
-
 def best_text(study: optuna.Study) -> str:
     """'best #7: 1374.9 tok/s at 37.60 req/s': the search's best so far, its throughput at its own rate."""
     scored = scored_best_first(study)
@@ -68,22 +64,6 @@ def best_text(study: optuna.Study) -> str:
         return "best: none meets the limit yet"
     trial, ranked = scored[0]
     return f"best #{trial.number}: {ranked.output_throughput_tok_s:.1f} tok/s at {rate_text(ranked.rate_rps)}"
-
-
-def why_infeasible(result: dict) -> str:
-    """In words and in rates, what stopped a trial that met the limit at no rate: the rate it missed at, with its TTFT
-    P99 there, and why it went no lower."""
-    tried = result.get("requests")
-    evidence = f" ({tried} requests)" if tried else ""
-    closest = (f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))} at "
-               f"{rate_text(result.get('rate_rps'))}")
-    floor = result.get("floor_rps")
-    if result.get("stopped_early") and floor:
-        return (f"over the limit down to {floor:.2f} req/s, 0.9 x the best's lower bound ({closest}): it cannot beat "
-                f"the best, stopped early{evidence}")
-    if result.get("stopped_early"):
-        return f"over the limit below the best's rate ({closest}): it cannot beat the best, stopped early{evidence}"
-    return f"over the limit at every rate tried ({closest}, the closest){evidence}"
 
 
 def work_s(trials_left: int | None, trial_s: float | None, runs_left: int, run_s: float | None) -> float | None:

@@ -11,7 +11,8 @@ from optuna.trial import create_trial
 from optimizer.core.processes import output_to
 from optimizer.search.attrs import CONFIRM, CONFIRM_APART, RESULT, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.objective import CONSTRAINT
-from optimizer.search.progress import Progress, Status, describe, why_infeasible, work_s
+from optimizer.search.missed import why_infeasible
+from optimizer.search.progress import Progress, Status, describe, work_s
 from optimizer.search.progress import Tally
 from optimizer.search.study import confirmation_study
 from tests.support import synthetic

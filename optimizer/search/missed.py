@@ -1,0 +1,29 @@
+"""Pure: in words and in rates, why a trial or a run met the limit at no rate (the console's line, the report's,
+the HTML's): the rate it missed at, its TTFT P99 there, and why it went no lower."""
+
+from __future__ import annotations
+
+import math
+
+from optimizer.core.units import format_ms
+
+
+def rate_text(rate_rps: float | None) -> str:
+    """12.5 -> '12.50 req/s'; None or inf (all requests at once) -> 'a burst'."""
+    return "a burst" if rate_rps is None or not math.isfinite(rate_rps) else f"{rate_rps:.2f} req/s"
+
+
+def why_infeasible(result: dict) -> str:
+    """In words and in rates, what stopped a trial that met the limit at no rate: the rate it missed at, with its TTFT
+    P99 there, and why it went no lower."""
+    tried = result.get("requests")
+    evidence = f" ({tried} requests)" if tried else ""
+    closest = (f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))} at "
+               f"{rate_text(result.get('rate_rps'))}")
+    floor = result.get("floor_rps")
+    if result.get("stopped_early") and floor:
+        return (f"over the limit down to {floor:.2f} req/s, 0.9 x the best's lower bound ({closest}): it cannot beat "
+                f"the best, stopped early{evidence}")
+    if result.get("stopped_early"):
+        return f"over the limit below the best's rate ({closest}): it cannot beat the best, stopped early{evidence}"
+    return f"over the limit at every rate tried ({closest}, the closest){evidence}"
