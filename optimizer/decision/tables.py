@@ -80,9 +80,10 @@ def format_output(rows: list[dict[str, Any]], fmt: str) -> str:
 # `report --trial` as a table: what each probe decided and on what (its counts), its latency, what the engine did;
 # `--format csv` or `json` carries every column of the curve's rows (decision/views.py::curve_rows).
 CURVE_TABLE_COLUMNS = ("replay", "arrivals", "offered_rate_rps", "requests", "over_limit", "verdict", "ttft_p50_ms",
-                       "ttft_p99_ms", "output_throughput_tok_s", "meets_limit", "chosen", "engine_running_peak")
+                       "ttft_p99_ms", "output_throughput_tok_s", "meets_limit", "chosen", "engine_running_peak",
+                       "engine_queued_p99_ms")
 
 
 def curve_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A trial's curve rows cut to CURVE_TABLE_COLUMNS, for a terminal (~190 characters instead of ~330)."""
+    """A trial's curve rows cut to CURVE_TABLE_COLUMNS, for a terminal (~210 characters instead of ~330)."""
     return [{k: r[k] for k in CURVE_TABLE_COLUMNS if k in r} for r in rows]

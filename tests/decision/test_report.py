@@ -329,7 +329,7 @@ def test_trial_table_fits_a_terminal_and_names_where_every_column_is(syn, capsys
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("replay"))
     assert set(header.split()) <= set(CURVE_TABLE_COLUMNS) and "ttft_p99_ms" in header.split()
-    assert max(len(line) for line in lines if not line.startswith("trial #")) <= 200
+    assert max(len(line) for line in lines if not line.startswith("trial #")) <= 220
     assert "(every column of its replays: --format csv or --format json)" in lines
     rc, out, _ = cli(capsys, "report", "--study", "syn", "--studies-dir", str(tmp_path), "--trial", "1", "--format",
                      "csv")
