@@ -110,8 +110,8 @@ PROBE_ENGINE_RECORD = "probe.engine.json"  # the probe's engine processes while 
 
 
 async def recorded(measure: Callable[..., Any], factory: EngineFactory, record: Path, *args: Any) -> Any:
-    """`measure(factory', *args)` with every engine `factory'` makes kept on record in `record` while it runs (each
-    second), so that a run killed meanwhile leaves its engine's PIDs for the next run to end."""
+    """`measure(factory', *args)` with every engine `factory'` makes kept on record in `record` while it runs (looked
+    at each second), so that a run killed meanwhile leaves its engine's PIDs for the next run to end."""
     made: list[Any] = []
 
     def tracked() -> Any:
@@ -119,11 +119,13 @@ async def recorded(measure: Callable[..., Any], factory: EngineFactory, record: 
         return made[-1]
 
     task = asyncio.ensure_future(measure(tracked, *args))
+    kept: list[Any] = []
     while not task.done():
         await asyncio.wait({task}, timeout=1.0)
         refs = [r for e in made for r in getattr(e, "process_refs", [])]
-        if refs:
+        if refs and refs != kept:  # written when the engine's processes change, not every second
             record_engine(record, refs)
+            kept = refs
     return task.result()
 
 
