@@ -15,6 +15,10 @@ from optimizer.core.errors import OptimizerError, UsageError
 DEFAULT_STUDY = "default"
 
 
+def studies_dir_default() -> str:
+    return os.environ.get("OPTIMIZER_STUDIES_DIR", "studies")
+
+
 def int_range(text: str, what: str) -> tuple[int, int]:
     try:
         low, _, high = text.partition(":")
@@ -30,7 +34,7 @@ def add_common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study", default=DEFAULT_STUDY, help="study name (default: %(default)s)")
     p.add_argument("--storage", help="SQLAlchemy URL of the study database "
                    "(default: sqlite:///STUDIES_DIR/STUDY.db; postgresql://... for many workers)")
-    p.add_argument("--studies-dir", default=os.environ.get("OPTIMIZER_STUDIES_DIR", "studies"),
+    p.add_argument("--studies-dir", default=studies_dir_default(),
                    help="where studies, engine logs and exports live by default (default: %(default)s)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--quiet", action="store_true", help="print only the result")
@@ -138,13 +142,23 @@ def existing_config(url: str, study: str):
     return stored_config(storage_for(url), study)
 
 
+def create_command(ns: argparse.Namespace) -> str:
+    """The command that creates study `ns.study` where `ns` looks for it (its --storage, or a --studies-dir other
+    than the default), with the demo's limit as an example."""
+    import shlex
+
+    where = ["--storage", ns.storage] if ns.storage else \
+        ["--studies-dir", ns.studies_dir] if ns.studies_dir != studies_dir_default() else []
+    return shlex.join(["optimize", "--study", ns.study, *where, "--ttft-p99", "150ms"])
+
+
 def load_study(ns: argparse.Namespace):
     """The stored config and the study, or a UsageError that names the fix."""
     url = storage_url(ns)
     config = existing_config(url, ns.study)
     if config is None:
-        raise UsageError(f"no study {ns.study!r} in {ns.storage or ns.studies_dir}: run optimize --study {ns.study} "
-                         f"first, or pass the right --study/--storage")
+        raise UsageError(f"no study {ns.study!r} in {ns.storage or ns.studies_dir}: create it first, e.g. "
+                         f"`{create_command(ns)}`, or pass the right --study/--storage")
     import optuna
 
     from optimizer.search.study import storage_for

@@ -208,7 +208,7 @@ def resolve_config(ns: argparse.Namespace):
             )
         return config, stored
     if "ttft_p99_ms" not in explicit:
-        raise UsageError("--ttft-p99 is required for a new study, e.g. optimize --ttft-p99 150ms --budget 40")
+        raise UsageError("--ttft-p99 is required for a new study, e.g. `optimize --ttft-p99 150ms --budget 40`")
     device = _detect_device(explicit.get("device"))
     settings: dict[str, Any] = {"study_name": ns.study, "storage_url": url, "budget": DEFAULT_BUDGET,
                                 "device": device, **explicit}
@@ -251,7 +251,7 @@ def run_study(ns: argparse.Namespace) -> int:
 
     # a --confirm the budget cannot hold fails here, before anything is written
     plan(config.budget, config.confirm, config.serves_after)
-    prepared = prepare(config, Path(ns.studies_dir), say)
+    prepared = prepare(config, Path(ns.studies_dir), say, live=False if ns.quiet else None)
     config = prepared.config  # with the count a pilot chose (--num-requests auto)
     if stored is not None:
         say(f"resuming study {config.study_name!r}: {prepared.finished} trials finished, budget "

@@ -28,6 +28,7 @@ from optimizer.measurement.rerank import Answer, pareto_front, rank_curve, recom
 from optimizer.params.deploy import label as deploy_label
 from optimizer.search.attrs import CURVE
 from optimizer.search.score import Confirmation, compared_per_gpu, confirmation, noise_cv, rank_trials, tied_with
+from optimizer.search.confirm import more_rounds_command
 from optimizer.search.study import FINISHED, confirmation_runs, run_name, search_trials
 
 
@@ -52,6 +53,7 @@ class Decision:
     confirmation: Confirmation | None = None  # the configs measured again after the search (at the study's limit)
     # where the baseline is not quite vLLM's defaults: argument -> (value, why), e.g. this machine's fallback
     defaults_as_run: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    more_rounds: str = ""  # the command that adds a confirmation round (search/confirm.py `more_rounds_command`)
 
     @property
     def confirmed(self) -> bool:
@@ -166,7 +168,9 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
                         other_limits_ms=other, noise_cv=noise_cv(trials),
                         arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as),
                         confirmation=confirmed,
-                        defaults_as_run=defaults_as_run(base.trial, config) if base is not None else {})
+                        defaults_as_run=defaults_as_run(base.trial, config) if base is not None else {},
+                        more_rounds=more_rounds_command(config.study_name, config.budget, confirmed.rounds)
+                        if confirmed is not None else "")
     if compared_per_gpu(trials, config.engine_args):
         decision.notes.append("trials use different numbers of GPUs (tensor x pipeline x data parallel): output "
                               "throughput is compared per GPU")
@@ -223,8 +227,8 @@ def caveats(d: Decision) -> list[str]:
 
 
 def _measure_hint(d: Decision) -> str:
-    return (f"measure it with a new study, optimize --study NEW_NAME --ttft-p99 {format_ms(d.limit_ms)} and the "
-            f"model and workload flags of {d.study_name!r}")
+    return (f"measure it with a new study, `optimize --study NEW_NAME --ttft-p99 {format_ms(d.limit_ms)}` with the "
+            f"model and workload flags of study {d.study_name!r}")
 
 
 def rate_text(rate_rps: float | None) -> str:

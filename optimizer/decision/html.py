@@ -32,7 +32,7 @@ from optimizer.hardware.machine import describe
 from optimizer.measurement.rerank import Answer, rank_curve
 from optimizer.params.space import distance_to_default
 from optimizer.search.attrs import (
-    BASELINE_NOTE, CONFIRM, CURVE, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CREATED, STUDY_MACHINE,
+    CONFIRM, CURVE, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CREATED, STUDY_MACHINE,
 )
 from optimizer.search.missed import why_infeasible
 from optimizer.search.study import in_confirmation_study, run_name
@@ -258,10 +258,7 @@ def render_html(d: Decision, png: bytes, info: RunInfo | None = None) -> str:
     e = html.escape
     meta = "" if info is None else "<table class='meta'>" + "".join(
         f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in metadata_rows(d, info)) + "</table>"
-    items = "".join(f"<li>{e(line)}</li>" for line in _decision_lines(d))
-    note = BASELINE_NOTE.of(d.baseline.trial) if d.baseline is not None else None
-    if note:
-        items += f"<li>note: {e(note)}</li>"
+    items = "".join(f"<li>{e(line)}</li>" for line in _decision_lines(d))  # the defaults-as-run line among them
     confirmed = "" if not d.confirmed else (f"<h2>Confirmation</h2><p>{e(confirmation_lines(d)[0])}</p>"
                                             f"{format_output(confirmation_rows(d), 'html')}"
                                             + "".join(f"<p>{e(line)}</p>" for line in served_lines(d)))

@@ -33,10 +33,18 @@ _PLAIN = LogFormatter(labelOnlyBase=False)  # 20, 50, 100 instead of 2x10^1
 SLO_STYLE: dict[str, Any] = {"color": "tab:red", "linestyle": "--", "linewidth": 1.2}
 
 
+LEGEND_COLUMNS = 2
+LEGEND_LABEL_CHARS = 42  # a longer label wraps: two columns of it fit under a panel without overlapping
+
+
 def _legend_below(ax: Axes, handles: list | None = None) -> None:
-    # Below the axes, never over the data; constrained layout makes room for it.
-    kw = {"handles": handles} if handles is not None else {}
-    ax.legend(**kw, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
+    # Below the axes, never over the data; constrained layout makes room for it. Labels wrap so that no column runs
+    # into the next or past the panel (a confirmed star's label with its interval is ~75 characters).
+    if handles is None:
+        handles, _ = ax.get_legend_handles_labels()
+    labels = [textwrap.fill(h.get_label(), LEGEND_LABEL_CHARS) for h in handles]
+    ax.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=LEGEND_COLUMNS,
+              frameon=False)
 
 
 def _empty_note(ax: Axes, text: str) -> None:

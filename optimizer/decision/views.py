@@ -130,7 +130,7 @@ def summary_lines(d: Decision) -> list[str]:
     if ties and not d.confirmed:
         out.append("tied with the recommendation (their brackets, the rate passed to the rate failed, overlap): "
                    + ", ".join(f"#{v.number} ({v.ranked.output_throughput_tok_s:.1f} tok/s)" for v in ties)
-                   + "; optimize verify picks the most robust of them")
+                   + f"; `optimize verify --study {d.study_name}` picks the most robust of them")
     if d.best is not None and d.baseline is not None and d.best is not d.baseline:
         changed = distance_to_default(d.best.engine_config, d.baseline.engine_config)
         if changed:
@@ -227,7 +227,7 @@ def confirmation_lines(d: Decision) -> list[str]:
     if tied:
         out.append("tied with the recommendation (the rounds do not rank them apart): "
                    + ", ".join(f"#{x.number} ({c.interval(x).median:.1f} tok/s)" for x in tied)
-                   + "; optimize verify picks the most robust of them")
+                   + f"; `optimize verify --study {d.study_name}` picks the most robust of them")
     out += served_lines(d)
     if not c.complete:
         out.append(f"note: the confirmation stopped before it decided ({c.runs_done} runs of up to "
@@ -266,8 +266,8 @@ def verdict_line(d: Decision) -> str:
     if c.outcome == Outcome.UNDECIDED:
         choice = ("keep the defaults" if best is base or best is None else
                   f"deploy either: the defaults are the simpler choice, #{best.number} the better bet")
-        return (f"undecided after {n}: {shown or 'no interval'} against {against}: {choice} (a rerun with a larger "
-                f"--confirm N adds rounds)")
+        return (f"undecided after {n}: {shown or 'no interval'} against {against}: {choice} (`{d.more_rounds}` adds "
+                f"a round)")
     return f"not decided yet after {n} ({shown or 'no interval'}): run the same command again to go on"
 
 

@@ -9,6 +9,7 @@ from optimizer.core.clock import Clock
 from optimizer.core.errors import EngineDiedError
 from optimizer.measurement.engine import Engine, ServesInVirtualTime
 from optimizer.measurement.metrics import RequestRecord
+from optimizer.measurement.quiet_heap import frozen_heap
 from optimizer.measurement.workload import Request
 
 
@@ -59,6 +60,12 @@ async def replay(engine: Engine, requests: list[Request] | tuple[Request, ...], 
     """
     if isinstance(engine, ServesInVirtualTime):
         return stopped_in_virtual_time(engine.simulate_replay(requests, arrivals_s), stop)
+    with frozen_heap():  # this process's collections walk only what the replay allocates (quiet_heap.py)
+        return await _replay_live(engine, requests, arrivals_s, clock, stop)
+
+
+async def _replay_live(engine: Engine, requests: list[Request] | tuple[Request, ...], arrivals_s: list[float],
+                       clock: Clock, stop: StopRule | None) -> list[RequestRecord]:
     start = clock.now()
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task[None]] = []
@@ -142,9 +149,10 @@ async def replay_closed_loop(engine: Engine, requests: list[Request] | tuple[Req
             records.append(rec)
             await _serve(engine, req, rec, shifted)
 
-    tasks = [asyncio.create_task(client()) for _ in range(min(concurrency, len(requests)))]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        await _settle(tasks)
+    with frozen_heap():
+        tasks = [asyncio.create_task(client()) for _ in range(min(concurrency, len(requests)))]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            await _settle(tasks)
     return records

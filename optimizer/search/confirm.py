@@ -119,6 +119,15 @@ def plan(budget: int | None, asked: int | None, served: bool = False) -> Plan:
                                 f"come out of the budget of {budget}: {search} search trials, then {runs}", extra)
 
 
+def more_rounds_command(study_name: str, budget: int | None, rounds: int, added: int = 1) -> str:
+    """Pure: the command that gives a confirmed study `added` more rounds on a rerun: the plan's rounds raised and
+    the budget by the runs they take, so that the search keeps its trials (`plan`). With a deadline alone there is
+    no trial budget to raise."""
+    more = f"--confirm {rounds + added}"
+    raised = more if budget is None else f"--budget {budget + added * CONFIGS} {more}"
+    return f"optimize --study {study_name} {raised}"
+
+
 def candidates(study: optuna.Study) -> list[FrozenTrial]:
     """vLLM's defaults (when they ran), the recommendation of the search and its closest rival: the highest-scored
     other trial whose rate interval (its pooled fit) overlaps the recommendation's, or for trials stored before, whose

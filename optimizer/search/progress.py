@@ -220,6 +220,67 @@ class Progress:
             self.tick()
 
 
+class Ticker:
+    """A step that runs before any trial and says nothing while it works (the demo's probe, the pilot, the
+    pre-screen): on a terminal, one live line under its own, 'probe: measuring this machine, 23s elapsed', redrawn
+    every `tick_s` and gone when the step ends (the step's next line says what it found). Anywhere else nothing: no
+    redraws in a log. A context manager; the step's lines go through `write` (above the live line; elsewhere to
+    `say`). `now` and `thread=False` are for tests, which call `tick()` themselves."""
+
+    def __init__(self, what: str, say: Callable[..., None], stream: TextIO | None = None, live: bool | None = None,
+                 now: Callable[[], float] = time.time, tick_s: float = TICK_S, thread: bool = True) -> None:
+        self._what, self._say, self._now, self._tick_s, self._thread_wanted = what, say, now, tick_s, thread
+        self._lock = threading.Lock()
+        self._own_stream = stream is None
+        self._stream = console_stream() if stream is None else stream
+        self._live = self._stream.isatty() if live is None else live
+        self._bar = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started_s = now()
+
+    def text(self) -> str:
+        return f"{self._what}, {clock_text(self._now() - self._started_s)} elapsed"
+
+    def write(self, *parts: object) -> None:
+        """A line of the step's own (print-like, for `say`): above the live line, or as `say` prints it."""
+        with self._lock:
+            if self._bar is None:
+                self._say(*parts)
+            else:
+                self._bar.write(" ".join(str(p) for p in parts), file=self._stream)
+
+    def tick(self) -> None:
+        with self._lock:
+            if self._bar is not None:
+                self._bar.set_description_str(self.text(), refresh=True)
+
+    def __enter__(self) -> Ticker:
+        self._started_s = self._now()
+        if self._live:
+            self._bar = tqdm(file=self._stream, dynamic_ncols=True, leave=False, mininterval=0, bar_format="{desc}")
+            self.tick()
+            if self._thread_wanted:
+                self._thread = threading.Thread(target=self._tick_until_closed, daemon=True)
+                self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+        if self._own_stream and self._stream is not sys.stderr:
+            self._stream.close()
+
+    def _tick_until_closed(self) -> None:
+        while not self._stop.wait(self._tick_s):
+            self.tick()
+
+
 @dataclass
 class Tally:
     """What a run plans and has done, for its progress display: search trials out of the search's budget (None: a

@@ -26,7 +26,7 @@ from optimizer.search.attrs import (
 )
 from optimizer.search.fitting import machine_warning, served_dtype, size_demo
 from optimizer.search.objective import Objective
-from optimizer.search.progress import Progress, Status, Tally, clock_text
+from optimizer.search.progress import Progress, Status, Tally, Ticker, clock_text
 from optimizer.search.progress import describe as describe_trial
 from optimizer.search.records import RecordStore
 from optimizer.search.study import (
@@ -83,10 +83,11 @@ def served_factory_for(config: StudyConfig, path: str) -> EngineFactory:
 def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = print,
             engine_factory: EngineFactory | None = None,
             memory_probe: Callable[[], DeviceMemory | None] | None = None,
-            served_factory: EngineFactory | None = None) -> Prepared:
+            served_factory: EngineFactory | None = None, live: bool | None = None) -> Prepared:
     """Validate everything a user gave before anything is written, then open (or create) the study. The runs as
     served go to `served_factory` (default: `vllm serve` with the study's engine arguments, when the study's
-    `serves_after`; none with an `engine_factory` given and no `served_factory`)."""
+    `serves_after`; none with an `engine_factory` given and no `served_factory`). The steps before the first trial
+    (probe, pilot, pre-screen) tick on a terminal (search/progress.py `Ticker`); `live=False`: never."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     path = model_path(config)
     info = inspect_model(path, config.dummy_weights)
@@ -96,7 +97,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     logs_dir = studies_dir / f"{config.study_name}.logs"
     fitted: dict[str, Any] = {}
     if new_study:  # fitted to this machine once, stored with the study: a resume keeps it
-        config, fitted = fit_to_machine(config, info, engine_factory, logs_dir, say)
+        config, fitted = fit_to_machine(config, info, engine_factory, logs_dir, say, live)
         path = model_path(config)
         info = inspect_model(path, config.dummy_weights)
     info = info.served_as(config.engine_args.get("dtype") or config.space.fixed.get("dtype"))
@@ -130,7 +131,8 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         from optimizer.search.pilot import run_pilot
 
         # before the study exists: every one of its trials replays the count the pilot chooses
-        config, choice = run_pilot(config, storage, objective, records, say)
+        with Ticker("pilot: vLLM's defaults measure the TTFT tail", say, live=live) as ticker:
+            config, choice = run_pilot(config, storage, objective, records, ticker.write)
         objective = replace(objective, config=config, workload=build_workload(config.workload, info.vocab_size))
     study = open_study(config, storage)
     if new_study:
@@ -143,7 +145,8 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     if choice is not None:
         STUDY_REQUESTS_CHOICE.set(study, choice.to_dict())
     if config.prescreen and (config.budget is None or finished_count(study) < config.budget):
-        prescreen(config, study, storage, objective, studies_dir, say)
+        with Ticker(f"pre-screen: {config.prescreen} simulated trials", say, live=live) as ticker:
+            prescreen(config, study, storage, objective, studies_dir, ticker.write)
     say(f"study {config.study_name!r}: TTFT P99 <= {format_ms(config.ttft_p99_ms)}, budget {budget_text(config)}, "
         f"engine logs in {objective.logs_dir}")
     return Prepared(config, study, objective)
@@ -162,7 +165,7 @@ def budget_text(config: StudyConfig) -> str:
 
 
 def fit_to_machine(config: StudyConfig, info: ModelInfo, engine_factory: EngineFactory | None, logs_dir: Path,
-                   say: Callable[..., None]) -> tuple[StudyConfig, dict[str, Any]]:
+                   say: Callable[..., None], live: bool | None = None) -> tuple[StudyConfig, dict[str, Any]]:
     """A new study fitted to this machine (optimizer/search/fitting.py): the dtype it serves, the embedded demo's scale
     (a probe), and what to store with it: the machine's fingerprint, the time it was made and the probe's result."""
     machine = fingerprint(config.device)
@@ -173,7 +176,8 @@ def fit_to_machine(config: StudyConfig, info: ModelInfo, engine_factory: EngineF
     fitted: dict[str, Any] = {**STUDY_MACHINE.item(machine), **STUDY_CREATED.item(created)}
     if config.demo_probe:
         factory = engine_factory or factory_for(config, model_path(config))
-        config, scale = size_demo(config, info, factory, logs_dir, say)
+        with Ticker("probe: measuring this machine", say, live=live) as ticker:
+            config, scale = size_demo(config, info, factory, logs_dir, ticker.write)
         if scale is not None:
             fitted.update(STUDY_DEMO_SCALE.item(scale))
     return config, fitted

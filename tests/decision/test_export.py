@@ -130,8 +130,7 @@ def test_vllm_serve_reads_the_api_key_variable_the_compose_passes():
             os.environ["VLLM_API_KEY"] = old
 
 
-FALLBACK_NOTE = ("vLLM's default gpu_memory_utilization (0.9) does not fit on this CPU machine (asks for 9.2 GiB, "
-                 "7.0 GiB free); the baseline keeps vLLM's scheduler defaults with gpu_memory_utilization=0.3")
+FALLBACK_NOTE = synthetic.FALLBACK_NOTE
 
 
 def _baseline_that_needed_the_fallback(study):

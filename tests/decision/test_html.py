@@ -19,13 +19,14 @@ from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.decision.decide import decide
 from optimizer.decision.html import NOT_RECORDED, length_mix_text, metadata_rows, render_html, run_info, trial_rows
 from optimizer.decision.importance import TRUSTED_TRIALS_FOR_IMPORTANCE, importance_caveat
-from optimizer.decision.plots import titled_and_untitled, write_report
+from optimizer.decision.plots import figure, titled_and_untitled, write_report
 from optimizer.decision.report import summary_text
 from optimizer.decision.views import confirmation_rows, title
 from optimizer.hardware.machine import fingerprint
 from optimizer.search.attrs import STUDY_CREATED
 from optimizer.search.study import confirmation_runs, is_confirmation
 from tests.support.fakes import config_only_model_in, make_config, run_study
+from tests.support import synthetic
 
 
 def test_an_old_study_opens_with_what_it_stored_and_says_what_it_did_not(syn):
@@ -170,3 +171,33 @@ def test_the_figure_is_drawn_once_titled_for_the_file_and_cut_below_the_title_fo
     band = whole.convert("L").crop((0, 0, whole.width, whole.height - cut.height))
     assert band.getextrema()[0] < 100  # the title's dark pixels are in the band cut off
     assert whole.crop((0, whole.height - cut.height, whole.width, whole.height)).tobytes() == cut.tobytes()
+
+
+def test_the_defaults_as_run_caveat_is_on_the_page_once(tmp_path):
+    study, config = synthetic.build(tmp_path, baseline_note=synthetic.FALLBACK_NOTE)
+    d = decide(study, config)
+    page = html.unescape(re.sub(r"<[^>]+>", " ", render_html(d, b"png", run_info(study, config))))
+    assert page.count("does not fit on this CPU machine") == 1
+    assert "vLLM's defaults (vllm serve) as this study ran them, not tuned: gpu_memory_utilization=0.3" in page
+
+
+def _boxes_overlap(a, b) -> bool:
+    return a.x0 < b.x1 - 1 and b.x0 < a.x1 - 1 and a.y0 < b.y1 - 1 and b.y0 < a.y1 - 1
+
+
+def test_no_legend_entry_runs_into_another_or_off_the_figure(confirmed):
+    # a confirmed star's label carries its interval (~75 characters): three columns of such labels overlapped
+    study, config, _ = confirmed
+    fig = figure(decide(study, config))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) == 3  # the Pareto front, the history, latency vs load
+    for legend in legends:
+        boxes = [t.get_window_extent(renderer) for t in legend.get_texts()]
+        assert all(page.x0 <= b.x0 and b.x1 <= page.x1 for b in boxes), "a legend label runs off the figure"
+        assert not any(_boxes_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), \
+            [t.get_text() for t in legend.get_texts()]
+    star = next(t.get_text() for t in legends[0].get_texts() if t.get_text().startswith("recommended"))
+    assert "95% interval" in star.replace("\n", " ")

@@ -12,7 +12,7 @@ from optimizer.core.processes import output_to
 from optimizer.search.attrs import CONFIRM, CONFIRM_APART, RESULT, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.objective import CONSTRAINT
 from optimizer.search.missed import why_infeasible
-from optimizer.search.progress import Progress, Status, describe, work_s
+from optimizer.search.progress import Progress, Status, Ticker, describe, work_s
 from optimizer.search.progress import Tally
 from optimizer.search.study import confirmation_study
 from tests.support import synthetic
@@ -181,3 +181,24 @@ def test_a_served_run_that_missed_everywhere_says_how_close_it_came():
     line = describe_run(run)
     assert line.startswith("as served (`vllm serve` over HTTP), trial #0 again (run ") and "seed 4): over" in line
     assert "over the limit at every rate tried (TTFT P99 320ms at 26.62 req/s, the closest) (667 requests)" in line
+
+
+def test_a_step_before_the_first_trial_ticks_on_a_terminal_and_leaves_no_line():
+    clock, out, said = Clock(), io.StringIO(), []
+    with Ticker("probe: measuring this machine", said.append, stream=out, live=True, now=clock, thread=False) as t:
+        assert drawn(out) == "probe: measuring this machine, 0s elapsed"
+        clock.t += 23
+        t.tick()
+        assert drawn(out) == "probe: measuring this machine, 23s elapsed"
+        t.write("probe: lone 256-token prefill 106ms")  # the step's own line, above the live one
+    assert "probe: lone 256-token prefill 106ms\n" in out.getvalue() and not said
+    assert drawn(out) == ""  # the live line is gone: the next line starts clean
+
+
+def test_a_step_before_the_first_trial_writes_no_redraws_to_a_log():
+    clock, out, said = Clock(), io.StringIO(), []
+    with Ticker("probe: measuring this machine", said.append, stream=out, live=False, now=clock, thread=False) as t:
+        clock.t += 23
+        t.tick()
+        t.write("probe: lone 256-token prefill 106ms")
+    assert out.getvalue() == "" and said == ["probe: lone 256-token prefill 106ms"]
