@@ -98,6 +98,7 @@ class RateSearchResult:
     fit: RateAtLimit | None = None  # the rate at the limit, pooled over every probe (None: none passed)
     first_guess_rps: float | None = None  # where the search started, when a short burst's pace guessed it
     floor_rps: float | None = None  # the incumbent's floor: below it the search stopped (None: no floor)
+    flat: bool = False  # the descent stopped: TTFT P99 did not fall as the rate fell (`latency_is_flat`)
 
     @property
     def feasible(self) -> bool:
@@ -126,6 +127,32 @@ BRACKET_STEP = 1.25  # from the first guess, up (it passed) or down (it failed) 
 BRACKET_PRECISION = 0.03  # bisect until passed and failed are within 3%, or the fit's interval is within +-3%
 
 ProbeAt = Callable[[float], Awaitable[CurvePoint]]
+# A descent in which nothing passed stops once a rate FLAT_DESCENT below the highest one tried still has at least
+# FLAT_SHARE of its TTFT P99, while at both only a tail was over the limit (at most TAIL_SHARE of their requests): a
+# tail that does not fall with the load is not queueing (a lone prefill past the limit, a server's own stalls), and
+# lower rates only take longer to say so (a probe near 1% over runs to its cap). A queue is told apart by its share:
+# past capacity most requests after the crossing are over, and a probe settles after a few dozen of them.
+FLAT_DESCENT = BRACKET_STEP ** 2
+FLAT_SHARE = 0.8
+TAIL_SHARE = 0.1
+
+
+def latency_is_flat(points: list[CurvePoint]) -> bool:
+    """Pure: no probe passed; the latest, at least FLAT_DESCENT below the highest rate tried, kept at least
+    FLAT_SHARE of that rate's TTFT P99; and at both, at most TAIL_SHARE of the requests were over the limit."""
+    if not points or any(p.feasible for p in points):
+        return False
+
+    def tail_only(p: CurvePoint) -> bool:
+        return (math.isfinite(p.offered_rate_rps) and math.isfinite(p.ttft_p99_ms) and bool(p.requests)
+                and p.over_limit is not None and p.over_limit <= TAIL_SHARE * p.requests)
+
+    measured = [p for p in points if math.isfinite(p.offered_rate_rps)]
+    top, last = max(measured, key=lambda p: p.offered_rate_rps, default=None), points[-1]
+    if top is None or not (tail_only(top) and tail_only(last)):
+        return False
+    return (top.offered_rate_rps >= FLAT_DESCENT * last.offered_rate_rps * (1 - 1e-3)  # rates stored rounded
+            and last.ttft_p99_ms >= FLAT_SHARE * top.ttft_p99_ms)
 
 
 def probe_counts(points: list[CurvePoint]) -> list[ProbeCount]:
@@ -141,7 +168,8 @@ async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
     """The rate at the limit, from `start_rps`, in at most `spec.max_replays` probes; `probe_at(rate)` runs one.
 
     With `floor_rps` (0.9 x the incumbent's lower bound: search/incumbent.py), the descent probes the floor once and
-    stops below it: a config that meets the limit only there cannot win, and the trial ends `stopped_early`.
+    stops below it: a config that meets the limit only there cannot win, and the trial ends `stopped_early`. A
+    descent whose TTFT P99 does not fall with the rate stops too (`latency_is_flat`), marked `flat`.
     `failed_rps`, when known (a confirmation run starts where its search trial was), is where the first step up
     goes. The result's best point is the highest rate that passed; its fit pools every probe."""
     result = RateSearchResult(floor_rps=floor_rps)
@@ -155,9 +183,12 @@ async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
             lo = rate if lo is None else max(lo, rate)
         else:
             hi = rate if hi is None else min(hi, rate)
-        if lo is None:  # nothing passed yet: down, to the floor at the lowest
+        if lo is None:  # nothing passed yet: down, to the floor at the lowest, while the tail falls with the load
             if floor_rps is not None and rate <= floor_rps * (1 + 1e-9):
                 result.stopped_early = True
+                break
+            if latency_is_flat(result.points):
+                result.flat = True
                 break
             rate = rate / BRACKET_STEP if floor_rps is None else max(rate / BRACKET_STEP, floor_rps)
             continue

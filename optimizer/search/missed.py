@@ -26,4 +26,7 @@ def why_infeasible(result: dict) -> str:
                 f"the best, stopped early{evidence}")
     if result.get("stopped_early"):
         return f"over the limit below the best's rate ({closest}): it cannot beat the best, stopped early{evidence}"
+    if result.get("flat"):
+        return (f"over the limit at every rate tried, and TTFT P99 did not fall as the rate fell ({closest}, the "
+                f"closest): not a queue that a lower rate drains, stopped{evidence}")
     return f"over the limit at every rate tried ({closest}, the closest){evidence}"

@@ -176,7 +176,7 @@ class Objective:
                    "rate_at_limit": search.fit.to_dict() if search.fit is not None else None,
                    "first_guess_rps": search.first_guess_rps, "floor_rps": search.floor_rps,
                    "requests": sum(p.requests or 0 for p in search.points),
-                   "feasible": search.feasible, "stopped_early": search.stopped_early,
+                   "feasible": search.feasible, "stopped_early": search.stopped_early, "flat": search.flat,
                    "rate_rps": point.offered_rate_rps if math.isfinite(point.offered_rate_rps) else None,
                    "failed_rate_rps": search.failed_rate_rps,
                    "output_throughput_tok_s": point.output_throughput_tok_s,

@@ -87,4 +87,5 @@ def with_repeats(search: RateSearchResult, limit_ms: float) -> RateSearchResult:
     best = None
     if chosen.answerable:
         best = next(p for p, d in zip(points, dicts) if d is chosen.point)
-    return RateSearchResult(points=points, best=best, stopped_early=search.stopped_early, repeats=search.repeats)
+    return RateSearchResult(points=points, best=best, stopped_early=search.stopped_early, repeats=search.repeats,
+                            flat=search.flat)

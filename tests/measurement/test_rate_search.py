@@ -10,7 +10,7 @@ import pytest
 from optimizer.config.settings import RateSearchSpec
 from optimizer.measurement.evidence import FAIL, PASS, UNSETTLED
 from optimizer.measurement.metrics import Distribution, ReplayMetrics
-from optimizer.measurement.rate_search import BRACKET_STEP, INCUMBENT_FLOOR, CurvePoint, search_rate
+from optimizer.measurement.rate_search import BRACKET_STEP, INCUMBENT_FLOOR, CurvePoint, latency_is_flat, search_rate
 
 
 def share_over(rate, knee):
@@ -113,3 +113,35 @@ def test_each_probe_keeps_its_counts_for_the_fit():
     res = run(knee_engine(13.0, []), 10.0, max_replays=10)
     assert all(p.requests and p.over_limit is not None and p.verdict for p in res.points)
     assert res.fit.requests == sum(p.requests for p in res.points if p.offered_rate_rps <= res.fit.high_rps * 2)
+
+
+def tail_point(rate, requests, over, p99_ms):
+    """A failed probe whose TTFT P99 is `p99_ms`, with `over` of its `requests` over the limit."""
+    p = point(rate, requests, over, FAIL)
+    return CurvePoint(**{**p.__dict__, "ttft_p99_ms": p99_ms})
+
+
+def test_a_tail_that_does_not_fall_with_the_rate_is_flat_by_hand():
+    # the served defaults of the 2026-12-02 demo: 320, 462, 329 ms at 26.6, 21.3, 17.0 req/s, a few % over each
+    served = [tail_point(26.62, 120, 5, 320.0), tail_point(21.30, 90, 5, 462.0), tail_point(17.04, 80, 4, 329.0)]
+    assert not latency_is_flat(served[:2])  # one step down: too soon to tell
+    assert latency_is_flat(served)  # 26.62 / 17.04 = 1.56 = 1.25^2, and 329 >= 0.8 x 320
+    assert not latency_is_flat(served[:2] + [tail_point(17.04, 80, 4, 250.0)])  # fell by 22%: a queue draining
+    # a queue past capacity: most requests after the crossing are over, whatever its P99 stopped at
+    overload = [tail_point(40.0, 25, 15, 300.0), tail_point(32.0, 30, 14, 290.0), tail_point(25.6, 40, 12, 280.0)]
+    assert not latency_is_flat(overload)
+    assert not latency_is_flat(served + [point(13.6, 500, 2, PASS)])  # something passed
+
+
+def test_a_descent_whose_tail_stays_stops_after_two_steps_and_says_why():
+    calls = []
+
+    async def stalls(rate):  # a server's own stalls: 2% over the limit at any rate, P99 ~300 ms
+        calls.append(rate)
+        return tail_point(rate, 200, 4, 300.0 + rate)
+
+    res = asyncio.run(search_rate(stalls, RateSearchSpec(max_replays=8), 25.0))
+    assert res.flat and res.best is None and calls == [25.0, 20.0, pytest.approx(16.0)]  # not 8 probes
+    steep = []  # the same descent through a queue that drains: it goes on until something passes
+    res = run(knee_engine(13.0, steep), 25.0, max_replays=8)
+    assert not res.flat and res.best is not None
