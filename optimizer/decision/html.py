@@ -24,7 +24,6 @@ from optimizer.decision.importance import importance_caveat, importance_trials
 from optimizer.decision.probes import Panel, chart_html, legend_html, outcome, rate_text
 from optimizer.decision.tables import format_output
 from optimizer.decision.trial import TrialView
-from optimizer.decision.served import served_lines
 from optimizer.decision.views import (
     confirmation_lines, confirmation_rows, front_rows, limited_line, role_text, summary_lines, title,
 )
@@ -259,9 +258,9 @@ def render_html(d: Decision, png: bytes, info: RunInfo | None = None) -> str:
     meta = "" if info is None else "<table class='meta'>" + "".join(
         f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in metadata_rows(d, info)) + "</table>"
     items = "".join(f"<li>{e(line)}</li>" for line in _decision_lines(d))  # the defaults-as-run line among them
+    # the served lines are among the decision's (confirmation_lines): the table's served column, not said again
     confirmed = "" if not d.confirmed else (f"<h2>Confirmation</h2><p>{e(confirmation_lines(d)[0])}</p>"
-                                            f"{format_output(confirmation_rows(d), 'html')}"
-                                            + "".join(f"<p>{e(line)}</p>" for line in served_lines(d)))
+                                            f"{format_output(confirmation_rows(d), 'html')}")
     spaced = [{k.replace("_", " "): value for k, value in row.items()} for row in front_rows(d, with_params=False)]
     front = format_output(spaced, "html") if d.front else "<p>(no trial)</p>"
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(d.study_name)}: optimize report</title>"

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from optimizer.config.settings import RateSearchSpec
-from optimizer.measurement.evidence import Evidence
+from optimizer.measurement.evidence import FAIL, Evidence
 from optimizer.measurement.metrics import ReplayMetrics
 from optimizer.measurement.rate_fit import ProbeCount, RateAtLimit, fit_rate_at_limit
 
@@ -156,10 +156,22 @@ def latency_is_flat(points: list[CurvePoint]) -> bool:
 
 
 def probe_counts(points: list[CurvePoint]) -> list[ProbeCount]:
-    """The probes of a curve as the fit reads them (points without counts, from fixed-length replays, are left out)."""
-    return [ProbeCount(p.offered_rate_rps, p.requests, p.over_limit, p.effective_fraction or 1.0,
-                       None if p.over_indices is None else tuple(p.over_indices))
-            for p in points if p.requests and p.over_limit is not None and math.isfinite(p.offered_rate_rps)]
+    """The probes of a curve as the fit reads them (points without counts, from fixed-length replays, are left out).
+
+    A probe that fell behind counts every request it resolved as over: its queue grew over the arrivals, so at that
+    rate the share over heads to 1 however few were over when its verdict stopped it. Its count alone (one over of
+    202, say) would tell the fit the rate is safe, leave the interval open above, and put the rate at the limit above
+    a rate the search saw fail."""
+    def counted(p: CurvePoint) -> ProbeCount:
+        assert p.requests is not None and p.over_limit is not None
+        if p.verdict == FAIL and not p.sustained:
+            return ProbeCount(p.offered_rate_rps, p.requests, p.requests, p.effective_fraction or 1.0,
+                              None if p.over_indices is None else tuple(range(p.requests)))
+        return ProbeCount(p.offered_rate_rps, p.requests, p.over_limit, p.effective_fraction or 1.0,
+                          None if p.over_indices is None else tuple(p.over_indices))
+
+    return [counted(p) for p in points
+            if p.requests and p.over_limit is not None and math.isfinite(p.offered_rate_rps)]
 
 
 async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,

@@ -10,7 +10,10 @@ import pytest
 from optimizer.config.settings import RateSearchSpec
 from optimizer.measurement.evidence import FAIL, PASS, UNSETTLED
 from optimizer.measurement.metrics import Distribution, ReplayMetrics
-from optimizer.measurement.rate_search import BRACKET_STEP, INCUMBENT_FLOOR, CurvePoint, latency_is_flat, search_rate
+from optimizer.measurement.rate_fit import fit_rate_at_limit
+from optimizer.measurement.rate_search import (
+    BRACKET_STEP, INCUMBENT_FLOOR, CurvePoint, latency_is_flat, probe_counts, search_rate,
+)
 
 
 def share_over(rate, knee):
@@ -145,3 +148,18 @@ def test_a_descent_whose_tail_stays_stops_after_two_steps_and_says_why():
     steep = []  # the same descent through a queue that drains: it goes on until something passes
     res = run(knee_engine(13.0, steep), 25.0, max_replays=8)
     assert not res.flat and res.best is not None
+
+
+def test_a_probe_that_fell_behind_bounds_the_fit_above_whatever_its_count():
+    # run c5 of the 2026-12-03 demo: 0 of 500 over at 40.50, 42.82 and 44.03 req/s; at 45.28 the queue grew over
+    # the arrivals (fell behind) with 1 of 202 over when the verdict stopped it. Counted as 1 of 202 the fit put
+    # the rate at the limit at 45.28, open above, above the rate the search saw fail.
+    passed = [point(r, 500, 0, UNSETTLED) for r in (40.50, 42.82, 44.03)]
+    behind = point(45.28, 202, 1, FAIL)
+    behind = CurvePoint(**{**behind.__dict__, "sustained": False})
+    counts = probe_counts(passed + [behind])
+    assert counts[-1].over_limit == counts[-1].requests == 202
+    fit = fit_rate_at_limit(counts, resamples=0)
+    assert fit is not None and math.isfinite(fit.high_rps) and 44.03 <= fit.rate_rps <= 45.28
+    over_only = point(45.28, 202, 1, FAIL)  # the same count over the limit, keeping pace: its count as it is
+    assert probe_counts(passed + [over_only])[-1].over_limit == 1

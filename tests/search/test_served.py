@@ -87,6 +87,12 @@ def test_every_view_names_the_rate_in_process_and_as_served(served_study):
     lines = [ln for ln in text.splitlines() if ln.startswith("as served (vllm serve over HTTP")]
     assert len(lines) == len(c.served_configs)
     assert all("differ by more than their intervals" in ln and "req/s in process" in ln for ln in lines)
+    import html
+
+    from optimizer.decision.html import render_html
+
+    page = html.unescape(render_html(d, b"png"))
+    assert all(page.count(ln) == 1 for ln in lines)  # once, under the decision; the table has the column
     from optimizer.cli.main import main
 
     best = d.confirmed_of(d.best)
