@@ -53,8 +53,9 @@ def draws(config, vocab_size: int, n: int, runs: int) -> list:
 
 
 async def in_process(base: dict[str, Any], deploy_as: str, params: dict[str, Any], rate: float, workloads: list,
-                     log: Path) -> dict[float, list[tuple[float, bool]]]:
-    """(TTFT P99 ms, fell behind) per run, per factor, on one engine, the prefix cache reset before every run."""
+                     log: Path, probe_cap: int) -> dict[float, list[tuple[float, bool]]]:
+    """(TTFT P99 ms, fell behind) per run, per factor, on one engine, the prefix cache reset before every run; each
+    run's first `probe_cap` requests (the study's probe cap) are summarized too, printed only."""
     engine = VllmEngine(base, deploy_as=deploy_as)
     await engine.start(params, log)
     out: dict[float, list[tuple[float, bool]]] = {}
@@ -64,10 +65,14 @@ async def in_process(base: dict[str, Any], deploy_as: str, params: dict[str, Any
         for w in workloads:
             for f in FACTORS:
                 await engine.reset_prefix_cache()
-                m = summarize(await replay(engine, w.requests, w.arrivals_s(rate * f), clock), rate * f)
+                records = await replay(engine, w.requests, w.arrivals_s(rate * f), clock)
+                m = summarize(records, rate * f)
                 out.setdefault(f, []).append((m.ttft.p99_ms, m.falls_behind))
+                # the same run cut at the study's probe cap: how much of a miss is the longer replay's queue
+                first = sorted(records, key=lambda r: r.sent_s)[:probe_cap]
                 print(f"  in process {rate * f:.2f} req/s: TTFT P99 {m.ttft.p99_ms:.0f} ms"
-                      f"{', fell behind' if m.falls_behind else ''}", flush=True)
+                      f"{', fell behind' if m.falls_behind else ''}; its first {len(first)} requests: "
+                      f"{summarize(first, rate * f).ttft.p99_ms:.0f} ms", flush=True)
     finally:
         await engine.shutdown()
     return out
@@ -142,7 +147,7 @@ def main() -> None:
               f"{', '.join(f'{v:.2f}' for v in rates)}) and 1.15x, {args.runs} runs of {args.num_requests}", flush=True)
         rows.append((name, "in process", inproc_rate,
                      asyncio.run(in_process(base, config.deploy_as, params, inproc_rate, workloads,
-                                            work / f"inproc-{x.number}.log"))))
+                                            work / f"inproc-{x.number}.log", config.workload.num_requests))))
         if x.served_rate is None:
             print(f"{name}: as served not measured (its run through vllm serve found no rate at the limit)")
         else:
