@@ -125,7 +125,7 @@ def tail_point(rate, requests, over, p99_ms):
 
 
 def test_a_tail_that_does_not_fall_with_the_rate_is_flat_by_hand():
-    # the served defaults of the 2026-12-02 demo: 320, 462, 329 ms at 26.6, 21.3, 17.0 req/s, a few % over each
+    # the rates and TTFT P99s of the 2026-12-02 demo's served defaults (320, 462, 329 ms), with a few % over each
     served = [tail_point(26.62, 120, 5, 320.0), tail_point(21.30, 90, 5, 462.0), tail_point(17.04, 80, 4, 329.0)]
     assert not latency_is_flat(served[:2])  # one step down: too soon to tell
     assert latency_is_flat(served)  # 26.62 / 17.04 = 1.56 = 1.25^2, and 329 >= 0.8 x 320
