@@ -21,15 +21,12 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import optuna  # noqa: E402
-
 import optimizer.measurement.replay as replay_module  # noqa: E402
-from optimizer.cli.common import existing_config  # noqa: E402
 from optimizer.config.model import inspect_model  # noqa: E402
 from optimizer.core.clock import MonotonicClock  # noqa: E402
-from optimizer.decision.decide import decide  # noqa: E402
 from optimizer.engines.http_engine import HttpEngine  # noqa: E402
 from optimizer.engines.vllm_engine import VllmEngine  # noqa: E402
 from optimizer.measurement.metrics import summarize  # noqa: E402
@@ -37,7 +34,7 @@ from optimizer.measurement.quiet_heap import GcPauses, frozen_heap  # noqa: E402
 from optimizer.measurement.workload import build_workload  # noqa: E402
 from optimizer.search.attrs import ENGINE_PARAMS  # noqa: E402
 from optimizer.search.runner import engine_base_args, model_path  # noqa: E402
-from optimizer.search.study import default_storage_url, storage_for  # noqa: E402
+from held import decided  # noqa: E402 (benchmarks/held.py)
 
 ARMS = {"frozen": frozen_heap, "as before": contextlib.nullcontext}
 
@@ -93,12 +90,7 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=500)
     p.add_argument("--rate", type=float, default=None)
     args = p.parse_args()
-    url = default_storage_url(args.study, Path(args.studies_dir))
-    config = existing_config(url, args.study)
-    if config is None:
-        raise SystemExit(f"no study {args.study!r} in {args.studies_dir}")
-    study = optuna.load_study(study_name=args.study, storage=storage_for(url))
-    d = decide(study, config)
+    config, d = decided(Path(args.studies_dir), args.study)
     if d.baseline is None:
         raise SystemExit("the study has no baseline (vLLM's defaults) to replay")
     params = ENGINE_PARAMS.of(d.baseline.trial)

@@ -111,6 +111,15 @@ def verdict(runs: dict[float, list[tuple[float, bool]]], limit_ms: float) -> str
     return f"{'holds' if at else 'MISSES'} at the rate, {'breaks' if above else 'DOES NOT BREAK'} at 1.15x"
 
 
+def decided(studies_dir: Path, name: str):
+    """A finished study's stored config and its decision (decision/decide.py), or an exit that says what is missing."""
+    url = default_storage_url(name, studies_dir)
+    config = existing_config(url, name)
+    if config is None:
+        raise SystemExit(f"no study {name!r} in {studies_dir}")
+    return config, decide(optuna.load_study(study_name=name, storage=storage_for(url)), config)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--studies-dir", default="studies")
@@ -122,12 +131,7 @@ def main() -> None:
                    help="the in-process rate held: the confirmation's median over its rounds (the one reported), or "
                         "its lowest round's (what the machine's slow minutes held)")
     args = p.parse_args()
-    url = default_storage_url(args.study, Path(args.studies_dir))
-    config = existing_config(url, args.study)
-    if config is None:
-        raise SystemExit(f"no study {args.study!r} in {args.studies_dir}")
-    study = optuna.load_study(study_name=args.study, storage=storage_for(url))
-    d = decide(study, config)
+    config, d = decided(Path(args.studies_dir), args.study)
     c = d.confirmation
     if c is None or not c.served_configs:
         raise SystemExit("the study has no confirmation with runs as served: run optimize with --served (default)")
