@@ -21,22 +21,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_depth = 0  # nested replays (none today) unfreeze once, at the outermost end
-
-
 @contextmanager
 def frozen_heap() -> Iterator[None]:
     """While inside: the objects that existed at entry are out of the garbage collector's generations."""
-    global _depth
-    if _depth == 0:
-        gc.freeze()
-    _depth += 1
+    gc.freeze()
     try:
         yield
     finally:
-        _depth -= 1
-        if _depth == 0:
-            gc.unfreeze()
+        gc.unfreeze()
 
 
 class GcPauses:
