@@ -5,19 +5,25 @@ engine, alternating, and the re-measured gain is compared with the interval the 
     .venv/bin/python benchmarks/confirm_claim.py --studies 8              # the simulator with injected noise
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/confirm_claim.py --real 1 --budget 16
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/confirm_claim.py --real-study default
+    flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/confirm_claim.py \
+        --real-study /tmp/demo/studies/default --real 3 --budget 16 --confirm 3 --num-requests 500 --no-served
 
 The reported gain is the confirmation's: the median of its per-round gains of the recommendation over vLLM's
-defaults, with the 95% t interval (optimizer/measurement/intervals.py). When the confirmation recommends the
-defaults themselves, their gain is 0 by construction: the check then uses the best other confirmed config's
-interval, so that no row passes for free. The re-measurement runs `--remeasure` rounds of both configs, each
-round on a workload of its own seed (the study's + 1000 + round; the confirmation's rounds replay + 1 + round), with
-the confirmation's own run (bisection to within 3%), and takes the median of its per-round gains. A row is
-"inside" when that falls inside the reported interval.
+defaults, with its 95% interval, in which every config of the rounds pools its spread (a block design:
+optimizer/measurement/intervals.py::block_gain_interval). Beside it, the interval of the same runs from the pair's
+per-round ratios alone (`gain_interval`, what the confirmation reported before), and whether that one holds it.
+When the confirmation recommends the defaults themselves, their gain is 0 by construction: the check then uses the
+best other confirmed config's interval, so that no row passes for free. The re-measurement runs `--remeasure`
+rounds of both configs, each round on a workload of its own seed (the study's + 1000 + round; the confirmation's
+rounds replay + 1 + round), with the confirmation's own run (bisection to within 3%), and takes the median of its
+per-round gains. A row is "inside" when that falls inside the interval.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
 import tempfile
 import time
@@ -48,13 +54,18 @@ class Row:
     engine: str
     study: str
     compared: str  # "#N vs defaults"
-    reported: Interval
+    reported: Interval  # the study's: every config of the rounds pooled (block_gain_interval)
+    paired: Interval  # the same runs, the pair's per-round ratios alone (gain_interval: what it reported before)
     remeasured: float
     minutes: float
 
     @property
     def inside(self) -> bool:
-        return self.reported.known and self.reported.low <= self.remeasured <= self.reported.high
+        return self.reported.contains(self.remeasured)
+
+    @property
+    def inside_paired(self) -> bool:
+        return self.paired.contains(self.remeasured)
 
 
 def checked_config(c: Confirmation) -> Any:
@@ -96,9 +107,11 @@ def check(study: optuna.Study, prepared: Any, engine: str, rounds: int, minutes:
         return None
     reported = c.gain(chosen)
     assert reported is not None
+    paired = gain_interval([(a, b) for r in c.full_rounds if (a := c.base.value_tok_s(r)) is not None
+                            and (b := chosen.value_tok_s(r)) is not None], confidence=c.confidence)
     regain = remeasure(prepared.objective, prepared.config, [c.base.trial, chosen.trial], rounds)
     label = f"#{chosen.number} vs defaults" + (" (defaults won)" if c.best is c.base else "")
-    return Row(engine, study.study_name, label, reported, regain, minutes)
+    return Row(engine, study.study_name, label, reported, paired, regain, minutes)
 
 
 def sim_rows(args: argparse.Namespace) -> list[Row]:
@@ -146,19 +159,23 @@ def real_rows(args: argparse.Namespace) -> list[Row]:
 
         code = optimize(["--ttft-p99", f"{args.ttft_p99_ms:g}ms", "--budget", str(args.budget), "--study", name,
                          "--studies-dir", str(d), "--seed", str(args.first_seed + k), "--model", args.model,
-                         "--quiet", *(["--confirm", str(args.confirm)] if args.confirm is not None else [])])
+                         "--quiet", *(["--confirm", str(args.confirm)] if args.confirm is not None else []),
+                         *(["--num-requests", str(args.num_requests)] if args.num_requests else []),
+                         *(["--no-served"] if args.no_served else [])])
         if code != 0:
             print(f"  {name}: optimize exited {code}: skipped", flush=True)
             continue
         names.append(name)
         print(f"  {name}: study with confirmation {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
     for name in names:
-        url = f"sqlite:///{(d / f'{name}.db').resolve()}"
-        config = existing_config(url, name)
+        where = d / name if "/" not in name else Path(name)  # DIR/NAME: a study in another studies dir
+        url = f"sqlite:///{where.with_name(where.name + '.db').resolve()}"
+        config = existing_config(url, where.name)
         t0 = time.perf_counter()
-        prepared = prepare(config, d, say=lambda *a: None)
+        prepared = prepare(config, where.parent, say=lambda *a: None)
         row = check(prepared.study, prepared, "real CPU engine", args.remeasure, 0.0)
         if row is not None:
+            row.study = name if "/" not in name else f"{where.parent.parent.name}/{where.name}"
             row.minutes = (time.perf_counter() - t0) / 60
             rows.append(row)
             print(f"  {fmt(row)}", flush=True)
@@ -166,22 +183,34 @@ def real_rows(args: argparse.Namespace) -> list[Row]:
 
 
 def fmt(row: Row) -> str:
-    r = row.reported
-    iv = f"[{r.low * 100:+.1f}%, {r.high * 100:+.1f}%]" if r.known else "(no interval)"
-    return (f"{row.engine:<18} {row.study:<12} {row.compared:<28} {r.median * 100:>+7.1f}% {iv:<20} "
-            f"{row.remeasured * 100:>+7.1f}%  {'yes' if row.inside else 'NO':<6} {row.minutes:>6.1f}")
+    def bounds(i: Interval) -> str:
+        return f"[{i.low * 100:+.1f}%, {i.high * 100:+.1f}%]" if i.known else "(no interval)"
+
+    return (f"{row.engine:<18} {row.study:<12} {row.compared:<28} {row.reported.median * 100:>+7.1f}% "
+            f"{bounds(row.reported):<20} {row.remeasured * 100:>+7.1f}%  {'yes' if row.inside else 'NO':<6} "
+            f"{bounds(row.paired):<20} {'yes' if row.inside_paired else 'NO':<6} {row.minutes:>6.1f}")
+
+
+def half_width_pct(i: Interval) -> float:
+    return (i.high - i.low) * 50 if i.known else math.inf
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--studies", type=int, default=0, help="simulated studies (with injected noise)")
     p.add_argument("--real", type=int, default=0, help="studies on the real CPU engine")
-    p.add_argument("--real-study", action="append", help="an existing real study (in --studies-dir) to check")
+    p.add_argument("--real-study", action="append",
+                   help="an existing real study to check: NAME (in --studies-dir) or DIR/NAME (in DIR)")
     p.add_argument("--studies-dir", default="studies")
     p.add_argument("--model", default="tiny-llama-4m", help="the embedded shape of --real studies")
     p.add_argument("--budget", type=int, default=40)
     p.add_argument("--confirm", type=int, default=None, help="the studies' --confirm (default: optimize's)")
     p.add_argument("--remeasure", type=int, default=3, help="rounds of the re-measurement")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="the --real studies' probe cap (default: the embedded demo's; the demo's probe chose 500 on "
+                        "the 2-core EPYC)")
+    p.add_argument("--no-served", action="store_true",
+                   help="the --real studies skip the runs through `vllm serve` (the checked gain is the rounds')")
     p.add_argument("--ttft-p99-ms", type=float, default=150.0)
     p.add_argument("--first-seed", type=int, default=1)
     p.add_argument("--noise-run-cv", type=float, default=None,
@@ -195,7 +224,7 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = sim_rows(args) + real_rows(args)
     head = (f"{'engine':<18} {'study':<12} {'compared':<28} {'reported gain, 95% interval':<29}  "
-            f"{'again':>7}  {'inside':<6} {'min':>6}")
+            f"{'again':>7}  {'inside':<6} {'the pair alone (before)':<20} {'inside':<6} {'min':>6}")
     print()
     print(f"TTFT P99 <= {args.ttft_p99_ms:g} ms; the study's confirmed gain against the gain measured again on other "
           f"workload seeds ({args.remeasure} alternating rounds on fresh engines, a draw each); 'min': engine minutes "
@@ -204,8 +233,13 @@ def main() -> None:
     print("-" * len(head))
     for row in rows:
         print(fmt(row))
-    inside = sum(r.inside for r in rows)
-    print(f"inside the reported interval: {inside} of {len(rows)} ({time.perf_counter() - t0:.0f} s)")
+    for name, inside, widths in (("reported (every config of the rounds pooled)", [r.inside for r in rows],
+                                  [half_width_pct(r.reported) for r in rows]),
+                                 ("the pair alone (before)", [r.inside_paired for r in rows],
+                                  [half_width_pct(r.paired) for r in rows])):
+        print(f"{name}: {sum(inside)} of {len(rows)} inside; half-width median "
+              f"{statistics.median(widths) if widths else math.nan:.1f} points")
+    print(f"({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

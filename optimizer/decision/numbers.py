@@ -3,7 +3,8 @@
 Confirmed, a config's throughput is the median of its full rounds with the 95% interval of their mean (Student t)
 and the round count; its gain over vLLM's defaults is the ratio of the two medians (derivable from the numbers shown
 beside it, and ranking the configs as their medians do), with the 95% interval of the mean per-round ratio (each
-round measures both next to each other, so what moved both is left out). Not confirmed, they are the search's one
+round measures both next to each other, so what moved both is left out; the spread is pooled over every config of
+the rounds: measurement/intervals.py::block_gain_interval). Not confirmed, they are the search's one
 measurement each, and say what that is (measured, a lower bound, a ceiling). The console's end table, `optimize
 report` (table, JSON, CSV), export and `--bench-json` all read them from here (through `decide.Decision`).
 """
@@ -22,8 +23,9 @@ CONFIRMED = "confirmation"
 SEARCHED = "search"
 THROUGHPUT_STATISTIC = ("median of the full rounds; interval: 95% interval of their mean (Student t, Bonferroni over "
                         "the looks after each round)")
-GAIN_STATISTIC = ("ratio of the two medians; interval: 95% interval of the mean per-round ratio (Student t, each "
-                  "round measures both next to each other; Bonferroni over the looks after each round)")
+GAIN_STATISTIC = ("ratio of the two medians; interval: 95% interval of the mean per-round ratio (each round measures "
+                  "both next to each other; Student t on log throughput, the spread pooled over every config of "
+                  "the rounds; Bonferroni over the looks after each round)")
 
 
 def _finite(x: float | None) -> float | None:

@@ -19,7 +19,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.measurement.intervals import Interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s
+from optimizer.measurement.intervals import (
+    Interval, block_gain_interval, brackets_overlap, interval, rate_bracket_tok_s,
+)
 from optimizer.measurement.noise import Z, median
 from optimizer.measurement.rate_fit import RateAtLimit
 from optimizer.measurement.rerank import Answer, Ranked, merge_repeats, rank_curve
@@ -316,10 +318,14 @@ class Confirmation:
         return None if base is None or c is base else self.difference(c, base)
 
     def difference(self, c: Confirmed, other: Confirmed) -> Interval:
-        """`c`'s gain over `other`, round by round: the two runs of a round were taken next to each other, so the
-        interval of their per-round ratio leaves out what moved both (a slow minute of the machine)."""
-        return gain_interval([(a, b) for r in self.full_rounds if (a := other.value_tok_s(r)) is not None
-                              and (b := c.value_tok_s(r)) is not None], confidence=self.confidence)
+        """`c`'s gain over `other`, round by round: the two runs of a round were taken next to each other, so their
+        per-round ratio leaves out what moved both (a slow minute of the machine). The interval pools the residual
+        spread of every config measured in the same rounds (`block_gain_interval`)."""
+        rounds = [r for r in self.full_rounds if other.value_tok_s(r) is not None and c.value_tok_s(r) is not None]
+        beside = [x for x in self.configs if x is not c and x is not other
+                  and all(x.value_tok_s(r) is not None for r in rounds)]
+        rows = [[x.value_tok_s(r) or 0.0 for r in rounds] for x in (other, c, *beside)]
+        return block_gain_interval(rows, 0, 1, confidence=self.confidence)
 
     @property
     def outcome(self) -> Outcome:

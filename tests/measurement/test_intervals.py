@@ -5,7 +5,7 @@ import math
 import pytest
 
 from optimizer.measurement.intervals import (
-    Interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s, relative_gain, t_975,
+    Interval, block_gain_interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s, relative_gain, t_975,
 )
 
 
@@ -46,6 +46,31 @@ def test_gain_is_per_pair():
     assert g.contains(0.0)  # two rounds cannot exclude no gain here
     # a baseline that met the limit nowhere (0 tok/s) gives no ratio: the pair is left out
     assert gain_interval([(0.0, 50.0), (100.0, 110.0)]).n == 1
+
+
+def test_a_gain_pools_the_spread_of_every_config_in_the_rounds():
+    # three configs, three rounds, in log: defaults 0, 0.2, -0.1; b 0.1, 0.25, 0; c 0.05, 0.2, -0.05. By hand:
+    # config means 1/30, 7/60, 1/15; round means 0.05, 0.21667, -0.05; grand 0.07222. Residuals y - config - round +
+    # grand: defaults -1/90, 2/90, -1/90; b and c 1/180, -2/180, 1/180: SSE = 6/8100 + 2 x 6/32400 = 1/900, df 4,
+    # MSE 1/3600. b over the defaults: d = 7/60 - 1/30 = 1/12, half-width t(4) x sqrt(2 x MSE / 3) = 2.776 x
+    # sqrt(1/5400) = 0.03778 in log
+    rows = [[math.exp(v) for v in row] for row in ([0.0, 0.2, -0.1], [0.1, 0.25, 0.0], [0.05, 0.2, -0.05])]
+    g = block_gain_interval(rows, 0, 1)
+    assert g.n == 3
+    assert g.median == pytest.approx(math.exp(0.1) - 1)  # the median per-round gain: +10.5%, +5.1%, +10.5%
+    assert g.low == pytest.approx(math.exp(1 / 12 - 2.776 * math.sqrt(1 / 5400)) - 1)
+    assert g.high == pytest.approx(math.exp(1 / 12 + 2.776 * math.sqrt(1 / 5400)) - 1)
+    # the pair alone: per-round log ratios 0.1, 0.05, 0.1 (s = 0.02887), t(2) = 4.303: almost twice as wide
+    pair = block_gain_interval(rows[:2], 0, 1)
+    assert pair.low == pytest.approx(math.exp(1 / 12 - 4.303 * 0.0288675 / math.sqrt(3)) - 1, abs=1e-6)
+    assert pair.high - pair.low > 1.8 * (g.high - g.low)
+    # a config that met the limit nowhere in a round (0 tok/s) has no log: it is left out of the fit
+    assert block_gain_interval([*rows[:2], [0.0, 1.0, 1.0]], 0, 1) == pair
+    # the defaults at 0 in a round: no ratio there, the other rounds' pairs alone
+    assert block_gain_interval([[0.0, 1.0, 1.0], [1.0, 1.1, 1.2], rows[2]], 0, 1) == \
+        gain_interval([(1.0, 1.1), (1.0, 1.2)])
+    with pytest.raises(ValueError):
+        block_gain_interval([[1.0, 2.0], [1.0]], 0, 1)
 
 
 def test_overlap_decides_ties():

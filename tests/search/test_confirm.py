@@ -314,21 +314,27 @@ def _rounds_study(values: dict[int, list[float | None]], rounds: int, dropped: d
 
 
 def test_the_rounds_stop_once_the_gain_decides():
-    # by hand: #1's gain over the defaults is +20% and +21% in rounds 1-2: at 97.5% (t = 25.45 for 1 degree of
-    # freedom) the interval is +20.5% +- 25.45 x 0.71% / sqrt(2) = [+7.8%, +33.2%], above 0: better, decided
+    # by hand: #1's gain over the defaults is +20% and +21% in rounds 1-2. The rounds are blocks of all three
+    # configs: each moved by d = ln(round 2 / round 1) = 0, 0.00830, 0.05407 (mean 0.02079); over 2 rounds the
+    # additive fit leaves (d - mean) / 2 in each, SSE = sum((d - mean)^2) / 2 = 0.000848, 2 degrees of freedom. At
+    # 97.5% (t = 6.205) the half-width is 6.205 x sqrt(2 x 0.000848 / 2 / 2) = 0.1278 in log, around the mean log
+    # ratio (ln 1.20 + ln 1.21) / 2 = 0.1865: [+6.0%, +36.9%], above 0: better, decided
     study = _rounds_study({0: [100.0, 100.0], 1: [120.0, 121.0], 2: [90.0, 95.0]}, rounds=3)
     c = confirmation(study)
     assert c.outcome.value == "better" and c.best.number == 1
-    assert math.isclose(c.gain(c.best).low, 0.205 - 25.452 * 0.00707107 / math.sqrt(2), abs_tol=1e-3)
+    assert math.isclose(c.gain(c.best).low, math.exp(0.18647 - 0.12776) - 1, abs_tol=1e-3)
+    assert math.isclose(c.gain(c.best).high, math.exp(0.18647 + 0.12776) - 1, abs_tol=1e-3)
     assert confirm.next_runs(c) == ([], {})  # no third round
 
 
 def test_a_candidate_clearly_behind_drops_out_of_the_next_round():
-    # up to 4 rounds: 3 looks, each at 98.33%. After 3 rounds #1 leads the defaults by +4%, +10%, +7% (undecided);
-    # #2 trails #1 by about a third in every round: it drops out, and round 4 measures the defaults and #1 alone
-    study = _rounds_study({0: [100.0, 100.0, 100.0], 1: [104.0, 110.0, 107.0], 2: [70.0, 71.0, 70.0]}, rounds=4)
+    # up to 4 rounds: 3 looks, each at 98.33%. After 3 rounds #1 is -4%, +10%, +4% against the defaults (undecided:
+    # [-8.7%, +16.6%]); #2 trails #1 by about a third in every round: it drops out, and round 4 measures the
+    # defaults and #1 alone
+    study = _rounds_study({0: [100.0, 100.0, 100.0], 1: [96.0, 110.0, 104.0], 2: [70.0, 71.0, 70.0]}, rounds=4)
     c = confirmation(study)
     assert c.outcome.value == "running" and c.best.number == 1
+    assert c.gain(c.best).low < 0 < c.gain(c.best).high
     runs, dropping = confirm.next_runs(c)
     assert dropping == {2: 3}
     assert sorted((t.number, r) for t, r in runs) == [(0, 3), (1, 3)]
