@@ -19,9 +19,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.measurement.intervals import (
-    Interval, block_gain_interval, brackets_overlap, interval, rate_bracket_tok_s,
-)
+from optimizer.measurement.intervals import (Interval, block_gain_interval, brackets_overlap, interval,
+                                             rate_bracket_tok_s)
 from optimizer.measurement.noise import Z, median
 from optimizer.measurement.rate_fit import RateAtLimit
 from optimizer.measurement.rerank import Answer, Ranked, merge_repeats, rank_curve
@@ -318,14 +317,12 @@ class Confirmation:
         return None if base is None or c is base else self.difference(c, base)
 
     def difference(self, c: Confirmed, other: Confirmed) -> Interval:
-        """`c`'s gain over `other`, round by round: the two runs of a round were taken next to each other, so their
-        per-round ratio leaves out what moved both (a slow minute of the machine). The interval pools the residual
-        spread of every config measured in the same rounds (`block_gain_interval`)."""
+        """`c`'s gain over `other`, round by round (a round measures both next to each other, so their ratio leaves
+        out what moved both), its interval pooling the spread of every config measured in those rounds."""
         rounds = [r for r in self.full_rounds if other.value_tok_s(r) is not None and c.value_tok_s(r) is not None]
-        beside = [x for x in self.configs if x is not c and x is not other
-                  and all(x.value_tok_s(r) is not None for r in rounds)]
-        rows = [[x.value_tok_s(r) or 0.0 for r in rounds] for x in (other, c, *beside)]
-        return block_gain_interval(rows, 0, 1, confidence=self.confidence)
+        beside = [x for x in self.configs if x is not c and x is not other]
+        table = [[x.value_tok_s(r) for r in rounds] for x in (other, c, *beside)]
+        return block_gain_interval([row for row in table if None not in row], 0, 1, confidence=self.confidence)
 
     @property
     def outcome(self) -> Outcome:
@@ -344,16 +341,14 @@ class Confirmation:
     def behind(self) -> list[Confirmed]:
         """The configs still measured that are clearly behind the leader (not vLLM's defaults: their gain decides
         the outcome): they drop out of the next rounds."""
-        best = self.best
-        if best is None or len(self.full_rounds) < FIRST_LOOK_ROUND:
+        if (best := self.best) is None or len(self.full_rounds) < FIRST_LOOK_ROUND:
             return []
         return [c for c in self.active if c is not best and not c.baseline and behind(self.difference(c, best))]
 
     def rate_interval(self, c: Confirmed) -> Interval:
         """`c`'s rate at the limit in process over the full rounds: median, interval of the mean at the plan's
         confidence."""
-        rates = [v for r in self.full_rounds if (v := c.rate_rps(r)) is not None]
-        return interval(rates, floor=0.0, confidence=self.confidence)
+        return interval([v for r in self.full_rounds if (v := c.rate_rps(r)) is not None], 0.0, self.confidence)
 
     @property
     def served_configs(self) -> list[Confirmed]:
