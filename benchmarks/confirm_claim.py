@@ -81,7 +81,8 @@ def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial
     """Both configs again on other workload draws (round r: seed + OTHER_SEED + r, never a draw the confirmation
     replayed), alternating, each run on a fresh engine: the median of the per-round gains."""
     scratch_config = config.model_copy(update={"study_name": f"{config.study_name}-again"})
-    scratch = replace(objective, config=scratch_config, records=None)
+    scratch = replace(objective, config=scratch_config, records=None,  # its logs beside the study's, not over them
+                      logs_dir=objective.logs_dir.with_name(f"{config.study_name}-again.logs"))
     study = optuna.create_study(directions=DIRECTIONS)
     limit = config.ttft_p99_ms
     for r in range(rounds):

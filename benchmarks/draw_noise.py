@@ -50,7 +50,7 @@ def main() -> None:
     if chosen is None:
         p.exit(2, f"draw_noise: study {args.study!r} has no trial #{args.trial} (or no baseline): pass --trial N\n")
     scratch = replace(prepared.objective, config=config.model_copy(update={"study_name": f"{args.study}-draws"}),
-                      records=None)
+                      records=None, logs_dir=prepared.objective.logs_dir.with_name(f"{args.study}-draws.logs"))
     study = optuna.create_study(directions=DIRECTIONS)
     seed0 = config.workload.seed + DRAWS_FROM
     for k in range(args.runs):
