@@ -169,14 +169,17 @@ def real_rows(args: argparse.Namespace) -> list[Row]:
         names.append(name)
         print(f"  {name}: study with confirmation {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
     for name in names:
-        where = d / name if "/" not in name else Path(name)  # DIR/NAME: a study in another studies dir
+        where, label = d / name, name
+        if "/" in name:  # DIR/NAME: a study in another studies dir
+            where = Path(name)
+            label = f"{where.parent.parent.name}/{where.name}"
         url = f"sqlite:///{where.with_name(where.name + '.db').resolve()}"
         config = existing_config(url, where.name)
         t0 = time.perf_counter()
         prepared = prepare(config, where.parent, say=lambda *a: None)
         row = check(prepared.study, prepared, "real CPU engine", args.remeasure, 0.0)
         if row is not None:
-            row.study = name if "/" not in name else f"{where.parent.parent.name}/{where.name}"
+            row.study = label
             row.minutes = (time.perf_counter() - t0) / 60
             rows.append(row)
             print(f"  {fmt(row)}", flush=True)

@@ -44,6 +44,7 @@ def serve(tree: Path, sim: bool, seed: int) -> None:
     sys.path.insert(0, str(tree))
     import optuna
 
+    import optimizer
     from optimizer.cli.run import build_parser, resolve_config
     from optimizer.search.attrs import BASELINE, RESULT, RUN
     from optimizer.search.runner import prepare
@@ -75,8 +76,6 @@ def serve(tree: Path, sim: bool, seed: int) -> None:
     prepared.objective.records = None
     prepared.study.optimize(prepared.objective, n_trials=1)  # the queued baseline: a warm-up, not counted
     config = prepared.config
-    import optimizer
-
     print(MARK + json.dumps({"model": config.model, "num_requests": config.workload.num_requests,
                              "code": str(Path(optimizer.__file__).parents[1])}), flush=True)
     for _ in sys.stdin:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+
 @contextmanager
 def frozen_heap() -> Iterator[None]:
     """While inside: the objects that existed at entry are out of the garbage collector's generations."""
