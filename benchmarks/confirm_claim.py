@@ -17,6 +17,10 @@ best other confirmed config's interval, so that no row passes for free. The re-m
 rounds of both configs, each round on a workload of its own seed (the study's + 1000 + round; the confirmation's
 rounds replay + 1 + round), with the confirmation's own run (bisection to within 3%), and takes the median of its
 per-round gains. A row is "inside" when that falls inside the interval.
+
+The same re-measured runs check the rates to provision for (decision/served.py::provision_rps: the one-sided 95%
+lower prediction bound of one more run from the rounds' spread): each re-measured run's rate at the limit in process
+is counted as held when it is at or above its config's rate to provision for; about 19 in 20 should be.
 """
 
 from __future__ import annotations
@@ -38,12 +42,13 @@ import optuna  # noqa: E402
 from optimizer.config.model import DEFAULT_MODEL_CONFIG, DEFAULT_MODEL_NAME, model_info  # noqa: E402
 from optimizer.config.settings import StudyConfig  # noqa: E402
 from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec  # noqa: E402
+from optimizer.decision.served import provision_rps  # noqa: E402
 from optimizer.measurement.intervals import Interval, gain_interval  # noqa: E402
 from optimizer.search import confirm  # noqa: E402
 from optimizer.search.attrs import CONFIRM  # noqa: E402
 from optimizer.search.objective import Objective  # noqa: E402
 from optimizer.search.runner import prepare, run  # noqa: E402
-from optimizer.search.score import Confirmation, confirmation, goodput  # noqa: E402
+from optimizer.search.score import Confirmation, confirmation, goodput, run_rate_rps  # noqa: E402
 from optimizer.search.study import DIRECTIONS  # noqa: E402
 
 OTHER_SEED = 1000  # the re-measurement's round r replays the workload of the study's seed + this + r
@@ -58,6 +63,8 @@ class Row:
     paired: Interval  # the same runs, the pair's per-round ratios alone (gain_interval: what it reported before)
     remeasured: float
     minutes: float
+    provision_held: int = 0  # re-measured runs whose rate at the limit is at or above their config's to provision for
+    provision_runs: int = 0  # re-measured runs of configs with a rate to provision for
 
     @property
     def inside(self) -> bool:
@@ -77,9 +84,11 @@ def checked_config(c: Confirmation) -> Any:
     return max(others, key=lambda x: c.interval(x).median, default=None)
 
 
-def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial.FrozenTrial], rounds: int) -> float:
+def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial.FrozenTrial],
+              rounds: int) -> tuple[float, dict[int, list[float]]]:
     """Both configs again on other workload draws (round r: seed + OTHER_SEED + r, never a draw the confirmation
-    replayed), alternating, each run on a fresh engine: the median of the per-round gains."""
+    replayed), alternating, each run on a fresh engine: the median of the per-round gains, and each config's rates
+    at the limit in process, by trial number."""
     scratch_config = config.model_copy(update={"study_name": f"{config.study_name}-again"})
     scratch = replace(objective, config=scratch_config, records=None,  # its logs beside the study's, not over them
                       logs_dir=objective.logs_dir.with_name(f"{config.study_name}-again.logs"))
@@ -91,11 +100,13 @@ def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial
             study.enqueue_trial({}, user_attrs=confirm.run_attrs("again", t, r, limit, config.engine_args, seed))
     study.optimize(scratch, n_trials=2 * rounds, gc_after_trial=False)
     got: dict[int, dict[int, float]] = {}
+    rates: dict[int, list[float]] = {}
     for t in study.trials:
         c = CONFIRM.of(t)
         got.setdefault(c["of"], {})[c["round"]] = goodput(t)
+        rates.setdefault(c["of"], []).append(run_rate_rps(t))
     base, other = pair[0].number, pair[1].number
-    return gain_interval([(got[base][r], got[other][r]) for r in range(rounds)]).median
+    return gain_interval([(got[base][r], got[other][r]) for r in range(rounds)]).median, rates
 
 
 def check(study: optuna.Study, prepared: Any, engine: str, rounds: int, minutes: float) -> Row | None:
@@ -110,9 +121,12 @@ def check(study: optuna.Study, prepared: Any, engine: str, rounds: int, minutes:
     assert reported is not None
     paired = gain_interval([(a, b) for r in c.full_rounds if (a := c.base.value_tok_s(r)) is not None
                             and (b := chosen.value_tok_s(r)) is not None], confidence=c.confidence)
-    regain = remeasure(prepared.objective, prepared.config, [c.base.trial, chosen.trial], rounds)
+    regain, rates = remeasure(prepared.objective, prepared.config, [c.base.trial, chosen.trial], rounds)
     label = f"#{chosen.number} vs defaults" + (" (defaults won)" if c.best is c.base else "")
-    return Row(engine, study.study_name, label, reported, paired, regain, minutes)
+    floors = {x.number: p for x in (c.base, chosen) if (p := provision_rps(c, x)) is not None}
+    again = [(rate, floors[n]) for n, got in rates.items() if n in floors for rate in got]
+    return Row(engine, study.study_name, label, reported, paired, regain, minutes,
+               sum(rate >= floor for rate, floor in again), len(again))
 
 
 def sim_rows(args: argparse.Namespace) -> list[Row]:
@@ -192,7 +206,8 @@ def fmt(row: Row) -> str:
 
     return (f"{row.engine:<18} {row.study:<12} {row.compared:<28} {row.reported.median * 100:>+7.1f}% "
             f"{bounds(row.reported):<20} {row.remeasured * 100:>+7.1f}%  {'yes' if row.inside else 'NO':<6} "
-            f"{bounds(row.paired):<20} {'yes' if row.inside_paired else 'NO':<6} {row.minutes:>6.1f}")
+            f"{bounds(row.paired):<20} {'yes' if row.inside_paired else 'NO':<6} "
+            f"{f'{row.provision_held}/{row.provision_runs}':>9} {row.minutes:>6.1f}")
 
 
 def half_width_pct(i: Interval) -> float:
@@ -228,11 +243,12 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = sim_rows(args) + real_rows(args)
     head = (f"{'engine':<18} {'study':<12} {'compared':<28} {'reported gain, 95% interval':<29}  "
-            f"{'again':>7}  {'inside':<6} {'the pair alone (before)':<20} {'inside':<6} {'min':>6}")
+            f"{'again':>7}  {'inside':<6} {'the pair alone (before)':<20} {'inside':<6} {'provision':>9} {'min':>6}")
     print()
     print(f"TTFT P99 <= {args.ttft_p99_ms:g} ms; the study's confirmed gain against the gain measured again on other "
           f"workload seeds ({args.remeasure} alternating rounds on fresh engines, a draw each); 'min': engine minutes "
-          f"of the study (simulated) or wall minutes of the re-measurement (real)")
+          f"of the study (simulated) or wall minutes of the re-measurement (real); 'provision': re-measured runs "
+          f"at or above their config's rate to provision for")
     print(head)
     print("-" * len(head))
     for row in rows:
@@ -243,6 +259,9 @@ def main() -> None:
                                   [half_width_pct(r.paired) for r in rows])):
         print(f"{name}: {sum(inside)} of {len(rows)} inside; half-width median "
               f"{statistics.median(widths) if widths else math.nan:.1f} points")
+    held, runs = sum(r.provision_held for r in rows), sum(r.provision_runs for r in rows)
+    print(f"rate to provision for: {held} of {runs} re-measured runs at or above it"
+          + (f" ({held / runs:.0%}; aim: 95%)" if runs else ""))
     print(f"({time.perf_counter() - t0:.0f} s)")
 
 

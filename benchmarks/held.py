@@ -3,16 +3,19 @@ search/confirm.py), each measured at the rate the study reports and at 1.15 x it
 requests and 3 runs each, in both backends:
 
 - in process (AsyncLLM, the backend the search and the rounds measured with): this project's replay of the draw at the
-  confirmed in-process rate at the limit (the median over the rounds);
+  rate to provision for in process that the study reports (decision/served.py::provision_rps; `--at median`: the
+  median over the rounds, `--at lowest`: the lowest round);
 - as served (`vllm serve` over HTTP): vLLM's own benchmark client (`vllm bench serve`'s module, fed the same draw as a
-  timed_trace, benchmarks/parity.py) at the rate as served that the study's run through `vllm serve` found.
+  timed_trace, benchmarks/parity.py) at the rate to provision for as served (`--at median` or `lowest`: the rate at
+  the limit that the study's run through `vllm serve` found).
 
 Prints one row per config, backend and factor with the TTFT P99 of every run, and the verdict the issue asks for: at
 the reported rate, TTFT P99 under the limit in every run ("holds"); at 1.15 x, over the limit or fallen behind in most
 runs ("breaks"). Each run draws its own requests (seed + 100 + run), never a draw the study measured.
 
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/held.py --studies-dir DIR --study NAME [--runs 3]
-        [--at median|lowest]   (the in-process rate: the reported median over the rounds, or the lowest round)
+        [--at provision|median|lowest]   (the rate: the one to provision for, the median over the rounds, the lowest)
+        [--in-process-only] [--trial N]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import optuna  # noqa: E402
 from optimizer.cli.common import existing_config  # noqa: E402
 from optimizer.core.clock import MonotonicClock  # noqa: E402
 from optimizer.decision.decide import decide  # noqa: E402
+from optimizer.decision.served import provision_rps  # noqa: E402
 from optimizer.engines.http_engine import HttpEngine, RemoteEngine  # noqa: E402
 from optimizer.engines.vllm_engine import VllmEngine  # noqa: E402
 from optimizer.measurement.metrics import summarize  # noqa: E402
@@ -127,9 +131,13 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--num-requests", type=int, default=1000)
     p.add_argument("--out", default=None, help="folder for traces, vLLM's result JSONs and logs (default: a temp dir)")
-    p.add_argument("--at", choices=("median", "lowest"), default="median",
-                   help="the in-process rate held: the confirmation's median over its rounds (the one reported), or "
-                        "its lowest round's (what the machine's slow minutes held)")
+    p.add_argument("--at", choices=("provision", "median", "lowest"), default="provision",
+                   help="the rate held: the one the study says to provision for (in process and as served), the "
+                        "confirmation's median over its rounds (the rate at the limit), or its lowest round's")
+    p.add_argument("--trial", type=int, action="append",
+                   help="hold only this config (a trial number among the configs served; repeatable)")
+    p.add_argument("--in-process-only", action="store_true",
+                   help="skip the runs as served (at a few req/s, 1000 requests through vllm serve take many minutes)")
     args = p.parse_args()
     config, d = decided(Path(args.studies_dir), args.study)
     c = d.confirmation
@@ -143,19 +151,26 @@ def main() -> None:
     limit = config.ttft_p99_ms
     rows = []
     for x in c.served_configs:
+        if args.trial and x.number not in args.trial:
+            continue
         params = ENGINE_PARAMS.of(x.trial)
         name = f"#{x.number}" + (" (vLLM's defaults)" if x.baseline else "")
         rates = [v for r in c.full_rounds if (v := x.rate_rps(r)) is not None]
-        inproc_rate = c.rate_interval(x).median if args.at == "median" else min(rates)
-        print(f"{name}: in process at {inproc_rate:.2f} req/s ({args.at} of its rounds: "
+        inproc_rate = {"median": c.rate_interval(x).median, "lowest": min(rates),
+                       "provision": provision_rps(c, x)}[args.at]
+        if inproc_rate is None:
+            raise SystemExit(f"{name} has no rate to provision for (fewer than two rounds): use --at median")
+        print(f"{name}: in process at {inproc_rate:.2f} req/s ({args.at}; its rounds: "
               f"{', '.join(f'{v:.2f}' for v in rates)}) and 1.15x, {args.runs} runs of {args.num_requests}", flush=True)
         rows.append((name, "in process", inproc_rate,
                      asyncio.run(in_process(base, config.deploy_as, params, inproc_rate, workloads,
                                             work / f"inproc-{x.number}.log", config.workload.num_requests))))
+        if args.in_process_only:
+            continue
         if x.served_rate is None:
             print(f"{name}: as served not measured (its run through vllm serve found no rate at the limit)")
         else:
-            served_rate = x.served_rate.rate_rps
+            served_rate = provision_rps(c, x, served=True) if args.at == "provision" else x.served_rate.rate_rps
             print(f"{name}: as served at {served_rate:.2f} req/s and 1.15x (vLLM's client)", flush=True)
             rows.append((name, "as served", served_rate,
                          asyncio.run(as_served(base, params, served_rate, workloads, work,

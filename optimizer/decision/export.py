@@ -324,17 +324,23 @@ def confirmed_line(tp: Throughput, gain: Gain | None) -> str:
 
 def served_line(served: dict[str, Any]) -> str:
     """'As served (vllm serve over HTTP): 31.20 req/s at the TTFT P99 limit [29.80, 32.60]; in process 44.80
-    [43.10, 46.50].': the config's rate at the limit measured both ways (decision/views.py::served_record)."""
+    [43.10, 46.50]; provision for 27.10 req/s as served, 40.20 req/s in process (...).': the config's rate at the
+    limit measured both ways, and the rates to provision it for (decision/served.py::served_record)."""
     inproc = served.get("rate_at_limit_rps")
     then = "" if inproc is None else f"; in process {inproc:.2f} req/s"
     if served.get("rate_low_rps") is not None:
         then += f" [{served['rate_low_rps']:.2f}, {served['rate_high_rps']:.2f}]"
+    provision = [f"{v:.2f} req/s {how}" for v, how in ((served.get("served_provision_rps"), "as served"),
+                                                       (served.get("provision_rps"), "in process")) if v is not None]
+    if provision:
+        then += (f"; provision for {', '.join(provision)} (one more run on the machine measured holds the limit "
+                 "there 19 times in 20)")
     if served.get("served_rate_at_limit_rps") is None:
         return f"As served (vllm serve over HTTP): not measured ({served.get('served_not_measured')}){then}."
     high = served.get("served_high_rps")
     return (f"As served (vllm serve over HTTP): {served['served_rate_at_limit_rps']:.2f} req/s at the TTFT P99 limit "
-            f"[{served['served_low_rps']:.2f}, {'open' if high is None else format(high, '.2f')}]{then}"
-            + (": they differ by more than their intervals" if served.get("served_differs") else "") + ".")
+            f"[{served['served_low_rps']:.2f}, {'open' if high is None else format(high, '.2f')}]"
+            + (" (they differ by more than their intervals)" if served.get("served_differs") else "") + f"{then}.")
 
 
 def confirmed_metadata(tp: Throughput, gain: Gain | None) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from optimizer.decision.decide import Decision
+from optimizer.measurement.intervals import geometric_mean, lower_prediction_factor
 from optimizer.search.attrs import PRUNED_REASON, RESULT
 from optimizer.search.missed import why_infeasible
 from optimizer.search.score import Confirmation, Confirmed
@@ -15,6 +16,26 @@ from optimizer.search.study import run_name
 
 IN_PROCESS = "in process (AsyncLLM)"
 AS_SERVED = "as served (vllm serve over HTTP)"
+PROVISION_COVERAGE = 0.95
+PROVISION_STATISTIC = ("one-sided 95% lower prediction bound of one more run on this machine, from the spread of the "
+                       "rounds' rates in process (log scale, pooled over every config of the rounds)")
+
+
+def provision_rps(c: Confirmation, conf: Confirmed, served: bool = False) -> float | None:
+    """The rate to provision `conf` for: where one more run of it on this machine still holds the limit 19 times in
+    20 (`lower_prediction_factor` over every config's rates in process, round by round), under the geometric mean of
+    its rounds in process, or (`served`) under its one run as served, which the rounds' spread is applied to. None
+    when there is no spread to go by (fewer than two rounds), or no rate to start from (a round, or the run as
+    served, met the limit nowhere)."""
+    rows = [[v for r in c.full_rounds if (v := x.rate_rps(r)) is not None] for x in c.configs]
+    if served:
+        fit = conf.served_rate
+        level, runs = (fit.rate_rps if fit is not None else math.nan), 1
+    else:
+        own = rows[c.configs.index(conf)]
+        level, runs = (geometric_mean(own) if all(math.isfinite(v) for v in own) else math.nan), len(own)
+    factor = lower_prediction_factor(rows, runs, PROVISION_COVERAGE)
+    return None if factor is None or not (math.isfinite(level) and level > 0) else level * factor
 
 
 def served_record(c: Confirmation, conf: Confirmed) -> dict[str, Any]:
@@ -40,7 +61,10 @@ def served_record(c: Confirmation, conf: Confirmed) -> dict[str, Any]:
             "served_high_rps": served.high_rps if served is not None and math.isfinite(served.high_rps) else None,
             "served_measured_as": AS_SERVED if conf.served is not None else None,
             "served_run": run_name(conf.served) if conf.served is not None else None,
-            "served_not_measured": why, "served_differs": differ}
+            "served_not_measured": why, "served_differs": differ,
+            "provision_rps": provision_rps(c, conf),
+            "served_provision_rps": provision_rps(c, conf, served=True) if served is not None else None,
+            "provision_statistic": PROVISION_STATISTIC}
 
 
 def rate_interval_text(low_rps: float, high_rps: float | None) -> str:
@@ -75,4 +99,26 @@ def served_lines(d: Decision) -> list[str]:
             pct = (r["served_rate_at_limit_rps"] / r["rate_at_limit_rps"] - 1) * 100
             line += f": they differ by more than their intervals ({pct:+.0f}% as served); deploy for the served rate"
         out.append(line)
-    return out
+    return out + provision_lines(d)
+
+
+def provision_lines(d: Decision) -> list[str]:
+    """The rates to provision the configs served for (`provision_rps`), in one line, each named by its backend:
+    a rate at the limit is where these engines held it in the minutes measured; one more run on a shared machine
+    meets other minutes."""
+    c = d.confirmation
+    if c is None:
+        return []
+    parts = []
+    for conf in c.configs:
+        if conf.served is None:
+            continue
+        r = served_record(c, conf)
+        rates = [f"{r['served_provision_rps']:.2f} req/s as served"] if r["served_provision_rps"] is not None else []
+        rates += [f"{r['provision_rps']:.2f} in process"] if r["provision_rps"] is not None else []
+        if rates:
+            parts.append(f"#{conf.number}" + (" vLLM's defaults" if conf.baseline else "") + f" {', '.join(rates)}")
+    if not parts:
+        return []
+    return ["provision for (one more run on this machine holds the limit there 19 times in 20, by the spread of the "
+            f"rounds' rates): {'; '.join(parts)}"]

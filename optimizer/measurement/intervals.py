@@ -15,6 +15,10 @@ instead of 2, which at the confirmation's 97.5% is a t of 3.50 instead of 6.21. 
 medians is their ratio (`relative_gain`), so that it follows from the numbers next to it and ranks the configs as
 their medians do; the per-round interval says how sure that ranking is.
 
+Where the next run of a config will land is another question than where the mean of its runs lies: a rate to
+provision for is the one-sided lower prediction bound of one more run (`lower_prediction_factor`), from the spread
+of every config's runs around its own mean.
+
 Two configs are *tied* when the interval of their per-round gain includes 0: no ranking of them is backed by the
 measurements. A single measurement's bracket (the rate passed to the rate failed) is its interval before a
 confirmation: two trials whose brackets overlap are tied.
@@ -154,6 +158,32 @@ def block_gain_interval(rows: Sequence[Sequence[float]], a: int, b: int, confide
     d = config_mean[b] - config_mean[a]
     gains = [y / x - 1 for x, y in zip(rows[a], rows[b])]
     return Interval(median(gains), math.exp(d - half) - 1, math.exp(d + half) - 1, rounds)
+
+
+def lower_prediction_factor(rows: Sequence[Sequence[float]], runs: int, coverage: float = 0.95) -> float | None:
+    """How far under its measured level one more run of a config may land: exp(-t * s * sqrt(1 + 1 / runs)), the
+    one-sided `coverage` lower prediction bound of one more log-normal value, as a factor of the geometric mean of
+    the `runs` values measured of it.
+
+    Each row is one config's values, one per run (its rate at the limit in each confirmation round); s is the spread
+    of log(value) around each row's own mean, pooled over the rows on sum(n_i - 1) degrees of freedom, and t is
+    Student's one-sided `coverage` quantile on them. That spread holds everything that moves a run from one round to
+    the next (the machine's minute, the draw, the fit), which is what a run after the study meets too. Rows with a
+    value that is not positive and finite (a run that met the limit nowhere, a burst) are left out; None when no
+    degree of freedom remains."""
+    kept = [[math.log(v) for v in row] for row in rows if row and all(0 < v < math.inf for v in row)]
+    df = sum(len(row) - 1 for row in kept)
+    if df < 1 or runs < 1:
+        return None
+    sse = sum((v - sum(row) / len(row)) ** 2 for row in kept for v in row)
+    return math.exp(-t_quantile(2 * coverage - 1, df) * math.sqrt(sse / df) * math.sqrt(1 + 1 / runs))
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """exp(mean(log(values))) of positive values (NaN when there are none, or one is not positive)."""
+    if not values or any(not v > 0 for v in values):
+        return math.nan
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def relative_gain(base: float, other: float) -> float:

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from optimizer.measurement.intervals import (
+    geometric_mean, lower_prediction_factor,
     Interval, block_gain_interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s, relative_gain, t_975,
 )
 
@@ -112,3 +113,33 @@ def test_the_gain_shown_beside_two_medians_is_their_ratio():
     assert per_round.low < relative_gain(base.median, other.median) < per_round.high
     assert math.isnan(relative_gain(0.0, 5.0)) and math.isnan(relative_gain(math.nan, 5.0))
     assert math.isnan(relative_gain(5.0, math.nan))
+
+
+def test_a_rate_to_provision_for_is_a_lower_prediction_bound_by_hand():
+    # logs 1.0, 1.2 (mean 1.1, squares 0.02) and 2.0, 2.2, 2.1 (mean 2.1, squares 0.02): s^2 = 0.04 / 3 on 3 degrees
+    # of freedom; one-sided 95% t(3) = 2.353 (the two-sided 90% table); a config of 2 runs: sqrt(1 + 1/2)
+    rows = [[math.e ** 1.0, math.e ** 1.2], [math.e ** 2.0, math.e ** 2.2, math.e ** 2.1]]
+    expected = math.exp(-2.353 * math.sqrt(0.04 / 3) * math.sqrt(1.5))  # 0.7170
+    assert lower_prediction_factor(rows, 2) == pytest.approx(expected, abs=1e-4)
+    # one run to start from (the run as served) lies further from the next one than a mean of three
+    assert lower_prediction_factor(rows, 1) < lower_prediction_factor(rows, 2) < lower_prediction_factor(rows, 3)
+    assert geometric_mean([math.e ** 1.0, math.e ** 1.2]) == pytest.approx(math.e ** 1.1)
+    # a run that met the limit nowhere (0) or a burst (inf) has no log: its row is left out
+    assert lower_prediction_factor([*rows, [0.0, 5.0], [math.inf, 3.0]], 2) == pytest.approx(expected, abs=1e-4)
+    assert lower_prediction_factor([[4.0], [5.0]], 1) is None  # one round: no spread to go by
+    assert math.isnan(geometric_mean([])) and math.isnan(geometric_mean([2.0, 0.0]))
+
+
+def test_one_more_run_lands_above_the_bound_19_times_in_20():
+    """Log-normal runs (a config's level times the machine's minute): over many seeded studies of 3 configs x 3
+    rounds, a fourth round of a config lands above its bound in about 95% of them."""
+    import random
+
+    rnd = random.Random(7)
+    above, studies = 0, 4000
+    for _ in range(studies):
+        levels = [rnd.uniform(20, 60) for _ in range(3)]
+        rows = [[m * math.exp(rnd.gauss(0, 0.08)) for _ in range(3)] for m in levels]
+        bound = geometric_mean(rows[0]) * lower_prediction_factor(rows, 3)
+        above += levels[0] * math.exp(rnd.gauss(0, 0.08)) >= bound
+    assert 0.94 <= above / studies <= 0.96

@@ -103,6 +103,33 @@ def test_every_view_names_the_rate_in_process_and_as_served(served_study):
     assert meta["rate_at_limit"] == json.loads(json.dumps(served_record(c, best)))
     yaml_text = (tmp_path / "out" / f"{config.study_name}.recommended.yaml").read_text()
     assert "As served (vllm serve over HTTP):" in yaml_text and "in process" in yaml_text
+    assert f"provision for {meta['rate_at_limit']['served_provision_rps']:.2f} req/s as served" in yaml_text
+
+
+def test_the_rates_to_provision_for_lie_under_the_rates_measured_by_the_rounds_spread(served_study):
+    """Each config served gets a rate to provision for in process and as served: the geometric mean of its rounds
+    (or its one run as served) times the one-sided 95% prediction factor of the rounds' spread, recomputed here."""
+    import math
+
+    config, study, _ = served_study
+    d = decide(study, config)
+    c = d.confirmation
+    rows = [[x.rate_rps(r) for r in c.full_rounds] for x in c.configs]  # 2 full rounds, every config measured
+    logs = [[math.log(v) for v in row] for row in rows]
+    df = sum(len(row) - 1 for row in logs)
+    s = math.sqrt(sum((v - sum(row) / len(row)) ** 2 for row in logs for v in row) / df)
+    t = {2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015}[df]  # one-sided 95% (two-sided 90%) Student t table
+    for x in c.served_configs:
+        r, own = served_record(c, x), logs[c.configs.index(x)]
+        level = math.exp(sum(own) / len(own))
+        assert r["provision_rps"] == pytest.approx(level * math.exp(-t * s * math.sqrt(1 + 1 / len(own))), rel=1e-3)
+        assert r["served_provision_rps"] == pytest.approx(x.served_rate.rate_rps * math.exp(-t * s * math.sqrt(2)),
+                                                          rel=1e-3)
+        assert r["provision_rps"] < c.rate_interval(x).median and r["served_provision_rps"] < x.served_rate.rate_rps
+    text, _ = render(d, "table")
+    line = next(ln for ln in text.splitlines() if ln.startswith("provision for"))
+    assert "19 times in 20" in line
+    assert all(f"{served_record(c, x)['provision_rps']:.2f} in process" in line for x in c.served_configs)
 
 
 def test_a_plan_made_without_runs_as_served_gets_none_on_a_resume(tmp_path, config_only_model):
