@@ -5,8 +5,8 @@ import math
 import pytest
 
 from optimizer.measurement.intervals import (
-    geometric_mean, lower_prediction_factor,
-    Interval, block_gain_interval, brackets_overlap, gain_interval, interval, rate_bracket_tok_s, relative_gain, t_975,
+    Interval, block_gain_interval, brackets_overlap, gain_interval, geometric_mean, interval, lower_prediction_factor,
+    rate_bracket_tok_s, relative_gain, t_975,
 )
 
 
@@ -131,8 +131,8 @@ def test_a_rate_to_provision_for_is_a_lower_prediction_bound_by_hand():
 
 
 def test_one_more_run_lands_above_the_bound_19_times_in_20():
-    """Log-normal runs (a config's level times the machine's minute): over many seeded studies of 3 configs x 3
-    rounds, a fourth round of a config lands above its bound in about 95% of them."""
+    """Log-normal runs around each config's own level (the same spread for every config): over many seeded studies
+    of 3 configs x 3 rounds, a fourth round of a config lands above its bound in about 95% of them."""
     import random
 
     rnd = random.Random(7)
