@@ -78,11 +78,9 @@ def served_lines(d: Decision) -> list[str]:
     c = d.confirmation
     if c is None:
         return []
+    records = [(conf, served_record(c, conf)) for conf in c.configs if conf.served is not None]
     out = []
-    for conf in c.configs:
-        if conf.served is None:
-            continue
-        r = served_record(c, conf)
+    for conf, r in records:
         who = f"#{conf.number}" + (f" vLLM's defaults ({d.defaults_of})" if conf.baseline else "")
         inproc = (f"{r['rate_at_limit_rps']:.2f} req/s in process" if r["rate_at_limit_rps"] is not None
                   else "no rate in process")
@@ -99,21 +97,15 @@ def served_lines(d: Decision) -> list[str]:
             pct = (r["served_rate_at_limit_rps"] / r["rate_at_limit_rps"] - 1) * 100
             line += f": they differ by more than their intervals ({pct:+.0f}% as served); deploy for the served rate"
         out.append(line)
-    return out + provision_lines(d)
+    return out + provision_lines(records)
 
 
-def provision_lines(d: Decision) -> list[str]:
-    """The rates to provision the configs served for (`provision_rps`), in one line, each named by its backend:
-    a rate at the limit is where these engines held it in the minutes measured; one more run on a shared machine
-    meets other minutes."""
-    c = d.confirmation
-    if c is None:
-        return []
+def provision_lines(records: list[tuple[Confirmed, dict[str, Any]]]) -> list[str]:
+    """The rates to provision the configs served for (`provision_rps`, from their `served_record`s), in one line,
+    each named by its backend: a rate at the limit is where these engines held it in the minutes measured; one more
+    run on a shared machine meets other minutes."""
     parts = []
-    for conf in c.configs:
-        if conf.served is None:
-            continue
-        r = served_record(c, conf)
+    for conf, r in records:
         rates = [f"{r['served_provision_rps']:.2f} req/s as served"] if r["served_provision_rps"] is not None else []
         rates += [f"{r['provision_rps']:.2f} in process"] if r["provision_rps"] is not None else []
         if rates:
