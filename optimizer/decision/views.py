@@ -190,26 +190,28 @@ def _num(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None or math.isnan(x) else format(x, fmt)
 
 
+def confirmation_row(r: dict[str, Any]) -> dict[str, Any]:
+    """One of `confirmation_records` as the table shows it (`confirmation_rows`); each header names its statistic.
+    A config that met the limit in no round (0 tok/s stored) reads "misses", not 0 req/s and -100% as if measured."""
+    misses = bool(r["values_tok_s"]) and not any(v > 0 for v in r["values_tok_s"])
+    known = r["low_tok_s"] is not None and r["high_tok_s"] is not None and not misses
+    gain_known = r["gain_low_pct"] is not None and r["gain_high_pct"] is not None and not misses
+    return {
+        "config": r["role"] + (": met the limit in no round" if misses else ""), "trial": f"#{r['trial']}",
+        "rounds": r["rounds"], "tok/s (median)": "misses" if misses else _num(r["output_throughput_tok_s"]),
+        "95% interval of the mean": interval_text(r["low_tok_s"], r["high_tok_s"]) if known else "-",
+        "gain (ratio of medians)": "-" if r["gain_pct"] is None or misses else f"{r['gain_pct']:+.1f}%",
+        "per-round gain, 95% interval": "-" if not gain_known else
+        interval_text(r["gain_low_pct"], r["gain_high_pct"], pct=True),
+        "req/s at the limit, in process (median)": "misses" if misses else _num(r["rate_at_limit_rps"], ".2f"),
+        "req/s at the limit, as served (vllm serve)": "-" if r["served_rate_at_limit_rps"] is None else
+        f"{r['served_rate_at_limit_rps']:.2f} {rate_interval_text(r['served_low_rps'], r['served_high_rps'])}",
+        "in the search tok/s": "misses" if r["search_output_throughput_tok_s"] is None else
+        _num(r["search_output_throughput_tok_s"])}
+
+
 def confirmation_rows(d: Decision) -> list[dict[str, Any]]:
-    """`confirmation_records` as the table shows them; each column's header names its statistic."""
-    rows = []
-    for r in confirmation_records(d):
-        known = r["low_tok_s"] is not None and r["high_tok_s"] is not None
-        gain_known = r["gain_low_pct"] is not None and r["gain_high_pct"] is not None
-        rows.append({
-            "config": r["role"], "trial": f"#{r['trial']}", "rounds": r["rounds"],
-            "tok/s (median)": _num(r["output_throughput_tok_s"]),
-            "95% interval of the mean": interval_text(r["low_tok_s"], r["high_tok_s"]) if known else "-",
-            "gain (ratio of medians)": "-" if r["gain_pct"] is None else f"{r['gain_pct']:+.1f}%",
-            "per-round gain, 95% interval": interval_text(r["gain_low_pct"], r["gain_high_pct"], pct=True)
-            if gain_known else "-",
-            "req/s at the limit, in process (median)": _num(r["rate_at_limit_rps"], ".2f"),
-            "req/s at the limit, as served (vllm serve)": "-" if r["served_rate_at_limit_rps"] is None else
-            f"{r['served_rate_at_limit_rps']:.2f} {rate_interval_text(r['served_low_rps'], r['served_high_rps'])}",
-            "in the search tok/s": _num(r["search_output_throughput_tok_s"])
-            if r["search_output_throughput_tok_s"] is not None else "misses",
-        })
-    return rows
+    return [confirmation_row(r) for r in confirmation_records(d)]
 
 
 def confirmation_lines(d: Decision) -> list[str]:

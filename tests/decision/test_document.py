@@ -18,7 +18,7 @@ from optimizer.decision.decide import decide
 from optimizer.decision.document import report_document
 from optimizer.decision.report import summary_text
 from optimizer.decision.trial import TrialView
-from optimizer.decision.views import curve_rows, summary_lines
+from optimizer.decision.views import confirmation_records, confirmation_row, curve_rows, summary_lines
 from optimizer.measurement.rerank import rank_curve
 from optimizer.search.attrs import CONFIRM, STUDY_CONFIG
 from optimizer.search.objective import CONSTRAINT
@@ -97,6 +97,29 @@ def test_the_json_holds_the_confirmed_numbers_the_console_table_shows(confirmed,
     else:
         assert doc["gain_over_defaults"]["gain_pct"] == pytest.approx(configs[c.best.number]["gain_pct"])
 
+
+def test_a_config_that_met_the_limit_in_no_round_reads_misses_not_zero_rates(confirmed):
+    """A run over the limit at every rate it tried stores 0 tok/s (search/score.py); a row of such runs would read
+    "0.0 tok/s, 0.00 req/s at the limit, -100.0%" as if measured. The JSON keeps the stored numbers; the table says
+    it met the limit in no round."""
+    config, study, _ = confirmed
+    d = decide(study, stored(study))
+    measured = confirmation_records(d)[0]
+    shown = confirmation_row(measured)  # a config that met the limit: its numbers, as before
+    assert shown["tok/s (median)"] == f"{measured['output_throughput_tok_s']:.1f}"
+    assert shown["config"] == measured["role"]
+    assert shown["req/s at the limit, in process (median)"] == f"{measured['rate_at_limit_rps']:.2f}"
+    zeros = [0.0] * len(measured["values_tok_s"])  # what the rounds store for runs that met the limit nowhere
+    missed = {**measured, "values_tok_s": zeros, "output_throughput_tok_s": 0.0, "low_tok_s": 0.0, "high_tok_s": 0.0,
+              "gain_pct": -100.0, "gain_low_pct": -100.0, "gain_high_pct": -100.0, "rate_at_limit_rps": 0.0}
+    row = confirmation_row(missed)
+    assert row["config"] == measured["role"] + ": met the limit in no round"
+    assert row["tok/s (median)"] == row["req/s at the limit, in process (median)"] == "misses"
+    assert row["95% interval of the mean"] == row["gain (ratio of medians)"] == row["per-round gain, 95% interval"] \
+        == "-"
+    assert row["in the search tok/s"] == shown["in the search tok/s"]  # the search's own number is its own
+    one_met = {**missed, "values_tok_s": [*zeros[:-1], 10.0]}  # met it in one round: numbers, not "misses"
+    assert confirmation_row(one_met)["tok/s (median)"] == "0.0"
 
 def test_the_json_lists_every_trial_with_its_reason_and_the_baseline_as_run(confirmed, capsys):
     config, study, d = confirmed
