@@ -121,6 +121,7 @@ def test_a_config_that_met_the_limit_in_no_round_reads_misses_not_zero_rates(con
     one_met = {**missed, "values_tok_s": [*zeros[:-1], 10.0]}  # met it in one round: numbers, not "misses"
     assert confirmation_row(one_met)["tok/s (median)"] == "0.0"
 
+
 def test_the_json_lists_every_trial_with_its_reason_and_the_baseline_as_run(confirmed, capsys):
     config, study, d = confirmed
     doc = report_json(capsys, config, d)
