@@ -72,6 +72,14 @@ def rate_interval_text(low_rps: float, high_rps: float | None) -> str:
     return f"[{low_rps:.2f}, {'open' if high_rps is None else format(high_rps, '.2f')}]"
 
 
+def served_cell(r: dict[str, Any]) -> str:
+    """A `served_record`'s rate as served with its interval, for a table; where the run through `vllm serve` found
+    none, "not measured" and its run (`served_lines` says why); "-" where the config was not served."""
+    if r["served_rate_at_limit_rps"] is not None:
+        return f"{r['served_rate_at_limit_rps']:.2f} {rate_interval_text(r['served_low_rps'], r['served_high_rps'])}"
+    return f"not measured ({r['served_run']})" if r["served_run"] else "-"
+
+
 def served_lines(d: Decision) -> list[str]:
     """What the runs through `vllm serve` found, one line per config served: its rate at the limit as served beside
     the rate in process, and, where the two differ by more than their intervals, that they do."""

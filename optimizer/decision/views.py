@@ -9,7 +9,7 @@ from typing import Any
 from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision, rate_text, resolution, view
 from optimizer.decision.numbers import GAIN_STATISTIC, THROUGHPUT_STATISTIC, interval_text
-from optimizer.decision.served import IN_PROCESS, rate_interval_text, served_lines, served_record
+from optimizer.decision.served import IN_PROCESS, served_cell, served_lines, served_record
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import median
 from optimizer.measurement.rerank import Answer, qualifies
@@ -204,8 +204,7 @@ def confirmation_row(r: dict[str, Any]) -> dict[str, Any]:
         "per-round gain, 95% interval": "-" if not gain_known else
         interval_text(r["gain_low_pct"], r["gain_high_pct"], pct=True),
         "req/s at the limit, in process (median)": "misses" if misses else _num(r["rate_at_limit_rps"], ".2f"),
-        "req/s at the limit, as served (vllm serve)": "-" if r["served_rate_at_limit_rps"] is None else
-        f"{r['served_rate_at_limit_rps']:.2f} {rate_interval_text(r['served_low_rps'], r['served_high_rps'])}",
+        "req/s at the limit, as served (vllm serve)": served_cell(r),
         "in the search tok/s": "misses" if r["search_output_throughput_tok_s"] is None else
         _num(r["search_output_throughput_tok_s"])}
 

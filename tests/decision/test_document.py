@@ -120,6 +120,13 @@ def test_a_config_that_met_the_limit_in_no_round_reads_misses_not_zero_rates(con
     assert row["in the search tok/s"] == shown["in the search tok/s"]  # the search's own number is its own
     one_met = {**missed, "values_tok_s": [*zeros[:-1], 10.0]}  # met it in one round: numbers, not "misses"
     assert confirmation_row(one_met)["tok/s (median)"] == "0.0"
+    # as served: "-" only where it was not served; a run through `vllm serve` that found no rate names its run
+    served = "req/s at the limit, as served (vllm serve)"
+    assert confirmation_row({**measured, "served_rate_at_limit_rps": None, "served_run": None})[served] == "-"
+    assert confirmation_row({**measured, "served_rate_at_limit_rps": None, "served_run": "c8"})[served] \
+        == "not measured (c8)"
+    assert confirmation_row({**measured, "served_rate_at_limit_rps": 12.5, "served_low_rps": 11.0,
+                             "served_high_rps": None, "served_run": "c8"})[served] == "12.50 [11.00, open]"
 
 
 def test_the_json_lists_every_trial_with_its_reason_and_the_baseline_as_run(confirmed, capsys):
