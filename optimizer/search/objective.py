@@ -50,8 +50,10 @@ from optimizer.search.study import in_confirmation_study
 CONSTRAINT = "ttft_p99_over_limit_ms"
 # The constraint value of a config that cannot run at all: worse than any measured SLO miss.
 CANNOT_RUN_MS = 1e7
-# On the CPU build, when vLLM's default memory fraction (0.92) does not fit beside other processes.
-CPU_BASELINE_MEMORY_FALLBACK = 0.3
+# On the CPU build, when vLLM's default memory fraction (0.92) does not fit beside other processes: the middle of
+# the CPU space's range (optimizer/params/space.py), so that the probe's engine start, made with it, predicts a
+# trial's.
+CPU_BASELINE_MEMORY_FALLBACK = 0.2
 # The baseline's replays at a load the workload fixes (closed-loop clients, a trace at its own timestamps): their
 # spread is the study's noise level there. A rate search needs none: its probes' pooled fit gives its interval.
 BASELINE_REPEATS = 3

@@ -21,7 +21,7 @@ from optimizer.decision.trial import TrialView
 from optimizer.decision.views import confirmation_records, confirmation_row, curve_rows, summary_lines
 from optimizer.measurement.rerank import rank_curve
 from optimizer.search.attrs import CONFIRM, STUDY_CONFIG
-from optimizer.search.objective import CONSTRAINT
+from optimizer.search.objective import CONSTRAINT, CPU_BASELINE_MEMORY_FALLBACK
 from optimizer.search.score import confirmation
 from optimizer.search.study import DIRECTIONS, confirmation_runs, is_confirmation
 from tests.support import synthetic
@@ -31,7 +31,7 @@ from tests.support.fakes import make_config, run_study
 @pytest.fixture(scope="module")
 def confirmed(tmp_path_factory):
     """A study on the simulator: 4 search trials, then 2 confirmation rounds. Its baseline cannot take vLLM's 0.92
-    of the simulated device's memory (90% usable), so it runs with this machine's fallback, 0.3."""
+    of the simulated device's memory (90% usable), so it runs with this machine's fallback (0.2)."""
     d = tmp_path_factory.mktemp("confirmed")
     model = d / "arch"
     model.mkdir()
@@ -136,9 +136,9 @@ def test_the_json_lists_every_trial_with_its_reason_and_the_baseline_as_run(conf
     assert [t["trial"] for t in doc["trials"]] == searched  # confirmation runs are not search trials
     assert all(t["reason"] for t in doc["trials"])
     base = doc["baseline"]
-    assert base["trial"] == 0 and base["engine_config"]["gpu_memory_utilization"] == 0.3
+    assert base["trial"] == 0 and base["engine_config"]["gpu_memory_utilization"] == CPU_BASELINE_MEMORY_FALLBACK
     fallback = base["not_vllm_defaults"]["gpu_memory_utilization"]
-    assert fallback["value"] == 0.3 and fallback["why"].startswith("this machine's fallback: vLLM's default")
+    assert fallback["value"] == CPU_BASELINE_MEMORY_FALLBACK and fallback["why"].startswith("this machine's fallback: vLLM's default")
     assert base["not_vllm_defaults"]["load_format"]["value"] == "dummy"
 
 
@@ -171,7 +171,7 @@ def test_the_headline_gives_the_confirmed_number_with_its_interval_and_rounds(co
         f"(median of 2 confirmation rounds, 95% interval of the mean [{tp['low_tok_s']:.1f}, {tp['high_tok_s']:.1f}])")
     assert "in the search: " in headline  # the search's own number, named as such
     assert "tok/s: the median of the full rounds" in out and "gain over vLLM's defaults: the ratio of" in out
-    assert "gpu_memory_utilization=0.3 (this machine's fallback" in out
+    assert f"gpu_memory_utilization={CPU_BASELINE_MEMORY_FALLBACK} (this machine's fallback" in out
 
 
 def test_report_trial_reaches_a_confirmation_run(confirmed, capsys):

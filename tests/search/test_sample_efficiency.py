@@ -21,13 +21,15 @@ def load_benchmark():
     return module
 
 
-def test_ten_simulated_trials_find_a_feasible_config_better_than_vllm_defaults(tmp_path, config_only_model):
-    config = StudyConfig(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", ttft_p99_ms=150.0, budget=10,
+def test_a_dozen_simulated_trials_find_a_feasible_config_better_than_vllm_defaults(tmp_path, config_only_model):
+    # a seeded draw: ten found one in the CPU space before its memory range was lowered (0.15-0.5 -> 0.1-0.3), the
+    # same seed needs eleven since
+    config = StudyConfig(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", ttft_p99_ms=150.0, budget=12,
                          model=str(config_only_model), dummy_weights=True, device="cpu",
                          workload=WorkloadSpec(**CPU_DEMO_WORKLOAD))
     prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
     study = run(prepared, quiet=True)
-    assert len(study.trials) == 10
+    assert len(study.trials) == 12
     baseline = study.trials[0]
     assert baseline.user_attrs["baseline"] and goodput(baseline) > 0
     best = recommended(study)
