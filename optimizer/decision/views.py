@@ -91,7 +91,7 @@ def _describe(d: Decision, v: TrialView) -> str:
 
 
 def defaults_as_run_text(d: Decision) -> str:
-    """What the baseline ran with that is not vLLM's default, and why: 'gpu_memory_utilization=0.3 (this machine's
+    """What the baseline ran with that is not vLLM's default, and why: 'gpu_memory_utilization=0.2 (this machine's
     fallback: ...); enforce_eager=True (the CPU build's setting, set for every trial)'; '' where nothing."""
     return "; ".join(f"{k}={v} ({why})" for k, (v, why) in d.defaults_as_run.items())
 
