@@ -43,8 +43,8 @@ _DEFAULTS: dict[str, dict[str, Dist]] = {
     },
     # On the CPU build the memory fraction is of the NUMA node's memory, and the KV cache of a small model
     # needs little of it; the scale of the other knobs is that of a 2-core machine. Every start touches the whole
-    # KV cache (vLLM zeroes it): 3.3-3.9 s per GiB on the 2-core VMs measured, the largest phase of an engine
-    # start, while no replay of the README's study used over 4% of it (docs/machines.md). The range stays low.
+    # KV cache (vLLM zeroes it): 3.3-3.9 s per GiB on the 2-core VMs measured, a third of an engine start at the
+    # old range's 0.15-0.5, while no replay of the README's studies used over 6% of it (docs/machines.md).
     "cpu": {  # wide enough to hold vLLM's CPU defaults (128 sequences, 2048 tokens) and more on both sides
         "max_num_seqs": IntRange(low=2, high=256, log=True),
         "max_num_batched_tokens": IntRange(low=256, high=8192, log=True),

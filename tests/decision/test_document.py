@@ -138,7 +138,8 @@ def test_the_json_lists_every_trial_with_its_reason_and_the_baseline_as_run(conf
     base = doc["baseline"]
     assert base["trial"] == 0 and base["engine_config"]["gpu_memory_utilization"] == CPU_BASELINE_MEMORY_FALLBACK
     fallback = base["not_vllm_defaults"]["gpu_memory_utilization"]
-    assert fallback["value"] == CPU_BASELINE_MEMORY_FALLBACK and fallback["why"].startswith("this machine's fallback: vLLM's default")
+    assert fallback["value"] == CPU_BASELINE_MEMORY_FALLBACK
+    assert fallback["why"].startswith("this machine's fallback: vLLM's default")
     assert base["not_vllm_defaults"]["load_format"]["value"] == "dummy"
 
 
