@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["inprocess", "http"],
                    help="how trials run vLLM: inprocess (AsyncLLM in this process, the default) or http (a vLLM "
                    "OpenAI-compatible server per trial, measured over HTTP as clients see it; docs/http.md)")
+    p.add_argument("--cold-starts", action="store_true", default=None,
+                   help="on vLLM's CPU build, start every engine as vLLM does (spawning its processes, ~15 s more a "
+                   "trial) instead of forking them from a process with vLLM imported (docs/machines.md#engine-start)")
     return p
 
 
@@ -128,6 +131,8 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
         out["device"] = ns.device
     if getattr(ns, "backend", None) is not None:
         out["backend"] = ns.backend
+    if getattr(ns, "cold_starts", None):
+        out["warm_starts"] = False
     if getattr(ns, "deploy_as", None) is not None:
         out["deploy_as"] = ns.deploy_as
     workload, auto = workload_settings(ns)

@@ -103,6 +103,9 @@ class StudyConfig(StrictModel):
     backend: Literal["inprocess", "http"] = Field(
         "inprocess", description="How trials run vLLM: 'inprocess' (AsyncLLM in this process) or 'http' (a "
                                  "`vllm serve` child per trial, measured over its OpenAI-compatible API).")
+    warm_starts: bool = Field(True, description="On vLLM's CPU build, fork each in-process engine from a process "
+                                                "with vLLM imported instead of spawning it as vLLM does "
+                                                "(optimizer/engines/warm_start.py); False: --cold-starts.")
     deploy_as: Literal["serve", "llm"] = Field(
         "serve", description="What is deployed, whose defaults the baseline is and under whose usage context every "
                              "trial's config is built: 'serve' (`vllm serve`) or 'llm' (`vllm.LLM`); see "

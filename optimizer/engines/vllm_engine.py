@@ -25,6 +25,7 @@ from optimizer.core.processes import (
     ProcessRef, children, end_processes, kill_now, named, output_to, release_shared_memory, shared_memory_of,
     worker_exit_defaults,
 )
+from optimizer.engines import warm_start
 from optimizer.measurement.engine import EngineStats, RequestTiming
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import DEFAULT_TARGET, usage_context
@@ -62,8 +63,10 @@ class VllmEngine:
     """AsyncLLM adapter. `base_args` (model, dtype, ...) are fixed; `start(params)` adds the trial's values."""
 
     def __init__(self, base_args: dict[str, Any], shutdown_timeout_s: float = 20.0,
-                 collect_stats: bool = True, deploy_as: str = DEFAULT_TARGET) -> None:
+                 collect_stats: bool = True, deploy_as: str = DEFAULT_TARGET, warm_starts: bool = True) -> None:
         self._base_args = dict(base_args)
+        # on the CPU build, fork the engine from a process with vLLM imported (optimizer/engines/warm_start.py)
+        self.warm_starts = warm_starts
         # configs are built under this deployment's usage context (optimizer/params/deploy.py)
         self.deploy_as = deploy_as
         self._saved_env: dict[str, str | None] = {}
@@ -116,12 +119,14 @@ class VllmEngine:
         # that it is not taken for one of the engine's processes.
         resource_tracker.ensure_running()
         self._log_path = log_path
-        before = children()
-        watcher = asyncio.create_task(self._watch_children(before))
         trial_env = split_env(params)[1]
         self._set_env({**worker_exit_defaults({**os.environ, **trial_env}), **trial_env})
+        with output_to(log_path):
+            warm = self._warm_context(params, trial_env)  # its fork server, when started, is not the engine's
+        before = children()
+        watcher = asyncio.create_task(self._watch_children(before))
         try:
-            with output_to(log_path):
+            with output_to(log_path), warm_start.launch_from(warm):
                 from vllm.v1.engine.async_llm import AsyncLLM
 
                 args = self.engine_args(params)
@@ -157,6 +162,27 @@ class VllmEngine:
             self._sink.max_num_seqs = resolved["max_num_seqs"]
             self._sink.take()  # nothing from the start-up belongs to a replay
         return resolved
+
+    def _warm_context(self, params: dict[str, Any], trial_env: dict[str, str]) -> Any:
+        """The fork server's context for a warm start, or None for vLLM's own (spawn); the trial's log says which."""
+        if not self.warm_starts or not _cpu_build():
+            return None
+        try:
+            config = self.engine_config(params)  # vLLM's CPU platform sets its children's LD_PRELOAD here
+        except Exception:  # an invalid config: the start itself reports it
+            return None
+        reason = warm_start.refusal(trial_env, os.environ, warm_start.server_env(), warm_start.worker_cpus(config))
+        if reason is not None:
+            _to_log(f"optimizer: cold start (vLLM spawns the engine's processes): {reason}")
+            return None
+        try:
+            context = warm_start.ensure_server()
+        except OSError as exc:
+            _to_log(f"optimizer: cold start (vLLM spawns the engine's processes): no fork server: {exc}")
+            return None
+        _to_log(f"optimizer: warm start: the engine core is forked from the fork server (PID "
+                f"{warm_start.server_pid()}), which has vLLM imported")
+        return context
 
     def _set_env(self, env: dict[str, str]) -> None:
         """The trial's vLLM environment variables, for the engine's lifetime (its core inherits them at fork);
@@ -253,6 +279,11 @@ class VllmEngine:
         if self._front_end_log is not None:
             self._front_end_log.close()
             self._front_end_log = None
+
+
+def _to_log(line: str) -> None:
+    """One line to file descriptor 1: inside `output_to`, the trial's log, beside the engine's own output."""
+    os.write(1, f"{line}\n".encode())
 
 
 class FrontEndLog:

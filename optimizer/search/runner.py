@@ -57,10 +57,10 @@ def engine_base_args(config: StudyConfig, path: str) -> dict[str, Any]:
     return args
 
 
-def vllm_factory(base_args: dict[str, Any], deploy_as: str = "serve") -> EngineFactory:
+def vllm_factory(base_args: dict[str, Any], deploy_as: str = "serve", warm_starts: bool = True) -> EngineFactory:
     from optimizer.engines.vllm_engine import VllmEngine
 
-    return lambda: VllmEngine(base_args, deploy_as=deploy_as)
+    return lambda: VllmEngine(base_args, deploy_as=deploy_as, warm_starts=warm_starts)
 
 
 def http_factory(base_args: dict[str, Any]) -> EngineFactory:
@@ -72,7 +72,8 @@ def http_factory(base_args: dict[str, Any]) -> EngineFactory:
 def factory_for(config: StudyConfig, path: str) -> EngineFactory:
     """The engine the study's `backend` names, with the study's fixed engine arguments."""
     base = engine_base_args(config, path)
-    return http_factory(base) if config.backend == "http" else vllm_factory(base, config.deploy_as)
+    return http_factory(base) if config.backend == "http" else vllm_factory(base, config.deploy_as,
+                                                                            config.warm_starts)
 
 
 def served_factory_for(config: StudyConfig, path: str) -> EngineFactory:
