@@ -2,7 +2,7 @@
 
 The demo must work on any CPU: a core with native bf16 serves the 17M-parameter demo model's longest prompt in
 ~15 ms, an AVX2-only core in float32 several times slower, so that a 150 ms limit could not be met by any
-config there. The probe starts vLLM's defaults once on the largest embedded shape and measures
+config there. The probe starts vLLM's defaults on the largest embedded shape and measures
 
 - lone prefill: the demo's longest prompt, alone in the engine, three times (median TTFT);
 - decode: time per output token of a lone request, which is mostly the engine's per-step overhead;
@@ -169,8 +169,8 @@ def _tpot_ms(rec: RequestRecord) -> float | None:
 
 async def probe(engine_factory: Callable[[], Engine], spec: WorkloadSpec, vocab_size: int, clock: Clock,
                 model: str, dtype: str, params: dict[str, Any], log_path: Path | None = None) -> ProbeResult:
-    """Start the engine with `params` (vLLM's defaults, as the baseline runs them) once and measure lone
-    prefill, decode and the burst ceiling (see the module doc)."""
+    """Start the engine with `params` (vLLM's defaults, as the baseline runs them), untimed, shut it down, start it
+    again and measure that start, lone prefill, decode and the burst ceiling (see the module doc)."""
     from optimizer.core.errors import OptimizerError
 
     workload = build_workload(spec.model_copy(update={"num_requests": BURST_REQUESTS}), vocab_size)
