@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how trials run vLLM: inprocess (AsyncLLM in this process, the default) or http (a vLLM "
                    "OpenAI-compatible server per trial, measured over HTTP as clients see it; docs/http.md)")
     p.add_argument("--cold-starts", action="store_true", default=None,
-                   help="on vLLM's CPU build, start every engine as vLLM does (spawning its processes, ~15 s more a "
+                   help="on vLLM's CPU build, start every engine as vLLM does (spawning its processes, ~20 s more a "
                    "trial) instead of forking them from a process with vLLM imported (docs/machines.md#engine-start)")
     return p
 
