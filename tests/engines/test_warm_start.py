@@ -88,3 +88,18 @@ def test_a_forked_process_is_bound_as_libgomp_binds_a_spawned_one():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["child"] == [[target], 1]
     assert got["parent"] == [cpus, len(cpus)]
+
+
+def test_cold_starts_flag_reaches_the_studys_engines(tmp_path):
+    """`--cold-starts` is stored with the study and every in-process engine it makes starts as vLLM does."""
+    from optimizer.cli.run import build_parser, explicit_settings
+    from optimizer.config.settings import StudyConfig
+    from optimizer.search.runner import factory_for
+
+    settings = explicit_settings(build_parser().parse_args(["--ttft-p99", "150ms", "--cold-starts"]))
+    assert settings["warm_starts"] is False
+    assert "warm_starts" not in explicit_settings(build_parser().parse_args(["--ttft-p99", "150ms"]))
+    base = {"study_name": "s", "storage_url": f"sqlite:///{tmp_path}/s.db", "ttft_p99_ms": 150.0, "budget": 2,
+            "model": "m"}
+    assert factory_for(StudyConfig(**base, warm_starts=False), "m")().warm_starts is False
+    assert factory_for(StudyConfig(**base), "m")().warm_starts is True
