@@ -45,6 +45,12 @@ def test_a_warm_engine_runs_as_vllms_spawned_one(tiny_model, tmp_path):
     server = warm_start.server_pid()
 
     log = (tmp_path / "warm.log").read_text()
+    config = VllmEngine({"model": str(tiny_model), **cpu_engine_args()}).engine_config(START_PARAMS)
+    cpus = warm_start.worker_cpus(config)
+    if cpus is None or any(len(c) > 1 for c in cpus):
+        # a machine where vLLM gives the worker several OpenMP threads: the start stays cold, and the log says why
+        assert "optimizer: cold start" in log and warm == cold
+        return
     assert "optimizer: warm start" in log and "optimizer: cold start" not in (tmp_path / "again.log").read_text()
     assert "optimizer: warm start" not in (tmp_path / "cold.log").read_text()
     # the forked core and worker write to the trial's log, as spawned ones do
