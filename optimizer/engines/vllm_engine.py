@@ -172,6 +172,8 @@ class VllmEngine:
         except Exception:  # an invalid config: the start itself reports it
             return None
         reason = warm_start.refusal(trial_env, os.environ, warm_start.server_env(), warm_start.worker_cpus(config))
+        if reason is None and not warm_start.launcher_takes_a_context():
+            reason = "this vLLM's launcher has no get_mp_context to take the fork server's processes from"
         if reason is not None:
             _to_log(f"optimizer: cold start (vLLM spawns the engine's processes): {reason}")
             return None

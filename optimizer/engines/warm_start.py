@@ -182,6 +182,16 @@ def worker_cpus(vllm_config: Any) -> list[list[int]] | None:
         return None
 
 
+def launcher_takes_a_context() -> bool:
+    """Whether vLLM's launcher of engine cores gets its processes from `get_mp_context` (vLLM 0.32), which
+    `launch_from` replaces; another vLLM version without it starts cold."""
+    try:
+        import vllm.v1.engine.utils as launcher
+    except ImportError:
+        return False
+    return callable(getattr(launcher, "get_mp_context", None))
+
+
 @contextmanager
 def launch_from(context: multiprocessing.context.BaseContext | None) -> Iterator[None]:
     """While the block runs, vLLM's launcher of engine cores takes its processes from `context` (None: vLLM's own)."""

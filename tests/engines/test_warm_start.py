@@ -103,3 +103,17 @@ def test_cold_starts_flag_reaches_the_studys_engines(tmp_path):
             "model": "m"}
     assert factory_for(StudyConfig(**base, warm_starts=False), "m")().warm_starts is False
     assert factory_for(StudyConfig(**base), "m")().warm_starts is True
+
+
+def test_the_installed_vllm_launches_through_the_context_a_warm_start_replaces():
+    """vLLM 0.32's launcher takes its engine-core processes from `get_mp_context`; `launch_from` swaps it for the
+    block only."""
+    import vllm.v1.engine.utils as launcher
+
+    from optimizer.engines.warm_start import launch_from, launcher_takes_a_context
+
+    assert launcher_takes_a_context()
+    own, marker = launcher.get_mp_context, object()
+    with launch_from(marker):
+        assert launcher.get_mp_context() is marker
+    assert launcher.get_mp_context is own
