@@ -9,6 +9,7 @@ config runs in process (VllmEngine) for the in-process vs HTTP comparison. Print
 ours/vLLM (targets: output throughput within 5%, TTFT P50 and P99 within 10%).
 
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/parity.py [--repeats 3] [--rates 4,inf]
+        [--model tiny-llama-7m] [--max-num-seqs 0]   (0: vLLM's default, as the demo's baseline)
 """
 
 from __future__ import annotations
@@ -223,15 +224,16 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rates", default="4,inf", help="offered rates, req/s (inf: all at once)")
     p.add_argument("--num-requests", type=int, default=CPU_DEMO_WORKLOAD["num_requests"])
-    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=16, help="0: vLLM's default (the demo's baseline)")
+    p.add_argument("--model", default=None, help="an embedded demo model (tiny-llama-17m, -7m, -4m; default: 17m)")
     p.add_argument("--skip-inprocess", action="store_true")
     p.add_argument("--out", default=None, help="folder for traces, vLLM's result JSONs, logs (default: a temp dir)")
     args = p.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
-    model = str(default_model())
+    model = str(default_model(args.model) if args.model else default_model())
     spec = WorkloadSpec(**{**CPU_DEMO_WORKLOAD, "num_requests": args.num_requests})
     workload = build_workload(spec, inspect_model(model).vocab_size)
-    params = {"max_num_seqs": args.max_num_seqs, "gpu_memory_utilization": 0.2}
+    params = {**({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}), "gpu_memory_utilization": 0.2}
     work = Path(args.out or tempfile.mkdtemp(prefix="parity-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"model {model}; config {params}; workload {spec.num_requests} requests, inputs {spec.input_len_min}-"

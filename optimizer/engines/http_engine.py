@@ -165,9 +165,16 @@ class _HttpClient:
 
 
 async def _sse_messages(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """Server-sent `data:` messages as dicts, however the bytes are split (a prompt echo can exceed a line limit)."""
+    """Server-sent `data:` messages as dicts, however the bytes are split (a prompt echo can exceed a line limit).
+
+    After `[DONE]` the body is read to its end: aiohttp returns a connection to its pool only when its response was
+    read whole, and a new connection for every request (a connect and an accept on the server, on the cores the
+    server and the engine use) was measured at 151 of 600 requests against 25 when read to the end."""
     buf = b""
+    done = False
     async for part in resp.content.iter_any():
+        if done:
+            continue
         buf += part
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
@@ -176,7 +183,8 @@ async def _sse_messages(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str,
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
-                return
+                done = True
+                break
             yield json.loads(data)
 
 

@@ -140,6 +140,22 @@ def test_client_counts_every_token_with_or_without_token_ids(token_ids):
     assert fake.resets == 2  # retried until the server reported success
 
 
+def test_requests_one_after_another_reuse_one_connection():
+    """Each stream is read to its end after [DONE], so aiohttp pools its connection: no connect per request."""
+    fake = FakeServer()
+
+    async def scenario(url, runner):
+        engine = RemoteEngine(url, wait_s=2)
+        await engine.start({})
+        try:
+            return [sum([n async for n in engine.generate(REQ)]) for _ in range(5)]
+        finally:
+            await engine.shutdown()
+
+    assert asyncio.run(_with_fake(fake, scenario)) == [7] * 5
+    assert len(fake.peers) == 5 and len(set(fake.peers)) == 1, fake.peers
+
+
 def test_measure_only_runs_on_a_server_without_reset_and_ends_nothing():
     fake = FakeServer(reset=False)
 

@@ -88,6 +88,7 @@ class FakeServer:
         self.token_ids, self.per_chunk, self.reset, self.drop_after = token_ids, per_chunk, reset, drop_after
         self.hang_up_first = hang_up_first
         self.payloads, self.resets = [], 0
+        self.peers = []  # the client's (host, port) of each completion request: which connection it came on
         self.app = web.Application()
         self.app.router.add_get("/health", lambda r: web.Response())
         self.app.router.add_get("/v1/models", lambda r: web.json_response(
@@ -103,6 +104,7 @@ class FakeServer:
     async def completions(self, request):
         payload = await request.json()
         self.payloads.append(payload)
+        self.peers.append(request.transport.get_extra_info("peername"))
         if self.hang_up_first and len(self.payloads) == 1:
             request.transport.close()  # what a kept-alive connection closed by the server looks like to a client
             return web.Response()
@@ -124,4 +126,5 @@ class FakeServer:
             await asyncio.sleep(0.001)
         usage = {"completion_tokens": payload["max_tokens"], "prompt_tokens": len(payload["prompt"])}
         await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+        await asyncio.sleep(0.005)  # as vLLM's server: the body's end comes after [DONE], in a packet of its own
         return resp
