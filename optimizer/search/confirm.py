@@ -1,6 +1,6 @@
 """The confirmation: after the search, vLLM's defaults and the top candidates measured again, alternating, each on a
-fresh engine, in rounds until they decide (at most `--confirm N` rounds; by default as many as a quarter of the
-budget holds).
+fresh engine, in rounds until they decide (at most `--confirm N` rounds; by default as many as 40% of the budget
+holds).
 
 One whole trial of one config varies by 12-18% on a shared machine, mostly by the rung of the rate ladder it lands
 on: a study's "+18.7% over vLLM's defaults" was, measured again, no gain at all. So the number a user acts on is
@@ -21,20 +21,21 @@ measured again:
 - each round replays a workload drawn anew from the study's spec (seed + 1 + round, `round_seed`), the same draw for
   every config of the round: the interval then covers which requests came as well as the machine's noise, and no
   round replays the draw the search chose its winner on (a winner is partly the luck of that draw);
-- after every round from the second on, the rounds look at their gain intervals (measurement/sequential.py, with a
-  Bonferroni correction over the looks the plan allows) and stop once they decide: the recommendation's gain over
-  vLLM's defaults lies above 0, below 0, or within +-3 points; a candidate clearly behind the leader drops out of
-  the later rounds; the next round is queued only when the one before has finished;
+- after every round from the second on, the rounds look at their gain intervals (measurement/sequential.py, the 5%
+  error split over the looks the plan allows, most of it kept for the last) and stop once they decide: the
+  recommendation's gain over vLLM's defaults lies above 0, below 0, or within +-3 points; a candidate clearly
+  behind the leader drops out of the later rounds; the next round is queued only when the one before has finished;
 - the recommendation is the config with the highest median over its rounds (search/score.py::recommended);
 - then, unless the study runs `vllm serve` throughout (`--backend http`) or `--no-served`, vLLM's defaults and the
   leader run once more each through `vllm serve` over HTTP (the objective's `served_factory`), on a draw no round
   replayed: a user deploys the server, and on a small machine the server, the engine and the client share its cores,
   so the rate as served can lie well below the rate in process. The report shows both, each named.
 
-The runs come out of the user's budget: `--budget 40` with up to 3 rounds of 3 configs and the 2 runs as served is
-29 search trials, up to 9 runs (rounds that decide early leave the rest unspent) and 2 served. By default the
-confirmation takes at most a quarter of a trial budget (none when that holds fewer than 2 rounds); `--confirm N` asks
-for up to N rounds whatever the budget.
+The runs come out of the user's budget: `--budget 40` with up to 5 rounds of 3 configs and the 2 runs as served is
+23 search trials, up to 15 runs (rounds that decide early leave the rest unspent) and 2 served. By default the
+confirmation takes at most 40% of a trial budget (none when that holds fewer than 2 rounds): with engines started
+warm a run costs about two search trials' time, and an undecided gain after 3 rounds was +-12.6 points wide where 5
+narrow it to about half; `--confirm N` asks for up to N rounds whatever the budget.
 With a deadline (`--budget 8h`), the search stops early enough for the rounds, and a round that would end past the
 deadline is not started.
 """
@@ -52,7 +53,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.errors import UsageError
-from optimizer.measurement.sequential import Outcome, look_confidence
+from optimizer.measurement.sequential import SPENDING_POWER, Outcome, look_confidence
 from optimizer.search.attrs import (
     CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
@@ -65,9 +66,9 @@ from optimizer.search.study import (
     confirmation_runs, confirmation_study, is_confirmation, run_name, search_trials, wait_while_running,
 )
 
-DEFAULT_ROUNDS = 3
+DEFAULT_ROUNDS = 5  # with a deadline alone (the time decides how many fit)
 CONFIGS = 3  # vLLM's defaults, the recommendation and its closest rival: what each round plans for
-AUTO_SHARE = 0.25  # by default the confirmation takes at most this share of a trial budget
+AUTO_SHARE = 0.4  # by default the confirmation takes at most this share of a trial budget
 MIN_AUTO_ROUNDS = 2  # fewer rounds give no interval: by default, then, none
 MIN_SEARCH_TRIALS = 2  # vLLM's defaults and one more: what a search keeps at the least
 ROUND_SEED_STEP = 1  # round r replays the workload of seed + ROUND_SEED_STEP + r
@@ -91,8 +92,8 @@ class Plan:
 
 def plan(budget: int | None, asked: int | None, served: bool = False) -> Plan:
     """Pure: the rounds a study confirms at most and the trials its search keeps. `asked` None is the default: as many
-    rounds as a quarter of the budget holds (none below 2; with a deadline alone, 3); a number is the user's
-    `--confirm N`. The rounds stop before that once they decide (measurement/sequential.py). With `served`, the
+    rounds as AUTO_SHARE of the budget holds (none below 2; with a deadline alone, DEFAULT_ROUNDS); a number is the
+    user's `--confirm N`. The rounds stop before that once they decide (measurement/sequential.py). With `served`, the
     rounds end with SERVED_CONFIGS runs through `vllm serve` (`enqueue`), which come out of the budget too."""
     if asked == 0:
         return Plan(0, budget, "confirmation: off (--confirm 0)")
@@ -185,7 +186,8 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     stored = STUDY_CONFIRMATION.of(study)
     if stored and stored.get("plan") == key:
         plan_attr = {**stored, "rounds": max(rounds, int(stored.get("rounds", 0)))}
-        plan_attr["confidence"] = look_confidence(plan_attr["rounds"])
+        if not stored.get("spending"):  # a plan stored before the error was split unequally over the looks
+            plan_attr["confidence"] = look_confidence(plan_attr["rounds"])
         # a plan made without runs as served (before them, or --no-served) gets none on a resume: its budget had none
         plan_attr["served"] = served and bool(stored.get("served"))
     else:
@@ -193,8 +195,7 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
         if not chosen:
             return None
         plan_attr = {"plan": key, "rounds": rounds, "candidates": [t.number for t in chosen],
-                     "limit_ms": study_limit_ms(study), "confidence": look_confidence(rounds), "dropped": {},
-                     "served": served}
+                     "limit_ms": study_limit_ms(study), "spending": SPENDING_POWER, "dropped": {}, "served": served}
     c = confirmation(study, plan_attr)
     assert c is not None
     runs, dropping = next_runs(c)

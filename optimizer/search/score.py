@@ -19,12 +19,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.measurement.intervals import (Interval, block_gain_interval, brackets_overlap, interval,
-                                             rate_bracket_tok_s)
+from optimizer.measurement.intervals import Interval, block_gain_interval, brackets_overlap, interval
+from optimizer.measurement.intervals import rate_bracket_tok_s
 from optimizer.measurement.noise import Z, median
 from optimizer.measurement.rate_fit import RateAtLimit
 from optimizer.measurement.rerank import Answer, Ranked, merge_repeats, rank_curve
-from optimizer.measurement.sequential import FIRST_LOOK_ROUND, Outcome, behind, outcome
+from optimizer.measurement.sequential import FIRST_LOOK_ROUND, Outcome, behind, look_alpha, outcome
 from optimizer.params.parallel import gpus_needed, per_gpu_curve
 from optimizer.search.attrs import CONFIRM, CURVE, ENGINE_PARAMS, RESULT, STUDY_CONFIG, STUDY_CONFIRMATION
 from optimizer.search.study import confirmation_runs, is_baseline, search_trials
@@ -232,8 +232,7 @@ class Confirmation:
 
     Only full rounds count (every config still measured in that round ran in it), so that each round compares like
     with like. Its rounds run until they decide (optimizer/measurement/sequential.py): the intervals are at the
-    plan's `confidence`, Bonferroni-corrected over the looks it allows (95% in plans stored before), and a config
-    clearly behind the leader drops out of the later rounds (`dropped`)."""
+    current look's `confidence`, and a config clearly behind the leader drops out of the later rounds (`dropped`)."""
 
     plan: dict[str, Any]
     configs: list[Confirmed]  # in the plan's order: vLLM's defaults first
@@ -245,7 +244,9 @@ class Confirmation:
 
     @property
     def confidence(self) -> float:
-        """The confidence of every interval shown: each look's, corrected for looking after every round."""
+        """Of every interval shown: the current look's share of the error (`look_alpha`; plans before: as stored)."""
+        if self.plan.get("spending"):
+            return 1 - look_alpha(self.rounds, len(self.full_rounds))
         return float(self.plan.get("confidence", 0.95))
 
     @property
@@ -297,8 +298,7 @@ class Confirmation:
 
     @property
     def best(self) -> Confirmed | None:
-        """The config still measured with the highest median throughput over the full rounds (ties: the plan's
-        order)."""
+        """The config still measured with the highest median throughput over the full rounds (ties: plan order)."""
         if not self.usable:
             return None
         return max(self.active or self.configs, key=lambda c: self.interval(c).median)
@@ -346,7 +346,7 @@ class Confirmation:
         return [c for c in self.active if c is not best and not c.baseline and behind(self.difference(c, best))]
 
     def rate_interval(self, c: Confirmed) -> Interval:
-        """`c`'s rate at the limit in process over the full rounds: median, interval of the mean at the plan's
+        """`c`'s rate at the limit in process over the full rounds: median, interval of the mean at the look's
         confidence."""
         return interval([v for r in self.full_rounds if (v := c.rate_rps(r)) is not None], 0.0, self.confidence)
 

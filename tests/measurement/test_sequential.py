@@ -3,7 +3,8 @@
 import math
 
 from optimizer.measurement.intervals import Interval, gain_interval
-from optimizer.measurement.sequential import Outcome, behind, decides, look_confidence, looks, outcome
+from optimizer.measurement.sequential import (ALPHA, Outcome, behind, decides, look_alpha, look_confidence, looks,
+                                              outcome)
 
 
 def iv(low: float, high: float, n: int = 3) -> Interval:
@@ -15,6 +16,19 @@ def test_each_look_is_corrected_for_the_looks_the_plan_allows():
     assert look_confidence(3) == 0.975  # 0.05 split over the looks after rounds 2 and 3
     assert math.isclose(look_confidence(6), 0.99)
     assert look_confidence(2) == 0.95  # one look: no correction
+
+
+def test_the_error_is_split_over_the_looks_most_of_it_kept_for_the_last():
+    # by hand, 3 rounds: ALPHA x (2/3)^3 = 0.05 x 8/27 = 0.014815 at round 2, the rest (0.035185) at round 3
+    assert math.isclose(look_alpha(3, 2), 0.05 * 8 / 27) and math.isclose(look_alpha(3, 3), 0.05 * 19 / 27)
+    assert look_alpha(2, 2) == ALPHA  # one look: all of it
+    # 5 rounds: 0.05 x (8, 27 - 8, 64 - 27, 125 - 64) / 125
+    assert [round(look_alpha(5, r), 6) for r in (2, 3, 4, 5)] == [0.0032, 0.0076, 0.0148, 0.0244]
+    for rounds in range(2, 11):
+        shares = [look_alpha(rounds, r) for r in range(2, rounds + 1)]
+        assert math.isclose(sum(shares), ALPHA)  # the union bound: 95% whichever look stops the rounds
+        assert shares == sorted(shares)  # each later look keeps more of the error than the one before
+    assert look_alpha(5, 9) == look_alpha(5, 5) and look_alpha(5, 1) == look_alpha(5, 2)  # clamped to the looks
 
 
 def test_a_gain_interval_decides_above_below_or_within_three_points():

@@ -26,10 +26,10 @@ from tests.support.fakes import SimEngine, make_config, run_study
 
 def test_plan_takes_the_runs_out_of_the_budget():
     p = confirm.plan(40, None)
-    assert (p.rounds, p.search_budget, p.runs) == (3, 31, 9) and "31 search trials" in p.line
-    assert confirm.plan(24, None).rounds == 2  # a quarter of 24 is 6 runs: 2 rounds of 3
-    small = confirm.plan(20, None)  # a quarter is 5 runs: fewer than 2 rounds, so none, and it says how to get them
-    assert (small.rounds, small.search_budget) == (0, 20) and "--budget 24" in small.line
+    assert (p.rounds, p.search_budget, p.runs) == (5, 25, 15) and "25 search trials" in p.line
+    assert confirm.plan(24, None).rounds == 3  # 40% of 24 is 9 runs: 3 rounds of 3
+    small = confirm.plan(14, None)  # 40% is 5 runs: fewer than 2 rounds, so none, and it says how to get them
+    assert (small.rounds, small.search_budget) == (0, 14) and "--budget 15" in small.line
     assert confirm.plan(20, 3).search_budget == 11  # asked for: taken whatever the share
     assert confirm.plan(40, 0) == confirm.Plan(0, 40, "confirmation: off (--confirm 0)")
     assert confirm.plan(None, None).search_budget is None  # a deadline alone: the time is planned instead
@@ -311,6 +311,20 @@ def _rounds_study(values: dict[int, list[float | None]], rounds: int, dropped: d
                 study.add_trial(create_trial(values=[v, 50.0], user_attrs={
                     **CONFIRM.item({"plan": "3:2", "of": n, "round": r}), **RESULT.item({"feasible": True})}))
     return study
+
+
+def test_a_plan_with_the_error_split_widens_each_look_by_its_share():
+    from optimizer.measurement.sequential import look_alpha
+
+    values = {0: [100.0, 100.0, 101.0], 1: [120.0, 121.0, 118.0], 2: [90.0, 95.0, 92.0]}
+    old = confirmation(_rounds_study(values, rounds=5))  # a plan stored before: one confidence for every look
+    assert old.confidence == 1 - 0.05 / 4
+    study = _rounds_study(values, rounds=5)
+    STUDY_CONFIRMATION.set(study, {**STUDY_CONFIRMATION.of(study), "spending": 3})
+    new = confirmation(study)
+    assert math.isclose(new.confidence, 1 - look_alpha(5, 3))  # the look after the 3 full rounds: 0.05 x 19/125
+    # the third look keeps 0.0076 of the error, less than the 0.0125 each look had: a wider interval than before
+    assert new.gain(new.configs[1]).low < old.gain(old.configs[1]).low
 
 
 def test_the_rounds_stop_once_the_gain_decides():
