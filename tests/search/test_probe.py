@@ -53,10 +53,10 @@ def test_the_largest_shape_that_fits_the_limit_is_chosen():
 
 def test_study_duration_estimate_by_hand():
     r = result(prefill_ms=20.0, burst_rps=20.0, start_s=17.0, shutdown_s=5.0)
-    # a probe of 1000 requests at the knee (the burst's pace) 50 s; a trial 17 + 5 + 1.5 x 50 = 97 s
+    # a probe of 1000 requests at the knee (the burst's pace) 50 s; a trial 17 + 5 + 1 x 50 = 72 s
     replay_s = 1000 / (KNEE_FRACTION_OF_CEILING * 20.0)
     trial_s = 17.0 + 5.0 + REPLAYS_PER_TRIAL * replay_s
-    assert replay_s == pytest.approx(50.0) and trial_s == pytest.approx(97.0)
+    assert replay_s == pytest.approx(50.0) and trial_s == pytest.approx(72.0)
     assert estimate_study_s(r, 40, 1000) == pytest.approx(40 * trial_s + BASELINE_EXTRA_REPLAYS * replay_s)
     assert estimate_study_s(r, 40, 1000, speedup=2.0) < estimate_study_s(r, 40, 1000)
 
@@ -92,8 +92,8 @@ def test_a_slow_study_takes_a_smaller_shape():
 def test_when_even_the_smallest_shape_is_late_each_replay_sends_fewer_requests():
     from optimizer.search.probe import MIN_DEMO_REQUESTS, TARGET_S_PER_TRIAL, estimate_shape_s, requests_in_time
 
-    # slow replays (ceiling 25/s): the 4M shape with 1000 requests is estimated past 54 s a trial
-    slow = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=25.0, start_s=25.0)
+    # slow replays (ceiling 16/s): the 4M shape with 1000 requests is estimated past 54 s a trial
+    slow = result(prefill_ms=20.0, decode_ms=5.0, burst_rps=16.0, start_s=25.0)
     smallest = DEMO_LADDER[-1]
     assert estimate_shape_s(slow, smallest, 40, 1000) > TARGET_S_PER_TRIAL * 40
     scale = choose_scale(slow, 150.0, 40, 1000)
