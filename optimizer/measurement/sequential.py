@@ -57,15 +57,15 @@ def look_confidence(max_rounds: int) -> float:
     return 1 - ALPHA / looks(max_rounds)
 
 
-def look_alpha(max_rounds: int, round_: int) -> float:
+def look_alpha(max_rounds: int, round_: int, power: float = SPENDING_POWER) -> float:
     """Pure: the error allowed to the look after round `round_` of a plan of up to `max_rounds` rounds: the increment
-    of ALPHA * (r / R) ** SPENDING_POWER from the look before (the first look: all of it up to round 2). Rounds are
-    clamped to the looks the plan has, so the shares of rounds 2..R add up to ALPHA."""
+    of ALPHA * (r / R) ** `power` from the look before (the first look: all of it up to round 2). Rounds are clamped
+    to the looks the plan has, so the shares of rounds 2..R add up to ALPHA."""
     last = max(max_rounds, FIRST_LOOK_ROUND)
     r = min(max(round_, FIRST_LOOK_ROUND), last)
 
     def spent(k: int) -> float:
-        return ALPHA * (k / last) ** SPENDING_POWER
+        return ALPHA * (k / last) ** power
 
     return spent(r) - (spent(r - 1) if r > FIRST_LOOK_ROUND else 0.0)
 

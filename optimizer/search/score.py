@@ -246,7 +246,7 @@ class Confirmation:
     def confidence(self) -> float:
         """Of every interval shown: the current look's share of the error (`look_alpha`; plans before: as stored)."""
         if self.plan.get("spending"):
-            return 1 - look_alpha(self.rounds, len(self.full_rounds))
+            return 1 - look_alpha(self.rounds, len(self.full_rounds), float(self.plan["spending"]))
         return float(self.plan.get("confidence", 0.95))
 
     @property
