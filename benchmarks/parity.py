@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.config.model import default_model, inspect_model
+from optimizer.config.model import DEFAULT_MODEL_NAME, default_model, inspect_model
 from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
 from optimizer.core.clock import MonotonicClock
 from optimizer.engines.http_engine import HttpEngine, RemoteEngine
@@ -225,12 +225,12 @@ def main() -> None:
     p.add_argument("--rates", default="4,inf", help="offered rates, req/s (inf: all at once)")
     p.add_argument("--num-requests", type=int, default=CPU_DEMO_WORKLOAD["num_requests"])
     p.add_argument("--max-num-seqs", type=int, default=16, help="0: vLLM's default (the demo's baseline)")
-    p.add_argument("--model", default=None, help="an embedded demo model (tiny-llama-17m, -7m, -4m; default: 17m)")
+    p.add_argument("--model", default=DEFAULT_MODEL_NAME, help="an embedded demo model (tiny-llama-17m, -7m, -4m)")
     p.add_argument("--skip-inprocess", action="store_true")
     p.add_argument("--out", default=None, help="folder for traces, vLLM's result JSONs, logs (default: a temp dir)")
     args = p.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
-    model = str(default_model(args.model) if args.model else default_model())
+    model = str(default_model(args.model))
     spec = WorkloadSpec(**{**CPU_DEMO_WORKLOAD, "num_requests": args.num_requests})
     workload = build_workload(spec, inspect_model(model).vocab_size)
     params = {**({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}), "gpu_memory_utilization": 0.2}

@@ -19,8 +19,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.measurement.intervals import Interval, block_gain_interval, brackets_overlap, interval
-from optimizer.measurement.intervals import rate_bracket_tok_s
+from optimizer.measurement.intervals import (Interval, block_gain_interval, brackets_overlap, interval,
+                                             rate_bracket_tok_s)
 from optimizer.measurement.noise import Z, median
 from optimizer.measurement.rate_fit import RateAtLimit
 from optimizer.measurement.rerank import Answer, Ranked, merge_repeats, rank_curve
