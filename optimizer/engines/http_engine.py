@@ -24,6 +24,7 @@ import aiohttp
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError, UsageError
 from optimizer.core.processes import ProcessRef
+from optimizer.engines import cpu_layout, warm_start
 from optimizer.engines.server import ServerProcess, flag_name, free_port, server_argv, vllm_flag_kinds
 from optimizer.measurement.workload import Request
 from optimizer.params.open_space import split_env
@@ -203,6 +204,7 @@ class HttpEngine(_HttpClient):
         self._python = python
         self._server: ServerProcess | None = None
         self._refs: list[ProcessRef] = []
+        self._own_cpus: frozenset[int] | None = None  # this process's CPUs before `start` bound it (cpu_layout.py)
 
     @property
     def pids(self) -> list[int]:
@@ -227,9 +229,14 @@ class HttpEngine(_HttpClient):
                                    failures.INVALID_CONFIG)
         args = {**self._base_args, **params}
         env = {**os.environ, **trial_env, "VLLM_SERVER_DEV_MODE": "1"}  # for /reset_prefix_cache
+        layout = await asyncio.to_thread(self._layout, params)
+        cpus = None
+        if layout is not None:  # the server on the CPUs its workers leave free, the workers bound (cpu_layout.py)
+            cpus, bind_env = layout
+            env = {**bind_env, **env}  # a binding of the user's own is kept
         for attempt in range(3):
             port = free_port(self._host)
-            server = ServerProcess(server_argv(args, self._host, port, kinds, self._python), log_path, env)
+            server = ServerProcess(server_argv(args, self._host, port, kinds, self._python), log_path, env, cpus)
             self._server = server
             self._open(f"http://{self._host}:{port}")
             try:
@@ -247,7 +254,24 @@ class HttpEngine(_HttpClient):
             reason, detail = classify_server_failure(server.exit_code(), text)
             raise EngineStartError(detail, reason, log_excerpt=text[-4000:])
         await self._read_models()
+        if cpus is not None:  # the client keeps off the workers' CPUs too
+            self._own_cpus = frozenset(os.sched_getaffinity(0))
+            cpu_layout.bind_threads(os.getpid(), cpus)
         return await asyncio.to_thread(self._resolved, params)
+
+    def _layout(self, params: dict[str, Any]) -> tuple[frozenset[int], dict[str, str]] | None:
+        """On vLLM's CPU build: the CPUs to start the server on, and the environment that binds its workers where
+        vLLM would (cpu_layout.served_launch); None elsewhere, or when there is nothing to separate."""
+        from vllm.usage.usage_lib import UsageContext
+
+        from optimizer.engines.vllm_engine import VllmEngine
+
+        try:
+            config = VllmEngine(self._base_args).engine_args(params).create_engine_config(
+                UsageContext.OPENAI_API_SERVER)
+        except Exception:  # the server reports an invalid config itself
+            return None
+        return cpu_layout.served_launch(os.sched_getaffinity(0), warm_start.worker_cpus(config))
 
     async def _wait_ready(self, server: ServerProcess) -> bool:
         deadline = time.monotonic() + self._start_timeout_s
@@ -286,6 +310,9 @@ class HttpEngine(_HttpClient):
         return self._server is None or self._server.exit_code() is not None
 
     async def shutdown(self) -> None:
+        if self._own_cpus is not None:  # this process gets its CPUs back
+            cpu_layout.bind_threads(os.getpid(), self._own_cpus)
+            self._own_cpus = None
         await self._close()
         server, self._server = self._server, None
         if server is not None:

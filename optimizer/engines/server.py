@@ -96,8 +96,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ServerProcess:
     """One server child in its own session; `stop()` ends its process group and every recorded descendant."""
 
-    def __init__(self, argv: list[str], log_path: Path | None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, argv: list[str], log_path: Path | None, env: Mapping[str, str] | None = None,
+                 cpus: frozenset[int] | None = None) -> None:
         self.argv = argv
+        self.cpus = cpus  # the CPUs it starts on (its children inherit them); None: any
         self.log_path = log_path
         given = dict(os.environ if env is None else env)
         self.env = {**given, **worker_exit_defaults(given)}
@@ -109,15 +111,26 @@ class ServerProcess:
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path, "ab")
-            out.write(f"$ {' '.join(self.argv)}\n".encode())  # the exact command, for reruns by hand
+            out.write(f"$ {self.command()}\n".encode())  # the exact command, for reruns by hand
             out.flush()
         try:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, start_new_session=True)
+            if self.cpus is not None:  # before the server's imports end, so before it starts any child
+                os.sched_setaffinity(self.proc.pid, self.cpus)
         finally:
             if self.log_path is not None:
                 out.close()  # the child holds its own copy of the descriptor
         self.refresh()
+
+    def command(self) -> str:
+        """The command line as a shell would run it: the workers' binding and the CPUs it starts on included."""
+        bind = self.env.get("VLLM_CPU_OMP_THREADS_BIND")
+        ours = bind and bind != os.environ.get("VLLM_CPU_OMP_THREADS_BIND")  # set by us, not already in the shell
+        prefix = f"VLLM_CPU_OMP_THREADS_BIND={bind} " if ours else ""
+        if self.cpus is not None:
+            prefix += f"taskset -c {','.join(str(c) for c in sorted(self.cpus))} "
+        return prefix + " ".join(self.argv)
 
     def refresh(self) -> list[ProcessRef]:
         """Record the server and its descendants as they appear (a kill mid-start leaves them on record)."""

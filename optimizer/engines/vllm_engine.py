@@ -25,7 +25,7 @@ from optimizer.core.processes import (
     ProcessRef, children, end_processes, kill_now, named, output_to, release_shared_memory, shared_memory_of,
     worker_exit_defaults,
 )
-from optimizer.engines import warm_start
+from optimizer.engines import cpu_layout, warm_start
 from optimizer.measurement.engine import EngineStats, RequestTiming
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import DEFAULT_TARGET, usage_context
@@ -77,6 +77,7 @@ class VllmEngine:
         self._shutdown_timeout_s = shutdown_timeout_s
         self._log_path: Path | None = None
         self._front_end_log: FrontEndLog | None = None
+        self._own_cpus: frozenset[int] | None = None  # this process's CPUs before `start` bound it (cpu_layout.py)
 
     measure_only = False
 
@@ -154,6 +155,8 @@ class VllmEngine:
         finally:
             watcher.cancel()
         self._procs = sorted(children() - before, key=lambda r: r.pid)
+        with output_to(log_path):
+            self._bind_front_end()
         # vLLM's front end warns per request about token-id prompts; its engine log goes to the trial's file.
         logging.getLogger("vllm").setLevel(logging.ERROR)
         self._front_end_log = FrontEndLog(log_path)  # and so do its errors (an engine death's traceback)
@@ -162,6 +165,17 @@ class VllmEngine:
             self._sink.max_num_seqs = resolved["max_num_seqs"]
             self._sink.take()  # nothing from the start-up belongs to a replay
         return resolved
+
+    def _bind_front_end(self) -> None:
+        """On the CPU build, the engine core and this process move off the workers' CPUs (cpu_layout.py)."""
+        if not _cpu_build():
+            return
+        own, worker_cpus = frozenset(os.sched_getaffinity(0)), warm_start.worker_cpus(self._llm.vllm_config)
+        workers = set(named(self._procs, WORKER_TITLE))
+        cpus = cpu_layout.keep_off_workers([r.pid for r in self._procs if r not in workers], worker_cpus, own)
+        self._own_cpus = own if cpus is not None else None
+        _to_log(f"optimizer: the engine core and the front end run on CPUs {sorted(cpus) if cpus else 'any'}, the "
+                f"workers' OpenMP threads on {worker_cpus}")
 
     def _warm_context(self, params: dict[str, Any], trial_env: dict[str, str]) -> Any:
         """The fork server's context for a warm start, or None for vLLM's own (spawn); the trial's log says which."""
@@ -262,6 +276,9 @@ class VllmEngine:
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
+        if self._own_cpus is not None:  # this process gets its CPUs back
+            cpu_layout.bind_threads(os.getpid(), self._own_cpus)
+            self._own_cpus = None
         with output_to(self._log_path):  # vLLM's shutdown messages belong in the trial's log
             segments = shared_memory_of(self._procs)
             if llm is not None:

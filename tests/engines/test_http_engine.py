@@ -17,6 +17,7 @@ from aiohttp import web
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, UsageError
+from optimizer.engines import cpu_layout
 from optimizer.engines.http_engine import HttpEngine, RemoteEngine, check_url, classify_server_failure
 from optimizer.engines.server import BOOL_BOTH, BOOL_TRUE_ONLY, free_port, to_flags
 from optimizer.measurement.engine import Engine
@@ -229,6 +230,8 @@ def served(tiny_model, tmp_path_factory):
         engine = HttpEngine({"model": str(tiny_model), **cpu_engine_args()})
         out["resolved"] = await engine.start(PARAMS, log)
         out["pids"] = list(engine.pids)
+        out["own_cpus"] = frozenset(os.sched_getaffinity(0))
+        out["bindings"] = {psutil.Process(pid).name(): set(cpu_layout.thread_cpus(pid).values()) for pid in engine.pids}
         try:
             out["managed"] = [n async for n in engine.generate(WORKLOAD.requests[0])]
             await engine.reset_prefix_cache()
@@ -256,8 +259,10 @@ def served(tiny_model, tmp_path_factory):
             await engine.shutdown()
         await engine.shutdown()
 
+    own = os.sched_getaffinity(0)
     asyncio.run(scenario())
     out["log"] = log.read_text()
+    out["own_cpus_after"], out["own_cpus_before"] = os.sched_getaffinity(0), own
     return out
 
 
@@ -269,6 +274,19 @@ def test_the_server_runs_the_trials_flags(served):
     assert "--no-enable-prefix-caching" in served["log"] and "--max-num-seqs 4" in served["log"]
     assert "EngineCore" in served["log"]  # the server's own output (and its engine core's) is in the trial log
     assert served["remote_resolved"]["max_model_len"] == 1024
+
+
+@pytest.mark.engine
+def test_the_server_and_the_client_keep_off_the_workers_cpus(served):
+    assert served["own_cpus_after"] == served["own_cpus_before"]  # the client has its CPUs back
+    if len(served["own_cpus_before"]) < 2:
+        return  # one CPU: nothing to separate, and the server starts as given
+    (worker,) = served["bindings"].pop("VLLM::Worker")
+    fronts = set().union(*served["bindings"].values())
+    assert len(worker) == 1 and fronts == {served["own_cpus"]} and not worker & served["own_cpus"], served["bindings"]
+    command = served["log"].splitlines()[0]  # what a deployment runs to get the same layout
+    assert command.startswith("$ ") and f"taskset -c {','.join(map(str, sorted(served['own_cpus'])))} " in command
+    assert f"VLLM_CPU_OMP_THREADS_BIND={min(worker)} " in command or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
 
 
 @pytest.mark.engine

@@ -30,13 +30,15 @@ def _bindings(pids: list[int]) -> list[tuple[str, list[str]]]:
 def test_a_warm_engine_runs_as_vllms_spawned_one(tiny_model, tmp_path):
     async def one(warm: bool, name: str):
         engine = VllmEngine({"model": str(tiny_model), **cpu_engine_args()}, warm_starts=warm)
+        own = os.sched_getaffinity(0)
         resolved = await engine.start(START_PARAMS, tmp_path / f"{name}.log")
         try:
-            seen = _bindings(engine.pids), [psutil.Process(p).ppid() for p in engine.pids]
+            seen = _bindings([*engine.pids, os.getpid()]), [psutil.Process(p).ppid() for p in engine.pids]
             outs = await asyncio.gather(*(collect(engine, r) for r in WORKLOAD.requests))
             assert [sum(o) for o in outs] == [r.output_len for r in WORKLOAD.requests]
         finally:
             await engine.shutdown()
+        assert os.sched_getaffinity(0) == own  # this process has its CPUs back
         return engine.pids, seen, resolved
 
     cold_pids, (cold, _), cold_config = asyncio.run(one(False, "cold"))
@@ -55,10 +57,15 @@ def test_a_warm_engine_runs_as_vllms_spawned_one(tiny_model, tmp_path):
     assert "optimizer: warm start" not in (tmp_path / "cold.log").read_text()
     # the forked core and worker write to the trial's log, as spawned ones do
     assert "(EngineCore pid=" in log and "(Worker pid=" in log
-    # the same processes, titled and bound alike: the worker on its one CPU in every thread, the core free
+    # the same processes, titled and bound alike: the worker on its one CPU in every thread; the core and this
+    # process, every thread, on the CPUs the worker leaves (optimizer/engines/cpu_layout.py)
     assert [t for t, _ in warm] == [t for t, _ in cold] == [t for t, _ in again]
-    assert [t for t, _ in cold] == ["VLLM::EngineCore", "VLLM::Worker"]
+    assert [t for t, _ in cold][:2] == ["VLLM::EngineCore", "VLLM::Worker"]
     assert warm == cold == again, (warm, cold)
+    (_, core), (_, worker), (_, front) = cold
+    if len(os.sched_getaffinity(0)) > 1:
+        assert len(worker) == 1 and core == front and worker[0] not in core[0].split(","), cold
+        assert "optimizer: the engine core and the front end run on CPUs" in log
     assert warm_config["max_num_seqs"] == cold_config["max_num_seqs"] == 4
     # the fork server is none of the engine's processes, and outlives them; the engine's are gone
     assert server is not None and server not in warm_pids + again_pids

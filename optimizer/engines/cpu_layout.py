@@ -1,0 +1,90 @@
+"""On vLLM's CPU build, the engine core and the front end run on the CPUs the worker leaves free, not on its own.
+
+vLLM binds each worker's OpenMP threads to CPUs of their own and keeps the rest out of the binding (at least one core
+on x86, "reserved for the scheduler process"). It does not bind what runs there: the engine core, whose scheduler
+busy-waits on the worker while a step runs, and the front end (AsyncLLM in this process, or the API server), beside
+the client that drives it. The kernel places those where it likes; on a machine where they need more than the
+reserved CPUs, it also runs them on the worker's CPU, and every step the worker shares it is a slower step. Measured
+on a 2-core EPYC (docs/machines.md, "Where the engine core runs"): the worker had 86-98% of its core unbound and
+99-100% bound, and 4 whole trials of vLLM's defaults each way gave 29.0-34.6 req/s unbound (CV 7%) against
+37.9-39.6 bound (CV 2%).
+
+So an engine's start binds its engine core and this process, every thread of both, to the CPUs the workers are
+not bound to, and its shutdown gives this process back the CPUs it had. As served, the server starts on those CPUs
+and its workers are bound by `VLLM_CPU_OMP_THREADS_BIND`: what a deployment writes to get the same layout
+(`served_launch`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+
+def front_end_cpus(allowed: Iterable[int], worker_cpus: Sequence[Sequence[int]] | None) -> frozenset[int] | None:
+    """The CPUs of `allowed` that no worker's OpenMP threads are bound to; None when there is nothing to separate:
+    the binding is unknown (`worker_cpus` None) or off (empty), or the workers take every allowed CPU."""
+    if not worker_cpus:
+        return None
+    bound = {cpu for cpus in worker_cpus for cpu in cpus}
+    rest = frozenset(allowed) - bound
+    return rest or None
+
+
+def omp_bind_value(worker_cpus: Sequence[Sequence[int]]) -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` for these lists, one per worker: [[0], [2, 3]] -> "0|2,3"."""
+    return "|".join(",".join(str(cpu) for cpu in cpus) for cpus in worker_cpus)
+
+
+def served_launch(allowed: Iterable[int], worker_cpus: Sequence[Sequence[int]] | None
+                  ) -> tuple[frozenset[int], dict[str, str]] | None:
+    """For a server started on this machine: the CPUs to start it on and the environment that binds its workers where
+    vLLM would have bound them. None: nothing to separate (`front_end_cpus`)."""
+    cpus = front_end_cpus(allowed, worker_cpus)
+    if cpus is None or worker_cpus is None:
+        return None
+    return cpus, {"VLLM_CPU_OMP_THREADS_BIND": omp_bind_value(worker_cpus)}
+
+
+def bind_threads(pid: int, cpus: Iterable[int]) -> int:
+    """Bind every thread of process `pid` to `cpus`; returns how many were bound (threads that ended meanwhile, or a
+    process gone, are skipped). Threads the process starts later inherit the binding of the thread that starts them."""
+    cpus = set(cpus)
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    bound = 0
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+            bound += 1
+        except OSError:
+            pass
+    return bound
+
+
+def keep_off_workers(pids: Iterable[int], worker_cpus: Sequence[Sequence[int]] | None,
+                     allowed: Iterable[int]) -> frozenset[int] | None:
+    """Bind processes `pids` and this one to `front_end_cpus(allowed, worker_cpus)`; returns those CPUs, or None
+    (nothing bound) when there is nothing to separate."""
+    cpus = front_end_cpus(allowed, worker_cpus)
+    if cpus is not None:
+        for pid in (*pids, os.getpid()):
+            bind_threads(pid, cpus)
+    return cpus
+
+
+def thread_cpus(pid: int) -> dict[int, frozenset[int]]:
+    """Each thread of `pid` and the CPUs it may run on (empty when the process is gone)."""
+    out: dict[int, frozenset[int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            out[int(tid)] = frozenset(os.sched_getaffinity(int(tid)))
+        except OSError:
+            pass
+    return out
