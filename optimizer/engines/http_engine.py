@@ -229,7 +229,8 @@ class HttpEngine(_HttpClient):
                                    failures.INVALID_CONFIG)
         args = {**self._base_args, **params}
         env = {**os.environ, **trial_env, "VLLM_SERVER_DEV_MODE": "1"}  # for /reset_prefix_cache
-        layout = await asyncio.to_thread(self._layout, params)
+        # a trial that binds the workers itself is started as it says
+        layout = None if "VLLM_CPU_OMP_THREADS_BIND" in trial_env else await asyncio.to_thread(self._layout, params)
         cpus = None
         if layout is not None:  # the server on the CPUs its workers leave free, the workers bound (cpu_layout.py)
             cpus, bind_env = layout

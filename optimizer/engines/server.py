@@ -117,7 +117,10 @@ class ServerProcess:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, start_new_session=True)
             if self.cpus is not None:  # before the server's imports end, so before it starts any child
-                os.sched_setaffinity(self.proc.pid, self.cpus)
+                try:
+                    os.sched_setaffinity(self.proc.pid, self.cpus)
+                except OSError:  # it has exited already: its log says why
+                    pass
         finally:
             if self.log_path is not None:
                 out.close()  # the child holds its own copy of the descriptor
