@@ -6,8 +6,8 @@ busy-waits on the worker while a step runs, and the front end (AsyncLLM in this 
 the client that drives it. The kernel places those where it likes; on a machine where they need more than the
 reserved CPUs, it also runs them on the worker's CPU, and every step the worker shares it is a slower step. Measured
 on a 2-core EPYC (docs/machines.md, "Where the engine core runs"): the worker had 86-98% of its core unbound and
-99-100% bound, and 4 whole trials of vLLM's defaults each way gave 29.0-34.6 req/s unbound (CV 7%) against
-37.9-39.6 bound (CV 2%).
+99-100% bound; whole trials of vLLM's defaults on the demo's model, alternating, measured 52.5-67.0 req/s unbound
+(CV 12%) and 66.5-74.2 bound (CV 5%).
 
 So an engine's start binds its engine core and this process, every thread of both, to the CPUs the workers are
 not bound to, and its shutdown gives this process back the CPUs it had. As served, the server starts on those CPUs
