@@ -50,14 +50,10 @@ def bind_threads(pid: int, cpus: Iterable[int]) -> int:
     """Bind every thread of process `pid` to `cpus`; returns how many were bound (threads that ended meanwhile, or a
     process gone, are skipped). Threads the process starts later inherit the binding of the thread that starts them."""
     cpus = set(cpus)
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
     bound = 0
-    for tid in tids:
+    for tid in _threads(pid):
         try:
-            os.sched_setaffinity(int(tid), cpus)
+            os.sched_setaffinity(tid, cpus)
             bound += 1
         except OSError:
             pass
@@ -78,13 +74,17 @@ def keep_off_workers(pids: Iterable[int], worker_cpus: Sequence[Sequence[int]] |
 def thread_cpus(pid: int) -> dict[int, frozenset[int]]:
     """Each thread of `pid` and the CPUs it may run on (empty when the process is gone)."""
     out: dict[int, frozenset[int]] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
+    for tid in _threads(pid):
         try:
-            out[int(tid)] = frozenset(os.sched_getaffinity(int(tid)))
+            out[tid] = frozenset(os.sched_getaffinity(tid))
         except OSError:
             pass
     return out
+
+
+def _threads(pid: int) -> list[int]:
+    """The thread ids of process `pid` (none when it is gone)."""
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
