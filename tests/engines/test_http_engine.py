@@ -216,6 +216,21 @@ WORKLOAD = build_workload(WorkloadSpec(num_requests=12, warmup_requests=0, input
 PARAMS = {"max_num_seqs": 4, "gpu_memory_utilization": 0.2, "enable_prefix_caching": False, "max_model_len": 1024}
 
 
+def _bindings(pids):
+    """Each live process's name and the CPU sets its threads may run on. The engine's record also keeps short-lived
+    children of the start (a shell running lscpu, say) that are gone by now: they are skipped."""
+    out = {}
+    for pid in pids:
+        try:
+            name = psutil.Process(pid).name()
+        except psutil.NoSuchProcess:
+            continue
+        cpus = set(cpu_layout.thread_cpus(pid).values())
+        if cpus:
+            out.setdefault(name, set()).update(cpus)
+    return out
+
+
 @pytest.fixture(scope="module")
 def served(tiny_model, tmp_path_factory):
     """Start one server through HttpEngine, use it as the managed engine and in measure-only mode, then kill it."""
@@ -228,11 +243,11 @@ def served(tiny_model, tmp_path_factory):
 
     async def scenario():
         engine = HttpEngine({"model": str(tiny_model), **cpu_engine_args()})
-        out["resolved"] = await engine.start(PARAMS, log)
-        out["pids"] = list(engine.pids)
-        out["own_cpus"] = frozenset(os.sched_getaffinity(0))
-        out["bindings"] = {psutil.Process(pid).name(): set(cpu_layout.thread_cpus(pid).values()) for pid in engine.pids}
-        try:
+        try:  # whatever fails, the server ends and this process gets its CPUs back
+            out["resolved"] = await engine.start(PARAMS, log)
+            out["pids"] = list(engine.pids)
+            out["own_cpus"] = frozenset(os.sched_getaffinity(0))
+            out["bindings"] = _bindings(engine.pids)
             out["managed"] = [n async for n in engine.generate(WORKLOAD.requests[0])]
             await engine.reset_prefix_cache()
             remote = RemoteEngine(engine.base_url, wait_s=5)
