@@ -1,6 +1,6 @@
 """Held against independent replays: a finished study's vLLM defaults and leader (the configs its confirmation served,
 search/confirm.py), each measured at the rate the study reports and at 1.15 x it, with fresh draws of 1000 or more
-requests and 3 runs each, in both backends:
+requests and 3 runs each, in both backends, each engine after the study's warm-up under load (as a trial's):
 
 - in process (AsyncLLM, the backend the search and the rounds measured with): this project's replay of the draw at the
   rate to provision for in process that the study reports (decision/served.py::provision_rps; `--at median`: the
@@ -56,16 +56,26 @@ def draws(config, vocab_size: int, n: int, runs: int) -> list:
                                                               + k}), vocab_size) for k in range(runs)]
 
 
+async def warm_up_under_load(engine, workload, rate: float, count: int, clock) -> None:
+    """As a trial does before its first probe (search/probes.py): the draw's first `count` requests at the rate,
+    measured nowhere, so that no run pays for the engine's first replays after its start."""
+    if count:
+        await engine.reset_prefix_cache()
+        await replay(engine, workload.requests[:count], workload.arrivals_s(rate)[:count], clock)
+
+
 async def in_process(base: dict[str, Any], deploy_as: str, params: dict[str, Any], rate: float, workloads: list,
-                     log: Path, probe_cap: int) -> dict[float, list[tuple[float, bool]]]:
-    """(TTFT P99 ms, fell behind) per run, per factor, on one engine, the prefix cache reset before every run; each
-    run's first `probe_cap` requests (the study's probe cap) are summarized too, printed only."""
+                     log: Path, probe_cap: int, warm: int) -> dict[float, list[tuple[float, bool]]]:
+    """(TTFT P99 ms, fell behind) per run, per factor, on one engine after the study's warm-up under load
+    (`warm` requests), the prefix cache reset before every run; each run's first `probe_cap` requests (the study's
+    probe cap) are summarized too, printed only."""
     engine = VllmEngine(base, deploy_as=deploy_as)
     await engine.start(params, log)
     out: dict[float, list[tuple[float, bool]]] = {}
     try:
         clock = MonotonicClock()
         await replay(engine, workloads[0].warmup, [0.0] * len(workloads[0].warmup), clock)
+        await warm_up_under_load(engine, workloads[0], rate, warm, clock)
         for w in workloads:
             for f in FACTORS:
                 await engine.reset_prefix_cache()
@@ -83,7 +93,7 @@ async def in_process(base: dict[str, Any], deploy_as: str, params: dict[str, Any
 
 
 async def as_served(base: dict[str, Any], params: dict[str, Any], rate: float, workloads: list, work: Path,
-                    log: Path) -> dict[float, list[tuple[float, bool]]]:
+                    log: Path, warm: int) -> dict[float, list[tuple[float, bool]]]:
     """(TTFT P99 ms, fell behind: completed under 90% of the offered rate) per run and factor, vLLM's own client."""
     server = HttpEngine(base)
     await server.start(params, log)
@@ -93,6 +103,7 @@ async def as_served(base: dict[str, Any], params: dict[str, Any], rate: float, w
         await remote.start({})
         clock = MonotonicClock()
         await replay(remote, workloads[0].warmup, [0.0] * len(workloads[0].warmup), clock)
+        await warm_up_under_load(remote, workloads[0], rate, warm, clock)
         for k, w in enumerate(workloads):
             for f in FACTORS:
                 await remote.reset_prefix_cache()
@@ -149,6 +160,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     workloads = draws(config, inspect_model(path, config.dummy_weights).vocab_size, args.num_requests, args.runs)
     limit = config.ttft_p99_ms
+    warm = min(config.workload.warmup_load_requests, args.num_requests)
     rows = []
     for x in c.served_configs:
         if args.trial and x.number not in args.trial:
@@ -164,7 +176,8 @@ def main() -> None:
               f"{', '.join(f'{v:.2f}' for v in rates)}) and 1.15x, {args.runs} runs of {args.num_requests}", flush=True)
         rows.append((name, "in process", inproc_rate,
                      asyncio.run(in_process(base, config.deploy_as, params, inproc_rate, workloads,
-                                            work / f"inproc-{x.number}.log", config.workload.num_requests))))
+                                            work / f"inproc-{x.number}.log", config.workload.num_requests,
+                                            warm))))
         if args.in_process_only:
             continue
         if x.served_rate is None:
@@ -174,7 +187,7 @@ def main() -> None:
             print(f"{name}: as served at {served_rate:.2f} req/s and 1.15x (vLLM's client)", flush=True)
             rows.append((name, "as served", served_rate,
                          asyncio.run(as_served(base, params, served_rate, workloads, work,
-                                               work / f"served-{x.number}.log"))))
+                                               work / f"served-{x.number}.log", warm))))
     print(f"\nTTFT P99 limit {limit:.0f} ms; {args.runs} runs of {args.num_requests} requests each, fresh draws; "
           f"files in {work}")
     print(f"{'config':<22} {'backend':<11} {'rate':>7} | {'TTFT P99 ms at the rate':<26} | "

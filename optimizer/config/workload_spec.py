@@ -104,6 +104,10 @@ class WorkloadSpec(StrictModel):
                                                  "(chat, rag, batch, bursty); stored for the record.")
     num_requests: int = Field(200, ge=10, description="Measured requests per replay (P99 needs ~100+).")
     warmup_requests: int = Field(4, ge=0, description="Requests sent once after engine start, never measured.")
+    warmup_load_requests: int = Field(
+        300, ge=0, description="Then the first this many measured requests, sent at the trial's first probe rate and "
+                               "never measured: an engine's first replays after its start are slower than its later "
+                               "ones (docs/measurement.md, 'Warm-up under load'); 0 leaves it out.")
     input_len_min: int = Field(64, ge=1, description="Shortest prompt, tokens (a clip for normal/lognormal).")
     input_len_max: int = Field(512, ge=1, description="Longest prompt, tokens (a clip for normal/lognormal).")
     input_len_dist: Dist = Field("uniform", description="Prompt lengths: uniform over [min, max], or normal / "

@@ -80,7 +80,8 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
 
     budget = config.budget or 40
     runs = plan(config.budget, config.confirm, config.serves_after).runs if config.budget is not None else 0
-    scale = choose_scale(result, config.ttft_p99_ms, budget, config.workload.num_requests, confirm_runs=runs)
+    scale = choose_scale(result, config.ttft_p99_ms, budget, config.workload.num_requests, confirm_runs=runs,
+                         warmup_load_requests=config.workload.warmup_load_requests)
     say(f"probe: lone {result.prompt_tokens}-token prefill {format_ms(result.prefill_ms)}, "
         f"{result.decode_ms:.1f} ms per output token, burst ceiling {result.burst_rps:.1f} req/s, engine start "
         f"{result.start_s:.0f} s")

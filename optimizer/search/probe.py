@@ -106,50 +106,58 @@ def predicted_prefill_ms(result: ProbeResult, shape: DemoShape) -> float:
 
 
 def estimate_study_s(result: ProbeResult, budget: int, num_requests: int, speedup: float = 1.0,
-                     confirm_runs: int = 0) -> float:
+                     confirm_runs: int = 0, warmup_load_requests: int = 0) -> float:
     """Pure: how long `budget` demo trials take, `confirm_runs` of them confirmation runs (search/confirm.py: a
-    fresh engine and CONFIRM_REPLAYS replays each). `speedup`: how much faster the chosen shape serves than the
-    probed one (>= 1: a smaller model at the same per-step overhead)."""
+    fresh engine and CONFIRM_REPLAYS replays each), each after a warm-up of `warmup_load_requests` at the knee's
+    rate. `speedup`: how much faster the chosen shape serves than the probed one (>= 1: a smaller model at the same
+    per-step overhead)."""
     ceiling = max(result.burst_rps * speedup, 1e-6)
-    replay_s = num_requests / (KNEE_FRACTION_OF_CEILING * ceiling)
-    trial_s = result.start_s + result.shutdown_s + REPLAYS_PER_TRIAL * replay_s
-    run_s = result.start_s + result.shutdown_s + CONFIRM_REPLAYS * replay_s
+    knee_rps = KNEE_FRACTION_OF_CEILING * ceiling
+    replay_s = num_requests / knee_rps
+    fixed_s = result.start_s + result.shutdown_s + warmup_load_requests / knee_rps
+    trial_s = fixed_s + REPLAYS_PER_TRIAL * replay_s
+    run_s = fixed_s + CONFIRM_REPLAYS * replay_s
     return (budget - confirm_runs) * trial_s + BASELINE_EXTRA_REPLAYS * replay_s + confirm_runs * run_s
 
 
 def estimate_shape_s(result: ProbeResult, shape: DemoShape, budget: int, num_requests: int,
-                     confirm_runs: int = 0) -> float:
+                     confirm_runs: int = 0, warmup_load_requests: int = 0) -> float:
     """Pure: `estimate_study_s` for `shape`: a smaller model serves faster than the probed one, though not by its
     compute ratio (the per-step overhead stays): half of its prefill speedup is counted."""
     predicted = predicted_prefill_ms(result, shape)
     speedup = max(result.prefill_ms / predicted, 1.0) if predicted > 0 else 1.0
-    return estimate_study_s(result, budget, num_requests, speedup=1 + (speedup - 1) / 2, confirm_runs=confirm_runs)
+    return estimate_study_s(result, budget, num_requests, speedup=1 + (speedup - 1) / 2, confirm_runs=confirm_runs,
+                            warmup_load_requests=warmup_load_requests)
 
 
 def choose_scale(result: ProbeResult, limit_ms: float, budget: int, num_requests: int,
-                 ladder: tuple[DemoShape, ...] = DEMO_LADDER, confirm_runs: int = 0) -> DemoScale:
+                 ladder: tuple[DemoShape, ...] = DEMO_LADDER, confirm_runs: int = 0,
+                 warmup_load_requests: int = 0) -> DemoScale:
     """Pure: the largest shape whose predicted lone prefill is within PREFILL_SHARE_OF_LIMIT of the limit and whose
     study is estimated within TARGET_S_PER_TRIAL x `budget`; when none is, the smallest whose prefill fits (the
     quickest); when no prefill fits, the smallest."""
     allowed = PREFILL_SHARE_OF_LIMIT * limit_ms
     fitting = [s for s in ladder if predicted_prefill_ms(result, s) <= allowed]
     quick = [s for s in fitting
-             if estimate_shape_s(result, s, budget, num_requests, confirm_runs) <= TARGET_S_PER_TRIAL * budget]
+             if estimate_shape_s(result, s, budget, num_requests, confirm_runs, warmup_load_requests)
+             <= TARGET_S_PER_TRIAL * budget]
     shape = quick[0] if quick else (fitting or ladder)[-1]  # none in time: the quickest
-    count = num_requests if quick else requests_in_time(result, shape, budget, num_requests, confirm_runs)
+    count = num_requests if quick else requests_in_time(result, shape, budget, num_requests, confirm_runs,
+                                                        warmup_load_requests)
     return DemoScale(model=shape.name, predicted_prefill_ms=predicted_prefill_ms(result, shape), limit_ms=limit_ms,
-                     estimated_s=estimate_shape_s(result, shape, budget, count, confirm_runs), fits=bool(fitting),
+                     estimated_s=estimate_shape_s(result, shape, budget, count, confirm_runs, warmup_load_requests),
+                     fits=bool(fitting),
                      num_requests=count)
 
 
 def requests_in_time(result: ProbeResult, shape: DemoShape, budget: int, num_requests: int,
-                     confirm_runs: int = 0) -> int:
+                     confirm_runs: int = 0, warmup_load_requests: int = 0) -> int:
     """Pure: the most requests per replay (a multiple of 10, at most `num_requests`, at least MIN_DEMO_REQUESTS)
     with which `budget` trials of `shape` are estimated within TARGET_S_PER_TRIAL each. The estimate is linear in
     the count: fixed engine starts and shutdowns, plus replays that last in proportion to their requests."""
-    fixed_s = estimate_shape_s(result, shape, budget, 0, confirm_runs)
-    per_request_s = (estimate_shape_s(result, shape, budget, num_requests, confirm_runs) - fixed_s) \
-        / max(num_requests, 1)
+    fixed_s = estimate_shape_s(result, shape, budget, 0, confirm_runs, warmup_load_requests)
+    total_s = estimate_shape_s(result, shape, budget, num_requests, confirm_runs, warmup_load_requests)
+    per_request_s = (total_s - fixed_s) / max(num_requests, 1)
     if per_request_s <= 0:
         return num_requests
     fit = int((TARGET_S_PER_TRIAL * budget - fixed_s) / per_request_s) // 10 * 10

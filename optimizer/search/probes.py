@@ -10,7 +10,7 @@ from typing import Any
 from optimizer.config.settings import StudyConfig
 from optimizer.core.clock import Clock
 from optimizer.measurement.engine import Engine, ReportsEngineStats
-from optimizer.measurement.evidence import ProbeRule
+from optimizer.measurement.evidence import FAIL, ProbeRule
 from optimizer.measurement.limits import summarize_engine
 from optimizer.measurement.metrics import RequestRecord, ReplayMetrics, summarize
 from optimizer.measurement.rate_search import INCUMBENT_FLOOR, CurvePoint, RateSearchResult, search_rate
@@ -81,6 +81,20 @@ class TrialReplays:
         records = await replay(self.engine, first, [0.0] * len(first), self.clock)
         return max(GUESS_SHARE * summarize(records, math.inf).request_throughput_rps, self.config.search.min_rate_rps)
 
+    async def warm_up_under_load(self, rate_rps: float) -> None:
+        """The first `warmup_load_requests` measured requests at `rate_rps`, measured nowhere: an engine's first
+        replays after its start serve slower than its later ones (docs/measurement.md, "Warm-up under load"), and
+        a trial's first probe would otherwise pay for it. Nothing is stored, and the probes after it start cold."""
+        count = min(self.config.workload.warmup_load_requests, len(self.workload.requests))
+        if count == 0 or not math.isfinite(rate_rps) or rate_rps <= 0:
+            return
+        # past the engine's capacity it stops as a probe would fail there: a queue hundreds of requests long
+        # would only take its time to drain
+        rule = ProbeRule(self.config.ttft_p99_ms, count, 1 - self.config.search.probe_confidence)
+        await self.engine.reset_prefix_cache()
+        await replay(self.engine, self.workload.requests[:count], self.workload.arrivals_s(rate_rps)[:count],
+                     self.clock, lambda records, now_s: rule(records, now_s) and rule.settled.verdict == FAIL)
+
     async def measure(self, incumbent_rate_rps: float | None, repeats: int = 1,
                       confirm: dict[str, Any] | None = None) -> RateSearchResult:
         """The warm-up, then the trial's measurement: at a load the workload fixes, replays there; for a confirmation
@@ -91,22 +105,26 @@ class TrialReplays:
             await replay(self.engine, workload.warmup, [0.0] * len(workload.warmup), self.clock)
         fixed_rate = fixed_load_rate(self.config.workload, workload)
         if fixed_rate is not None:
+            await self.warm_up_under_load(fixed_rate)
             return await measure_fixed_load(self.replay_at, fixed_rate, limit, search, repeats)
         if confirm is not None:
             start_rps, failed_rps = start_rates(confirm)
             guess = None
             if not math.isfinite(start_rps):
                 guess = start_rps = await self.first_guess()
+            await self.warm_up_under_load(start_rps)
             result = await search_rate(self.probe_at, search, start_rps, failed_rps=failed_rps)
             result.first_guess_rps = guess
             return result
         if incumbent_rate_rps is not None and math.isfinite(incumbent_rate_rps):
             # the one question that matters first: does it hold where the incumbent does? Below the floor it
             # cannot win.
+            await self.warm_up_under_load(incumbent_rate_rps)
             result = await search_rate(self.probe_at, search, incumbent_rate_rps,
                                        floor_rps=max(INCUMBENT_FLOOR * incumbent_rate_rps, search.min_rate_rps))
         else:
             guess = await self.first_guess()
+            await self.warm_up_under_load(guess)
             result = await search_rate(self.probe_at, search, guess)
             result.first_guess_rps = guess
         if result.best is not None and repeats > 1:

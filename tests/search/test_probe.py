@@ -59,6 +59,16 @@ def test_study_duration_estimate_by_hand():
     assert replay_s == pytest.approx(50.0) and trial_s == pytest.approx(72.0)
     assert estimate_study_s(r, 40, 1000) == pytest.approx(40 * trial_s + BASELINE_EXTRA_REPLAYS * replay_s)
     assert estimate_study_s(r, 40, 1000, speedup=2.0) < estimate_study_s(r, 40, 1000)
+    # a warm-up of 300 requests at the knee before each trial's probes: 15 s more a trial, 40 x 15 s more in all
+    warm = estimate_study_s(r, 40, 1000, warmup_load_requests=300)
+    assert warm - estimate_study_s(r, 40, 1000) == pytest.approx(40 * 300 / 20.0)
+    # it holds in confirmation runs too (5 of the 40), and is counted as a fixed cost per engine when the requests
+    # per replay are fitted to the time: fewer requests per replay with it than without
+    assert estimate_study_s(r, 40, 1000, confirm_runs=5, warmup_load_requests=300) \
+        - estimate_study_s(r, 40, 1000, confirm_runs=5) == pytest.approx(40 * 15.0)
+    slow = result(prefill_ms=20.0, burst_rps=14.0)
+    assert choose_scale(slow, 150.0, 40, 1000, warmup_load_requests=300).num_requests \
+        < choose_scale(slow, 150.0, 40, 1000).num_requests < 1000
 
 
 def test_probe_measures_prefill_decode_and_the_ceiling():
