@@ -255,9 +255,11 @@ class HttpEngine(_HttpClient):
             reason, detail = classify_server_failure(server.exit_code(), text)
             raise EngineStartError(detail, reason, log_excerpt=text[-4000:])
         await self._read_models()
-        if cpus is not None:  # the client keeps off the workers' CPUs too
+        if cpus is not None:  # the client keeps off the workers' CPUs too, and the engine core yields to both
             self._own_cpus = frozenset(os.sched_getaffinity(0))
             cpu_layout.bind_threads(os.getpid(), cpus)
+            for pid in cpu_layout.lower_engine_core(self.pids):
+                server.note(cpu_layout.lowered_note(pid))
         return await asyncio.to_thread(self._resolved, params)
 
     def _layout(self, params: dict[str, Any]) -> tuple[frozenset[int], dict[str, str]] | None:

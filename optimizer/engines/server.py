@@ -126,6 +126,12 @@ class ServerProcess:
                 out.close()  # the child holds its own copy of the descriptor
         self.refresh()
 
+    def note(self, line: str) -> None:
+        """One line of ours in the server's log, beside its own output."""
+        if self.log_path is not None:
+            with open(self.log_path, "a") as out:
+                out.write(line + "\n")
+
     def command(self) -> str:
         """The command line as a shell would run it: the workers' binding and the CPUs it starts on included."""
         bind = self.env.get("VLLM_CPU_OMP_THREADS_BIND")

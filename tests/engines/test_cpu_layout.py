@@ -97,3 +97,30 @@ def test_a_server_starts_on_its_cpus_and_logs_the_command_that_does_so(tmp_path)
     assert second == f"cpus {sorted(cpus)} 0"
     plain = ServerProcess([sys.executable, "-c", "pass"], None, dict(os.environ))
     assert plain.command() == f"{sys.executable} -c pass"  # nothing to separate: the command as given
+
+
+def test_the_engine_core_alone_is_lowered_every_thread_and_the_log_says_how_to_deploy_it():
+    # a child titled as vLLM titles its engine core (setproctitle), with a second thread, and an untitled one
+    code = textwrap.dedent("""
+        import sys, threading
+        if sys.argv[1] == "core":
+            import setproctitle
+            setproctitle.setproctitle("VLLM::EngineCore")
+        threading.Thread(target=sys.stdin.readline, daemon=True).start()
+        sys.stdout.write("ready\\n"); sys.stdout.flush()
+        sys.stdin.readline()
+        """)
+    core, other = (subprocess.Popen([sys.executable, "-c", code, kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True) for kind in ("core", "api"))
+    try:
+        assert core.stdout.readline() == other.stdout.readline() == "ready\n"
+        assert cpu_layout.lower_engine_core([other.pid, core.pid, 999_999_999]) == [core.pid]
+        nice = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in cpu_layout.thread_cpus(core.pid)}
+        assert len(nice) == 2 and set(nice.values()) == {cpu_layout.SERVED_CORE_NICENESS}
+        assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in cpu_layout.thread_cpus(other.pid)} == {0}
+    finally:
+        for p in (core, other):
+            p.kill()
+            p.wait()
+    note = cpu_layout.lowered_note(core.pid)
+    assert f"pid {core.pid}" in note and note.endswith("renice -n 10 -p $(pgrep -f VLLM::EngineCore)")

@@ -216,18 +216,19 @@ WORKLOAD = build_workload(WorkloadSpec(num_requests=12, warmup_requests=0, input
 PARAMS = {"max_num_seqs": 4, "gpu_memory_utilization": 0.2, "enable_prefix_caching": False, "max_model_len": 1024}
 
 
-def _bindings(pids):
-    """Each live process's name and the CPU sets its threads may run on. The engine's record also keeps short-lived
-    children of the start (a shell running lscpu, say) that are gone by now: they are skipped."""
+def _bindings(pids, of_thread=None):
+    """Each live process's name and the CPU sets its threads may run on (or `of_thread(tid)` of each). The engine's
+    record also keeps short-lived children of the start (a shell running lscpu, say) that are gone by now: skipped."""
     out = {}
     for pid in pids:
         try:
             name = psutil.Process(pid).name()
         except psutil.NoSuchProcess:
             continue
-        cpus = set(cpu_layout.thread_cpus(pid).values())
-        if cpus:
-            out.setdefault(name, set()).update(cpus)
+        threads = cpu_layout.thread_cpus(pid)
+        values = set(threads.values()) if of_thread is None else {of_thread(tid) for tid in threads}
+        if values:
+            out.setdefault(name, set()).update(values)
     return out
 
 
@@ -248,6 +249,7 @@ def served(tiny_model, tmp_path_factory):
             out["pids"] = list(engine.pids)
             out["own_cpus"] = frozenset(os.sched_getaffinity(0))
             out["bindings"] = _bindings(engine.pids)
+            out["nice"] = _bindings(engine.pids, lambda tid: os.getpriority(os.PRIO_PROCESS, tid))
             out["managed"] = [n async for n in engine.generate(WORKLOAD.requests[0])]
             await engine.reset_prefix_cache()
             remote = RemoteEngine(engine.base_url, wait_s=5)
@@ -302,6 +304,10 @@ def test_the_server_and_the_client_keep_off_the_workers_cpus(served):
     command = served["log"].splitlines()[0]  # what a deployment runs to get the same layout
     assert command.startswith("$ ") and f"taskset -c {','.join(map(str, sorted(served['own_cpus'])))} " in command
     assert f"VLLM_CPU_OMP_THREADS_BIND={min(worker)} " in command or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    # the engine core yields to the API server and the client on their shared CPUs; the rest keep their priority
+    nice = dict(served["nice"])
+    assert nice.pop("VLLM::EngineCore") == {cpu_layout.SERVED_CORE_NICENESS} and set().union(*nice.values()) == {0}
+    assert "optimizer: the engine core (pid " in served["log"] and "renice -n 10" in served["log"]
 
 
 @pytest.mark.engine
