@@ -18,7 +18,7 @@ As served, the engine core also runs at a lower priority than the API server and
 while a step runs it waits on the worker's reply in a loop of `sched_yield()` (vLLM's shm_broadcast SpinCondition,
 busy for a second after each read), and on the CPU it shares with them it starved both for up to seconds at a time:
 vLLM's defaults on the demo's 4M model at 30 req/s, half their rate in process, read TTFT P99 80-5136 ms with stalls
-of 1.8-10 s in 4 of 6 runs, and 41-71 ms in 6 of 6 with the core at nice 10 (docs/measurement.md, "The served stalls").
+of 1.8-10 s in 4 of 6 runs, and 41-71 ms in 6 of 6 with the core at nice 10 (docs/machines.md).
 It still runs whenever they wait. In process the front end needs less: the same change measured no difference there,
 so it is not made.
 """
