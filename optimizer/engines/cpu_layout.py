@@ -26,7 +26,7 @@ so it is not made.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import psutil
 
@@ -64,14 +64,7 @@ def bind_threads(pid: int, cpus: Iterable[int]) -> int:
     """Bind every thread of process `pid` to `cpus`; returns how many were bound (threads that ended meanwhile, or a
     process gone, are skipped). Threads the process starts later inherit the binding of the thread that starts them."""
     cpus = set(cpus)
-    bound = 0
-    for tid in _threads(pid):
-        try:
-            os.sched_setaffinity(tid, cpus)
-            bound += 1
-        except OSError:
-            pass
-    return bound
+    return _each_thread(pid, lambda tid: os.sched_setaffinity(tid, cpus))
 
 
 def keep_off_workers(pids: Iterable[int], worker_cpus: Sequence[Sequence[int]] | None,
@@ -88,14 +81,7 @@ def keep_off_workers(pids: Iterable[int], worker_cpus: Sequence[Sequence[int]] |
 def lower_priority(pid: int, niceness: int) -> int:
     """Give every thread of process `pid` the nice value `niceness`; returns how many were set (threads that ended
     meanwhile, or a process gone, are skipped). Threads it starts later inherit it from the thread that starts them."""
-    done = 0
-    for tid in _threads(pid):
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, niceness)
-            done += 1
-        except OSError:
-            pass
-    return done
+    return _each_thread(pid, lambda tid: os.setpriority(os.PRIO_PROCESS, tid, niceness))
 
 
 def lower_engine_core(pids: Iterable[int]) -> list[int]:
@@ -128,6 +114,19 @@ def thread_cpus(pid: int) -> dict[int, frozenset[int]]:
         except OSError:
             pass
     return out
+
+
+def _each_thread(pid: int, act: Callable[[int], object]) -> int:
+    """`act(tid)` on every thread of process `pid`; returns on how many it succeeded (a thread that ended meanwhile,
+    or a process gone, raises OSError and is skipped)."""
+    done = 0
+    for tid in _threads(pid):
+        try:
+            act(tid)
+            done += 1
+        except OSError:
+            pass
+    return done
 
 
 def _threads(pid: int) -> list[int]:
