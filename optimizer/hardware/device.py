@@ -9,7 +9,9 @@ imported here. The build is read from the installed distributions' metadata, as 
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -59,21 +61,47 @@ class Gpu:
     compute_capability: tuple[int, int]
 
 
-def _visible(index: int, uuid: str, visible: str | None) -> bool:
-    """CUDA_VISIBLE_DEVICES semantics: unset means all; a list of indices or UUIDs (or UUID prefixes) means those;
-    the list ends at the first entry that names no device (CUDA's own rule), so "" and "-1" mean none."""
+def _leading_int(entry: str) -> int:
+    """An entry read as CUDA reads it, like strtoul: the number it starts with ("1gpu" is 1), else -1."""
+    found = re.match(r"[+-]?\d+", entry)
+    return int(found.group()) if found else -1
+
+
+def _by_prefix(prefix: str, uuids: list[str]) -> int:
+    """The one GPU whose UUID starts with `prefix`; -1 where none or several do."""
+    matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(prefix)]
+    return matches[0] if len(matches) == 1 else -1
+
+
+def visible_indices(visible: str | None, uuids: list[str]) -> list[int]:
+    """The physical indices of the GPUs a process sees under CUDA_VISIBLE_DEVICES=`visible`, in CUDA's order, where
+    NVML lists the GPUs with `uuids` (pure).
+
+    CUDA's rules, as PyTorch's `_parse_visible_devices` and `_device_count_nvml` write them down, and as an H200
+    host showed (benchmarks/gpu_host.py): unset means all. Otherwise the list is read up to its first entry that is
+    no index ("", "-1", "foo"), or, when it starts with "GPU-", no UUID prefix; a device named twice in what was
+    read makes it name none ("0,0"); then it ends before its first index past the count or prefix that matches no
+    GPU or several ("1,0" on one GPU is none, "0,1" is GPU 0). MIG instances ("MIG-...") are not read here: none.
+    """
     if visible is None:
-        return True
-    for entry in (e.strip() for e in visible.split(",")):
-        if entry.isdigit():
-            if int(entry) == index:
-                return True
-        elif entry.startswith(("GPU-", "MIG-")):
-            if uuid.startswith(entry):
-                return True
-        else:
-            return False
-    return False
+        return list(range(len(uuids)))
+    entries = [e.strip() for e in visible.split(",")]
+    if visible.startswith("GPU-"):
+        read = list(itertools.takewhile(lambda e: e.startswith("GPU-"), entries))
+        indices = [_by_prefix(e, uuids) for e in read]
+    else:
+        indices = list(itertools.takewhile(lambda n: n >= 0, map(_leading_int, entries)))
+        read = indices
+    if len(set(read)) < len(read):
+        return []
+    picked: list[int] = []
+    for index in indices:
+        if not 0 <= index < len(uuids):
+            break
+        if index in picked:
+            return []
+        picked.append(index)
+    return picked
 
 
 def _nvml_module(nvml: Any | None) -> Any:
@@ -85,7 +113,8 @@ def _nvml_module(nvml: Any | None) -> Any:
 
 
 def visible_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) -> list[Gpu]:
-    """Every GPU this process may use (CUDA_VISIBLE_DEVICES applied), through NVML; [] without NVML or a driver."""
+    """Every GPU this process may use, in CUDA's order (CUDA_VISIBLE_DEVICES applied as `visible_indices` does),
+    through NVML; [] without NVML or a driver."""
     env = os.environ if env is None else env
     try:
         nvml = _nvml_module(nvml)
@@ -94,11 +123,10 @@ def visible_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) 
         return []
     try:
         gpus = []
-        for index in range(int(nvml.nvmlDeviceGetCount())):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = str(nvml.nvmlDeviceGetUUID(handle))
-            if not _visible(index, uuid, env.get("CUDA_VISIBLE_DEVICES")):
-                continue
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(int(nvml.nvmlDeviceGetCount()))]
+        uuids = [str(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+        for index in visible_indices(env.get("CUDA_VISIBLE_DEVICES"), uuids):
+            handle, uuid = handles[index], uuids[index]
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
             gpus.append(Gpu(index=index, uuid=uuid, name=str(nvml.nvmlDeviceGetName(handle)),

@@ -12,19 +12,25 @@ import threading
 from types import TracebackType
 from typing import Any
 
+from optimizer.hardware.device import visible_indices
+
 GIB = 1024**3
 
 
 def device_handle(nvml: Any) -> Any:
-    """NVML's handle of the GPU this process uses: the first of CUDA_VISIBLE_DEVICES (index or UUID), else 0.
+    """NVML's handle of the GPU this process uses: the first CUDA sees under CUDA_VISIBLE_DEVICES (an index, a UUID
+    or its prefix; `hardware.device.visible_indices`), else 0. A LookupError where CUDA would see none.
 
     NVML numbers devices physically and ignores CUDA_VISIBLE_DEVICES; a worker started with
     CUDA_VISIBLE_DEVICES=1 must watch device 1, not 0.
     """
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    if first.startswith(("GPU-", "MIG-")):
-        return nvml.nvmlDeviceGetHandleByUUID(first)
-    return nvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+    count = int(nvml.nvmlDeviceGetCount())
+    uuids = [str(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+    indices = visible_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids)
+    if not indices:
+        raise LookupError(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} names none of the "
+                          f"{count} GPUs NVML sees")
+    return nvml.nvmlDeviceGetHandleByIndex(indices[0])
 
 
 def _nvml(nvml: Any | None) -> Any:

@@ -9,7 +9,8 @@ import pytest
 
 from optimizer.cli.main import main
 from optimizer.core.errors import UsageError
-from optimizer.hardware.device import Build, check_build, detect_device, installed_build, resolve_device, visible_gpus
+from optimizer.hardware.device import (Build, check_build, detect_device, installed_build, resolve_device,
+                                      visible_gpus, visible_indices)
 from tests.conftest import REPO
 from tests.support.fake_nvml import GIB, FakeNvml
 
@@ -69,13 +70,41 @@ def test_cuda_visible_devices_selects_gpus_by_index_or_uuid():
     nvml = FakeNvml(devices=[("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0))] * 4 + [("NVIDIA L4", 24 * GIB, (8, 9))])
     assert [g.index for g in visible_gpus(nvml, env={})] == [0, 1, 2, 3, 4]
     picked = visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": "4,1"})
-    assert sorted(g.index for g in picked) == [1, 4]
+    assert [g.index for g in picked] == [4, 1]
     l4 = next(g for g in picked if g.index == 4)
     assert l4.name == "NVIDIA L4" and l4.memory_total_bytes == 24 * GIB and l4.compute_capability == (8, 9)
     assert [g.index for g in visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": FakeNvml.uuid(2)})] == [2]
     assert visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": ""}) == []
     assert visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": "-1"}) == []
     assert [g.index for g in visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": "0,-1,3"})] == [0]  # CUDA stops at -1
+
+
+# What CUDA saw on a real one-GPU host (an H200, driver 580.159.04; benchmarks/gpu_host.py, PyTorch's device count in a
+# fresh process under each value): CUDA_VISIBLE_DEVICES -> how many GPUs CUDA gave the process.
+H200_TABLE = {None: 1, "0": 1, "1": 0, "": 0, "-1": 0, "GPU-534359f8": 1, "GPU-534359f8-2c9c-2bcd-3341-4bf111b94b54": 1,
+              "GPU-00000000": 0, "0,1": 1, "1,0": 0, "0,0": 0, "foo,0": 0}
+
+
+@pytest.mark.parametrize("visible, cuda_count", H200_TABLE.items())
+def test_visible_gpus_agree_with_cuda_on_a_real_h200(visible, cuda_count):
+    uuids = ["GPU-534359f8-2c9c-2bcd-3341-4bf111b94b54"]
+    assert len(visible_indices(visible, uuids)) == cuda_count
+
+
+@pytest.mark.parametrize("visible, expected", [
+    ("3,1", [3, 1]),  # CUDA's order, not NVML's
+    ("1gpu,2", [1, 2]),  # read as strtoul reads it
+    ("0,1,-1,3", [0, 1]),  # ends at the first entry that is no index
+    ("0,7,2", [0]),  # and before the first index past the count
+    ("0,7,0", []),  # a device named twice names none, past the count or not
+    ("GPU-00000002,GPU-00000000", [2, 0]),
+    ("GPU-0000000", []),  # a prefix of several UUIDs is no device
+    ("GPU-00000001,0", [1]),  # a UUID list ends at its first entry without the prefix
+    ("MIG-0f1e2d3c-0000-0000-0000-000000000000", []),  # MIG instances are not read
+])
+def test_visible_indices_follow_cuda_rules_on_several_gpus(visible, expected):
+    uuids = [FakeNvml.uuid(i) for i in range(4)]
+    assert visible_indices(visible, uuids) == expected
 
 
 def test_installed_build_is_read_from_package_metadata():

@@ -72,9 +72,9 @@ def test_the_real_nvml_on_this_machine_reports_cleanly():
         assert s["reason"].startswith(("NVML unavailable", "no GPU visible"))
 
 
-@pytest.mark.parametrize("visible, expected", [(None, 0), ("", 0), ("1,0", 1),
-                                               (f"{SharedFakeNvml.uuid(1)},{SharedFakeNvml.uuid(0)}",
-                                                SharedFakeNvml.uuid(1))])
+@pytest.mark.parametrize("visible, expected", [(None, 0), ("1,0", 1), ("0", 0),
+                                               (f"{SharedFakeNvml.uuid(1)},{SharedFakeNvml.uuid(0)}", 1),
+                                               (SharedFakeNvml.uuid(1)[:12], 1)])
 def test_the_device_is_the_first_visible_one(monkeypatch, visible, expected):
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -82,5 +82,16 @@ def test_the_device_is_the_first_visible_one(monkeypatch, visible, expected):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     nvml = FakeNvml([(0, 0)])
     nvml.nvmlInit()
-    device_handle(nvml)
-    assert nvml.handles == [expected]
+    assert nvml.nvmlDeviceGetUUID(device_handle(nvml)) == SharedFakeNvml.uuid(expected)
+
+
+@pytest.mark.parametrize("visible", ["", "-1", "2", "0,0"])
+def test_no_device_is_watched_where_cuda_would_see_none(monkeypatch, visible):
+    """CUDA_VISIBLE_DEVICES="" hides every GPU (on an H200 too, benchmarks/gpu_host.py): watching GPU 0 anyway
+    would report another process's GPU as this trial's."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    nvml = FakeNvml([(0, 0)])
+    t = GpuTelemetry(nvml=nvml)
+    assert not t.open()
+    assert t.summary() == {"available": False, "reason": t.reason}
+    assert t.reason.startswith("no GPU visible to NVML: LookupError") and nvml.shutdowns == 1
