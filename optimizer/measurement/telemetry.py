@@ -18,17 +18,21 @@ GIB = 1024**3
 
 
 def device_handle(nvml: Any) -> Any:
-    """NVML's handle of the GPU this process uses: the first CUDA sees under CUDA_VISIBLE_DEVICES (an index, a UUID
-    or its prefix; `hardware.device.visible_indices`), else 0. A LookupError where CUDA would see none.
+    """NVML's handle of the GPU this process uses: the first CUDA sees under CUDA_VISIBLE_DEVICES (GPU 0 when it is
+    unset; an index, a UUID or its prefix: `hardware.device.visible_indices`; a MIG instance by its UUID). A
+    LookupError where CUDA would see none.
 
     NVML numbers devices physically and ignores CUDA_VISIBLE_DEVICES; a worker started with
     CUDA_VISIBLE_DEVICES=1 must watch device 1, not 0.
     """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.startswith("MIG-"):
+        return nvml.nvmlDeviceGetHandleByUUID(visible.split(",")[0].strip())
     count = int(nvml.nvmlDeviceGetCount())
     uuids = [str(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
-    indices = visible_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids)
+    indices = visible_indices(visible, uuids)
     if not indices:
-        raise LookupError(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} names none of the "
+        raise LookupError(f"CUDA_VISIBLE_DEVICES={visible!r} names none of the "
                           f"{count} GPUs NVML sees")
     return nvml.nvmlDeviceGetHandleByIndex(indices[0])
 

@@ -85,6 +85,16 @@ def test_the_device_is_the_first_visible_one(monkeypatch, visible, expected):
     assert nvml.nvmlDeviceGetUUID(device_handle(nvml)) == SharedFakeNvml.uuid(expected)
 
 
+def test_a_mig_instance_is_watched_by_its_uuid(monkeypatch):
+    """NVML hands out a MIG instance's handle by its UUID (the fake lists physical GPUs only: it is told this one)."""
+    mig = "MIG-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{mig},MIG-ffffffff")
+    nvml = FakeNvml([(0, 0)])
+    nvml.nvmlInit()
+    monkeypatch.setattr(nvml, "nvmlDeviceGetHandleByUUID", lambda uuid: ("handle of", uuid))
+    assert device_handle(nvml) == ("handle of", mig)
+
+
 @pytest.mark.parametrize("visible", ["", "-1", "2", "0,0"])
 def test_no_device_is_watched_where_cuda_would_see_none(monkeypatch, visible):
     """CUDA_VISIBLE_DEVICES="" hides every GPU (on an H200 too, benchmarks/gpu_host.py): watching GPU 0 anyway
