@@ -18,7 +18,8 @@ import optuna
 from optimizer.cli.common import existing_config
 from optimizer.search.attrs import AB, BASELINE, RESULT
 from optimizer.search.runner import prepare
-from optimizer.search.score import baseline, recommended
+from optimizer.search.confirmed import recommended
+from optimizer.search.score import baseline
 
 
 def main() -> None:

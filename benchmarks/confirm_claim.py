@@ -48,7 +48,8 @@ from optimizer.search import confirm  # noqa: E402
 from optimizer.search.attrs import CONFIRM  # noqa: E402
 from optimizer.search.objective import Objective  # noqa: E402
 from optimizer.search.runner import prepare, run  # noqa: E402
-from optimizer.search.score import Confirmation, confirmation, goodput, run_rate_rps  # noqa: E402
+from optimizer.search.confirmed import Confirmation, confirmation, run_rate_rps  # noqa: E402
+from optimizer.search.score import goodput  # noqa: E402
 from optimizer.search.study import DIRECTIONS  # noqa: E402
 
 OTHER_SEED = 1000  # the re-measurement's round r replays the workload of the study's seed + this + r

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 
 from optimizer.measurement.intervals import geometric_mean, lower_prediction_factor  # noqa: E402
-from optimizer.search.score import confirmation  # noqa: E402
+from optimizer.search.confirmed import confirmation  # noqa: E402
 from optimizer.search.study import storage_for  # noqa: E402
 
 

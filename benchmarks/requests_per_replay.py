@@ -44,7 +44,7 @@ from optimizer.search.attrs import BASELINE, ENGINE_PARAMS, RESULT  # noqa: E402
 from optimizer.search.prescreen import evaluate, sim_objective  # noqa: E402
 from optimizer.search.runner import model_path, prepare, run  # noqa: E402
 from optimizer.search.score import goodput  # noqa: E402
-from optimizer.search.score import recommended  # noqa: E402
+from optimizer.search.confirmed import recommended  # noqa: E402
 
 VARIANTS = ("120", "1000", "auto")
 FRESH_REQUESTS = 3000

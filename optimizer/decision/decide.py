@@ -27,8 +27,9 @@ from optimizer.measurement.noise import beats, required_gain
 from optimizer.measurement.rerank import Answer, pareto_front, rank_curve, recommend
 from optimizer.params.deploy import label as deploy_label
 from optimizer.search.attrs import CURVE
-from optimizer.search.score import Confirmation, compared_per_gpu, confirmation, noise_cv, rank_trials, tied_with
 from optimizer.search.confirm import more_rounds_command
+from optimizer.search.confirmed import Confirmation, confirmation
+from optimizer.search.score import compared_per_gpu, noise_cv, rank_trials, tied_with
 from optimizer.search.study import FINISHED, confirmation_runs, run_name, search_trials
 
 
@@ -123,7 +124,7 @@ class Decision:
         return searched_gain(v, self.baseline)
 
     def confirmed_of(self, v: TrialView) -> Any:
-        """`v`'s confirmation (a search.score.Confirmed), None where it was not measured again."""
+        """`v`'s confirmation (a search.confirmed.Confirmed), None where it was not measured again."""
         if not self.confirmed:
             return None
         assert self.confirmation is not None
@@ -160,7 +161,7 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     own_limit = math.isclose(limit, config.ttft_p99_ms) and not other
     confirmed = confirmation(study) if own_limit else None  # measured at the study's limit only
     if confirmed is not None and confirmed.recommended is not None and confirmed.recommended.number in by_number:
-        best_n = confirmed.recommended.number  # chosen from the confirmed numbers (search/score.py::recommended)
+        best_n = confirmed.recommended.number  # chosen from the confirmed numbers (search/confirmed.py::recommended)
     best = by_number[best_n] if best_n is not None else None
     base = next((v for v in views if v.baseline), None)
     importances, note = param_importances(views)

@@ -17,7 +17,7 @@ from typing import Any
 
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.intervals import relative_gain
-from optimizer.search.score import Confirmation, Confirmed
+from optimizer.search.confirmed import Confirmation, Confirmed
 
 CONFIRMED = "confirmation"
 SEARCHED = "search"

@@ -11,7 +11,7 @@ from optimizer.decision.decide import Decision
 from optimizer.measurement.intervals import geometric_mean, lower_prediction_factor
 from optimizer.search.attrs import PRUNED_REASON, RESULT
 from optimizer.search.missed import why_infeasible
-from optimizer.search.score import Confirmation, Confirmed
+from optimizer.search.confirmed import Confirmation, Confirmed
 from optimizer.search.study import run_name
 
 IN_PROCESS = "in process (AsyncLLM)"

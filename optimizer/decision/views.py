@@ -16,7 +16,8 @@ from optimizer.measurement.rerank import Answer, qualifies
 from optimizer.measurement.sequential import Outcome
 from optimizer.params.space import SEARCHABLE, distance_to_default
 from optimizer.search.attrs import LIMITED_BY, PRUNED_REASON, RESULT, TELEMETRY
-from optimizer.search.score import Confirmed, rate_at_limit_text
+from optimizer.search.confirmed import Confirmed
+from optimizer.search.score import rate_at_limit_text
 from optimizer.search.study import run_name
 
 

@@ -3,15 +3,25 @@
 The confirmation (optimizer/search/confirm.py) measures vLLM's defaults and the search's best candidates again, in
 paired rounds. It does not run a fixed number of rounds: after every full round from the second on it *looks* at
 the gain intervals, and stops as soon as they decide. Looking after every round and stopping on the first look that
-decides would make a 95% interval cover less than 95% of the time, so the 5% error is **split over the looks the
-plan allows** (Bonferroni with unequal shares): with up to R rounds there are R - 1 looks (rounds 2..R), and the
-look after round r gets the share ALPHA * ((r / R)^3 - ((r - 1) / R)^3) of it, the first look all that the power
-curve has spent by then (`look_alpha`). The shares add up to ALPHA, so whatever round the rounds stop at, the
-interval reported then covers the true gain with probability at least 95% (the union bound). The cubic curve is the
-power family that approximates O'Brien-Fleming's boundary (Kim & DeMets): early looks, with few rounds and wide
+decides would make a 95% interval cover less than 95% of the time, so the 5% error is **spent over the looks the
+plan allows**: with up to R rounds there are R - 1 looks (rounds 2..R), and by the look after round r the rounds
+have spent ALPHA * (r / R)^3 of it (`look_alpha`: the increment is that look's share). The cubic curve is the power
+family that approximates O'Brien-Fleming's boundary (Kim & DeMets): early looks, with few rounds and wide
 intervals, decide only on a gain that is plain; the last look keeps most of the error, and with it the narrowest
-interval. With 3 rounds: 98.5% at round 2, 96.5% at round 3 (equal shares: 97.5% each); with 5: 99.7%, 99.2%,
-98.5%, 97.6%. Plans stored before the split kept one confidence for every look (1 - 0.05 / (R - 1)) and still do.
+interval.
+
+How a look's share becomes its interval's confidence (`look_confidence_at`):
+
+- **Group-sequential** (plans from 2026-12-04 on, `"looks": "group-sequential"` in the plan): the boundary of each
+  look is the one whose *first* crossing there has exactly that share under no gain, given that the looks before
+  did not cross (measurement/boundaries.py, simulated for the block design the intervals come from: the looks share
+  their rounds, so a look after another crosses less often than alone). These are repeated confidence intervals:
+  all the looks' intervals cover the true gain at once with probability 95%. With 3 configs and 5 rounds: 99.7%,
+  99.2%, 98.2% and 96.4% at rounds 2-5; with 3 rounds, 98.5% and 96.1%. The plan's configs count; one that drops
+  out later leaves the boundaries as planned.
+- **Bonferroni with unequal shares** (plans stored before, `"spending"` alone): each look's interval at
+  1 - its share, the union bound; the shares add up to ALPHA. With 5 rounds: 99.7%, 99.2%, 98.5%, 97.6%.
+- Plans stored before the split kept one confidence for every look (1 - 0.05 / (R - 1)) and still do.
 
 A gain interval *decides* when it lies wholly above 0 (better), wholly below 0 (worse), or within +-3 points of 0
 (no gain worth a change: `TIE_HALF_WIDTH`). The confirmation stops when:
@@ -30,12 +40,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import Enum
 
-from optimizer.measurement.intervals import Interval
+from optimizer.measurement.boundaries import spending_boundaries
+from optimizer.measurement.intervals import Interval, t_within
 
 ALPHA = 0.05  # the error the confirmation's interval allows, over all its looks together
 FIRST_LOOK_ROUND = 2  # one round gives no interval: the first look is after the second round
 SPENDING_POWER = 3  # the error spent by the look after round r of R: ALPHA * (r / R) ** SPENDING_POWER
 TIE_HALF_WIDTH = 0.03  # a gain interval within +-3 points of 0 decides: no gain worth a change
+GROUP_SEQUENTIAL = "group-sequential"  # a plan's "looks": each look's boundary given the looks before it
 
 
 class Outcome(str, Enum):
@@ -68,6 +80,22 @@ def look_alpha(max_rounds: int, round_: int, power: float = SPENDING_POWER) -> f
         return ALPHA * (k / last) ** power
 
     return spent(r) - (spent(r - 1) if r > FIRST_LOOK_ROUND else 0.0)
+
+
+def look_confidence_at(max_rounds: int, round_: int, power: float = SPENDING_POWER,
+                       group_sequential: bool = True, configs: int = 3) -> float:
+    """Pure: the two-sided confidence of the interval shown at the look after round `round_` of a plan of up to
+    `max_rounds` rounds of `configs` configs. Group-sequential: Student's t's coverage at that look's boundary on its
+    (configs - 1)(round_ - 1) degrees of freedom, the boundaries spending `look_alpha`'s shares exactly in the block
+    design (measurement/boundaries.py); else 1 - the share itself (Bonferroni)."""
+    last = max(max_rounds, FIRST_LOOK_ROUND)
+    r = min(max(round_, FIRST_LOOK_ROUND), last)
+    if not group_sequential or r == FIRST_LOOK_ROUND:  # the first look has none before it: its share alone
+        return 1 - look_alpha(max_rounds, round_, power)
+    configs = max(configs, 2)
+    shares = tuple(look_alpha(last, k, power) for k in range(FIRST_LOOK_ROUND, last + 1))
+    bound = spending_boundaries(configs, shares)[r - FIRST_LOOK_ROUND]
+    return t_within(bound, (configs - 1) * (r - 1))
 
 
 def decides(gain: Interval, tie_half_width: float = TIE_HALF_WIDTH) -> bool:

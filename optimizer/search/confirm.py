@@ -25,7 +25,7 @@ measured again:
   error split over the looks the plan allows, most of it kept for the last) and stop once they decide: the
   recommendation's gain over vLLM's defaults lies above 0, below 0, or within +-3 points; a candidate clearly
   behind the leader drops out of the later rounds; the next round is queued only when the one before has finished;
-- the recommendation is the config with the highest median over its rounds (search/score.py::recommended);
+- the recommendation is the config with the highest median over its rounds (search/confirmed.py::recommended);
 - then, unless the study runs `vllm serve` throughout (`--backend http`) or `--no-served`, vLLM's defaults and the
   leader run once more each through `vllm serve` over HTTP (the objective's `served_factory`), on a draw no round
   replayed: a user deploys the server, and on a small machine the server, the engine and the client share its cores,
@@ -53,14 +53,15 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.errors import UsageError
-from optimizer.measurement.sequential import SPENDING_POWER, Outcome, look_confidence
+from optimizer.measurement.sequential import GROUP_SEQUENTIAL, SPENDING_POWER, Outcome, look_confidence
 from optimizer.search.attrs import (
     CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
+from optimizer.search.confirmed import FIT_VALUE, Confirmation, confirmation
 from optimizer.search.missed import why_infeasible
 from optimizer.search.score import (
-    Confirmation, baseline, confirmation, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps,
-    scored_best_first, study_limit_ms, tied_with,
+    baseline, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first, study_limit_ms,
+    tied_with,
 )
 from optimizer.search.study import (
     confirmation_runs, confirmation_study, is_confirmation, run_name, search_trials, wait_while_running,
@@ -195,7 +196,8 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
         if not chosen:
             return None
         plan_attr = {"plan": key, "rounds": rounds, "candidates": [t.number for t in chosen],
-                     "limit_ms": study_limit_ms(study), "spending": SPENDING_POWER, "dropped": {}, "served": served}
+                     "limit_ms": study_limit_ms(study), "spending": SPENDING_POWER, "looks": GROUP_SEQUENTIAL,
+                     "value": FIT_VALUE, "dropped": {}, "served": served}
     c = confirmation(study, plan_attr)
     assert c is not None
     runs, dropping = next_runs(c)

@@ -327,7 +327,7 @@ def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
     The count is advice for the next study, not changed in this one: every trial of a study replays the same
     requests, so that their results compare (`--num-requests auto` chooses it before a study starts).
     """
-    from optimizer.search.score import recommended
+    from optimizer.search.confirmed import recommended
     from optimizer.measurement.stability import p99_stability
 
     best = recommended(prepared.study)

@@ -22,7 +22,7 @@ from optimizer.decision.views import confirmation_records, confirmation_row, cur
 from optimizer.measurement.rerank import rank_curve
 from optimizer.search.attrs import CONFIRM, STUDY_CONFIG
 from optimizer.search.objective import CONSTRAINT, CPU_BASELINE_MEMORY_FALLBACK
-from optimizer.search.score import confirmation
+from optimizer.search.confirmed import confirmation
 from optimizer.search.study import DIRECTIONS, confirmation_runs, is_confirmation
 from tests.support import synthetic
 from tests.support.fakes import make_config, run_study

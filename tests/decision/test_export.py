@@ -11,7 +11,7 @@ from optimizer.cli.main import main
 from optimizer.core.errors import OptimizerError
 from optimizer.decision.export import export_all, serve_args, serve_launcher
 from optimizer.search.attrs import BASELINE, BASELINE_NOTE
-from optimizer.search.score import recommended
+from optimizer.search.confirmed import recommended
 from tests.support import synthetic
 
 

@@ -24,7 +24,7 @@ from optimizer.decision.views import front_rows
 from optimizer.engines.fake import FakeEngine
 from optimizer.measurement.rerank import Answer
 from optimizer.search.runner import prepare, run
-from optimizer.search.score import recommended
+from optimizer.search.confirmed import recommended
 from tests.support import synthetic
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

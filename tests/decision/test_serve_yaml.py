@@ -16,7 +16,7 @@ from optimizer.decision.export import (
     yaml_entries,
 )
 from optimizer.engines.server import SERVER_MODULE
-from optimizer.search.score import recommended
+from optimizer.search.confirmed import recommended
 from tests.support import synthetic
 
 try:

@@ -6,7 +6,7 @@ import math
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.decision.verify import Verified, robust_choice, variants, verify_trial
 from optimizer.engines.fake import FakeEngine
-from optimizer.search.score import recommended
+from optimizer.search.confirmed import recommended
 from tests.support.fakes import make_config, run_study
 
 

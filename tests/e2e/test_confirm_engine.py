@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 from optimizer.config.settings import RateSearchSpec
 from optimizer.measurement.rate_fit import ProbeCount, fit_rate_at_limit
 from optimizer.search.attrs import BASELINE, CONFIRM, CURVE, ENGINE_PIDS, RESULT, STUDY_CONFIRMATION
-from optimizer.search.score import confirmation, recommended
+from optimizer.search.confirmed import confirmation, recommended
 from optimizer.search.study import confirmation_study, finished_count
 from tests.e2e.test_e2e_engine import SMALL, optimize
 from tests.support.fakes import load

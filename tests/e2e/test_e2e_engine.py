@@ -102,7 +102,7 @@ def test_export_yaml_starts_a_vllm_engine_with_the_recommended_values(studies, m
     assert "# SLO: TTFT P99 <= 150ms" in text
 
     from optimizer.engines.vllm_engine import VllmEngine
-    from optimizer.search.score import recommended
+    from optimizer.search.confirmed import recommended
     from tests.support.serve_parser import parse_serve
 
     args = parse_serve(["--config", str(path)])  # `vllm serve`'s own parser: false booleans must survive it

@@ -17,7 +17,7 @@ from optimizer.params.open_space import cuda_knobs, split_env
 from optimizer.params.parallel import per_gpu
 from optimizer.params.preflight import GIB, DeviceMemory, estimate
 from optimizer.params.space import parse_space_yaml, resolve
-from optimizer.search.score import recommended
+from optimizer.search.confirmed import recommended
 from tests.support import synthetic
 
 try:

@@ -8,7 +8,7 @@ from optimizer.config.model import model_info
 from optimizer.decision.export import export_all
 from optimizer.params.parallel import gpus_needed, layout_problems, per_gpu, per_gpu_throughput
 from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
-from optimizer.search.score import recommended
+from optimizer.search.confirmed import recommended
 from tests.support import synthetic
 from tests.support.fake_nvml import FakeNvml
 

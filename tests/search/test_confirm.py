@@ -16,7 +16,8 @@ from optimizer.search.attrs import BASELINE, CONFIRM, CURVE, LOG_FILE, RESULT, R
 from optimizer.search.incumbent import fair_incumbent_rate, single_run_lower_rps
 from optimizer.search.objective import Objective
 from optimizer.search.runner import prepare, run
-from optimizer.search.score import confirmation, feasible, recommended
+from optimizer.search.confirmed import confirmation, recommended
+from optimizer.search.score import feasible
 from optimizer.search.records import RecordStore
 from optimizer.search.study import (
     confirmation_runs, confirmation_study, confirmation_study_name, finished_count, is_confirmation,
@@ -60,6 +61,7 @@ def test_rounds_alternate_on_fresh_engines_after_the_search(confirmed):
     plan = STUDY_CONFIRMATION.of(study)
     chosen = plan["candidates"]
     assert plan["rounds"] == 2 and chosen[0] == 0 and 2 <= len(chosen) <= confirm.CONFIGS  # the defaults first
+    assert plan["looks"] == "group-sequential" and plan["value"] == "rate-at-limit"  # a new plan's rules
     order = [(CONFIRM.of(t)["round"], CONFIRM.of(t)["of"]) for t in runs]
     assert order == [(0, n) for n in chosen] + [(1, n) for n in chosen[1:] + chosen[:1]]  # round 2 rotated by one
     assert all(t.state == TrialState.COMPLETE for t in runs)
@@ -268,7 +270,7 @@ def test_the_incumbent_is_its_lower_bound_not_its_luckiest_measurement():
 
 def test_tied_is_judged_per_round_not_by_overlapping_intervals():
     from optimizer.search.attrs import BASELINE
-    from optimizer.search.score import Confirmation, Confirmed
+    from optimizer.search.confirmed import Confirmation, Confirmed
 
     def trial(number, tok_s=None, baseline=False):
         attrs = {RESULT.key: {"feasible": True}, **({BASELINE.key: True} if baseline else {})}
@@ -404,3 +406,31 @@ def test_a_study_made_before_with_its_runs_among_its_trials_still_reports_them(c
                "--studies-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0 and out.splitlines()[0] == confirm.describe(run) and f"(run {run.number}, " in out
+
+
+def test_a_new_plan_looks_group_sequentially_and_compares_runs_by_their_fits():
+    from optimizer.measurement.sequential import look_confidence_at
+    from optimizer.search.confirmed import FIT_VALUE, run_tok_s
+
+    values = {0: [100.0, 100.0, 101.0], 1: [120.0, 121.0, 118.0], 2: [90.0, 95.0, 92.0]}
+    study = _rounds_study(values, rounds=5)
+    STUDY_CONFIRMATION.set(study, {**STUDY_CONFIRMATION.of(study), "spending": 3})
+    bonferroni = confirmation(study)
+    STUDY_CONFIRMATION.set(study, {**STUDY_CONFIRMATION.of(study), "looks": "group-sequential", "value": FIT_VALUE})
+    exact = confirmation(study)
+    assert exact.confidence == pytest.approx(look_confidence_at(5, 3, configs=3))  # 3 candidates, 3 full rounds
+    assert exact.confidence < bonferroni.confidence  # the looks share their rounds: less to pay
+    assert exact.gain(exact.configs[1]).low > bonferroni.gain(bonferroni.configs[1]).low
+
+    # a run's value: its fit's rate x the output tokens per request at its best passing probe
+    from optuna.trial import create_trial
+    run = create_trial(values=[1880.0, 50.0], user_attrs=RESULT.item({
+        "feasible": True, "rate_rps": 48.24, "request_throughput_rps": 47.0,
+        "rate_at_limit": {"rate_rps": 53.66, "low_rps": 48.94, "high_rps": 58.95, "requests": 2409, "probes": 3}}))
+    assert run_tok_s(run) == pytest.approx(53.66 * 1880.0 / 47.0)  # 2146.4 tok/s, against goodput's 1880
+    no_fit = create_trial(values=[1880.0, 50.0], user_attrs=RESULT.item({"feasible": True, "rate_rps": 48.24}))
+    assert run_tok_s(no_fit) == 1880.0  # stored before the fit: its goodput
+    missed = create_trial(values=[0.0, 500.0], user_attrs=RESULT.item({"feasible": False}))
+    assert run_tok_s(missed) == 0.0
+    # plans stored before compare goodput; the rounds' values here have no fit, so both read the same
+    assert exact.values_tok_s(exact.configs[0]) == bonferroni.values_tok_s(bonferroni.configs[0]) == values[0]

@@ -8,7 +8,7 @@ from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
 from optimizer.params.space import Space
 from optimizer.search.runner import prepare, run
 from optimizer.search.score import goodput
-from optimizer.search.score import recommended
+from optimizer.search.confirmed import recommended
 from tests.conftest import REPO
 from tests.support.fakes import SimEngine
 

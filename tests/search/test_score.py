@@ -8,7 +8,8 @@ import pytest
 from optimizer.decision.decide import decide
 from optimizer.search.attrs import CURVE
 from optimizer.search.progress import best_text
-from optimizer.search.score import best_first, goodput, rank_trials, recommended, score_tok_s, study_limit_ms
+from optimizer.search.confirmed import recommended
+from optimizer.search.score import best_first, goodput, rank_trials, score_tok_s, study_limit_ms
 from tests.support.fakes import make_config, run_study
 
 

@@ -13,7 +13,7 @@ from optimizer.engines.sim.noise import scaled
 from optimizer.search import confirm
 from optimizer.search.attrs import CONFIRM
 from optimizer.search.runner import prepare, run
-from optimizer.search.score import confirmation
+from optimizer.search.confirmed import confirmation
 from optimizer.search.study import confirmation_runs, finished_count
 from tests.support.fakes import SimEngine, config_only_model_in, make_config
 

@@ -23,7 +23,7 @@ from optimizer.decision.report import summary_text
 from optimizer.params.space import SEARCHABLE
 from optimizer.search.dashboard import set_constraint
 from optimizer.search.objective import CANNOT_RUN_MS, CONSTRAINT
-from optimizer.search.score import recommended
+from optimizer.search.confirmed import recommended
 from optimizer.search.study import DIRECTIONS, N_STARTUP_TRIALS, sampler
 from tests.conftest import REPO
 from tests.support.fakes import SimEngine, make_config, run_study

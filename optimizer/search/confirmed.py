@@ -1,0 +1,276 @@
+"""The confirmation's numbers, read from the study (search/confirm.py runs the rounds), and the recommendation.
+
+Each config the confirmation measures again is a `Confirmed`: its search trial and one run per round. The
+`Confirmation` of the study's latest plan reads every config's runs of the full rounds, their intervals at the
+current look's confidence (measurement/sequential.py), the gain intervals over vLLM's defaults, who leads and who
+drops out. `recommended` is the config to deploy: the confirmation's, when the study has one, else the best-scored
+trial (search/score.py). Every stage after the confirmation (report, export, verify, the end of a run) reads these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from optimizer.measurement.intervals import Interval, block_gain_interval, interval
+from optimizer.measurement.rate_fit import RateAtLimit
+from optimizer.measurement.sequential import (FIRST_LOOK_ROUND, GROUP_SEQUENTIAL, Outcome, behind, look_confidence_at,
+                                              outcome)
+from optimizer.search.attrs import CONFIRM, RESULT, STUDY_CONFIRMATION
+from optimizer.search.score import best_first, goodput
+from optimizer.search.study import confirmation_runs, is_baseline, search_trials
+
+FIT_VALUE = "rate-at-limit"  # a plan's "value": its runs are compared by their pooled fits (`run_tok_s`)
+
+@dataclass(frozen=True)
+class Confirmed:
+    """One config measured again in the confirmation's rounds: its search trial, and each round's run."""
+
+    trial: FrozenTrial  # the search trial it measures again (vLLM's defaults: the baseline)
+    runs: dict[int, FrozenTrial]  # round -> its finished run
+    served: FrozenTrial | None = None  # its run through `vllm serve` after the rounds (None: none, or not yet)
+    by_fit: bool = False  # a run's value is its pooled fit's (`run_tok_s`: plans from 2026-12-04 on), else goodput
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    @property
+    def baseline(self) -> bool:
+        return is_baseline(self.trial)
+
+    def value_tok_s(self, round_: int) -> float | None:
+        """The round's throughput at the limit (0 when the run met the limit at no rate, or could not run)."""
+        run = self.runs.get(round_)
+        return None if run is None else run_tok_s(run) if self.by_fit else goodput(run)
+
+    def bracket_rps(self, round_: int) -> tuple[float | None, float | None]:
+        """The rate the round's run passed (None: a burst, or none) and the rate it failed (None: none tried)."""
+        run = self.runs.get(round_)
+        if run is None:
+            return None, None
+        r = RESULT.of(run)
+        return (r.get("rate_rps") if r.get("feasible") else None), r.get("failed_rate_rps")
+
+    def rate_rps(self, round_: int) -> float | None:
+        """The round's rate at the limit in process (`run_rate_rps`); None when the round has no run of it."""
+        return None if (run := self.runs.get(round_)) is None else run_rate_rps(run)
+
+    @property
+    def served_rate(self) -> RateAtLimit | None:
+        """Its rate at the limit as served (`vllm serve` over HTTP), with the fit's 95% interval; None when it has
+        no served run, or the run met the limit nowhere."""
+        if self.served is None or self.served.state != TrialState.COMPLETE:
+            return None
+        fit = RESULT.of(self.served).get("rate_at_limit")
+        return RateAtLimit.from_dict(fit) if fit and RESULT.of(self.served).get("feasible") else None
+
+
+def run_rate_rps(run: FrozenTrial) -> float:
+    """A finished run's rate at the limit: its pooled fit's (runs stored before: the rate it passed; a burst that met
+    the limit: inf); 0 when it met the limit nowhere, or could not run."""
+    r, fit = RESULT.of(run), RESULT.of(run).get("rate_at_limit")
+    if run.state != TrialState.COMPLETE or not r.get("feasible"):
+        return 0.0
+    return float(fit["rate_rps"]) if fit else math.inf if r.get("rate_rps") is None else float(r["rate_rps"])
+
+
+def run_tok_s(run: FrozenTrial) -> float:
+    """A finished run's throughput at the limit by its pooled fit: the fit's rate (`run_rate_rps`) times the output
+    tokens per request at its best passing probe (the round's draw, alike for every config of the round). The fit
+    reads every probe, where goodput is the rung of the ladder the last pass landed on and its drain: over the Xeon
+    demo's 15 runs a run's residual spread was 3.4% by the fit, 4.4% by goodput. Goodput where there is no fit."""
+    rate, rps = run_rate_rps(run), RESULT.of(run).get("request_throughput_rps") or 0.0
+    return rate * goodput(run) / rps if 0 < rate < math.inf and rps > 0 else goodput(run)
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The confirmation of the study's latest plan: each candidate's runs, its interval, and the gain intervals.
+
+    Only full rounds count (every config still measured in that round ran in it), so that each round compares like
+    with like. Its rounds run until they decide (optimizer/measurement/sequential.py): the intervals are at the
+    current look's `confidence`, and a config clearly behind the leader drops out of the later rounds (`dropped`)."""
+
+    plan: dict[str, Any]
+    configs: list[Confirmed]  # in the plan's order: vLLM's defaults first
+
+    @property
+    def rounds(self) -> int:
+        """Rounds planned at most."""
+        return int(self.plan.get("rounds", 0))
+
+    @property
+    def confidence(self) -> float:
+        """Of every interval shown: the current look's (measurement/sequential.py; plans before: as stored)."""
+        if self.plan.get("spending"):  # group-sequential (plans from 2026-12-04 on) or Bonferroni shares
+            return look_confidence_at(self.rounds, len(self.full_rounds), float(self.plan["spending"]),
+                                      self.plan.get("looks") == GROUP_SEQUENTIAL, len(self.plan["candidates"]))
+        return float(self.plan.get("confidence", 0.95))
+
+    @property
+    def dropped(self) -> dict[int, int]:
+        """Config number -> the first round it was no longer measured in (it was clearly behind the leader)."""
+        return {int(k): int(v) for k, v in (self.plan.get("dropped") or {}).items()}
+
+    def measured_in(self, c: Confirmed, round_: int) -> bool:
+        """True when `c` was still measured in `round_` (had not dropped out before it)."""
+        return round_ < self.dropped.get(c.number, round_ + 1)
+
+    @property
+    def rounds_started(self) -> list[int]:
+        """The rounds any config has a run of, in order."""
+        return sorted(set().union(*(set(c.runs) for c in self.configs))) if self.configs else []
+
+    @property
+    def full_rounds(self) -> list[int]:
+        return [r for r in self.rounds_started if all(r in c.runs for c in self.configs if self.measured_in(c, r))]
+
+    @property
+    def runs_done(self) -> int:
+        return sum(len(c.runs) for c in self.configs)
+
+    @property
+    def usable(self) -> bool:
+        """At least one full round: the recommendation is chosen from these numbers."""
+        return bool(self.full_rounds)
+
+    @property
+    def complete(self) -> bool:
+        """True when the rounds have decided, or ran out."""
+        return self.outcome != Outcome.RUNNING and self.rounds > 0
+
+    def values_tok_s(self, c: Confirmed) -> list[float]:
+        return [v for r in self.full_rounds if (v := c.value_tok_s(r)) is not None]
+
+    def interval(self, c: Confirmed) -> Interval:
+        return interval(self.values_tok_s(c), floor=0.0, confidence=self.confidence)
+
+    @property
+    def base(self) -> Confirmed | None:
+        return next((c for c in self.configs if c.baseline), None)
+
+    @property
+    def active(self) -> list[Confirmed]:
+        """The configs still measured: none of them dropped out."""
+        return [c for c in self.configs if c.number not in self.dropped]
+
+    @property
+    def best(self) -> Confirmed | None:
+        """The config still measured with the highest median throughput over the full rounds (ties: plan order)."""
+        if not self.usable:
+            return None
+        return max(self.active or self.configs, key=lambda c: self.interval(c).median)
+
+    @property
+    def recommended(self) -> Confirmed | None:
+        """The config to deploy: vLLM's defaults when the rounds decided that no candidate beats them by more than
+        +-3 points (`Outcome.KEEP`), else the best (`best`)."""
+        if self.outcome == Outcome.KEEP and self.base is not None:
+            return self.base
+        return self.best
+
+    def gain(self, c: Confirmed) -> Interval | None:
+        """`c`'s gain over vLLM's defaults, round by round (each round measures both next to each other)."""
+        base = self.base
+        return None if base is None or c is base else self.difference(c, base)
+
+    def difference(self, c: Confirmed, other: Confirmed) -> Interval:
+        """`c`'s gain over `other`, round by round (a round measures both next to each other, so their ratio leaves
+        out what moved both), its interval pooling the spread of every config measured in those rounds."""
+        rounds = [r for r in self.full_rounds if other.value_tok_s(r) is not None and c.value_tok_s(r) is not None]
+        beside = [x for x in self.configs if x is not c and x is not other]
+        table = [[x.value_tok_s(r) for r in rounds] for x in (other, c, *beside)]
+        return block_gain_interval([row for row in table if None not in row], 0, 1, confidence=self.confidence)
+
+    @property
+    def outcome(self) -> Outcome:
+        """What the full rounds say of the leader against vLLM's defaults (measurement/sequential.py)."""
+        best, base = self.best, self.base
+        if best is None:
+            return Outcome.RUNNING if self.rounds > 0 else Outcome.UNDECIDED
+        if base is None:
+            gains = []
+        elif best is base:
+            gains = [self.difference(c, base) for c in self.active if c is not base]
+        else:
+            gains = [self.difference(best, base)]
+        return outcome(gains, best is base, len(self.full_rounds), self.rounds)
+
+    def behind(self) -> list[Confirmed]:
+        """The configs still measured that are clearly behind the leader (not vLLM's defaults: their gain decides
+        the outcome): they drop out of the next rounds."""
+        if (best := self.best) is None or len(self.full_rounds) < FIRST_LOOK_ROUND:
+            return []
+        return [c for c in self.active if c is not best and not c.baseline and behind(self.difference(c, best))]
+
+    def rate_interval(self, c: Confirmed) -> Interval:
+        """`c`'s rate at the limit in process over the full rounds: median, interval of the mean at the look's
+        confidence."""
+        return interval([v for r in self.full_rounds if (v := c.rate_rps(r)) is not None], 0.0, self.confidence)
+
+    @property
+    def served_configs(self) -> list[Confirmed]:
+        """The configs measured through `vllm serve` once the rounds are over: vLLM's defaults and the leader (when
+        the defaults lead, the best other config still measured), so that the user sees both as deployed."""
+        best, base = self.best, self.base
+        if best is None:
+            return []
+        if best is base:
+            others = sorted((c for c in self.active if c is not base), key=lambda c: -self.interval(c).median)
+            best = others[0] if others else None
+        return [c for c in (base, best) if c is not None]
+
+    @property
+    def served_missing(self) -> list[Confirmed]:
+        """The configs whose served run is still to run (none while the rounds are running)."""
+        if not self.plan.get("served") or not self.complete:
+            return []
+        return [c for c in self.served_configs if c.served is None]
+
+    def tied(self, c: Confirmed) -> bool:
+        """True when the measurements do not rank `c` apart from the best: the interval of its per-round gain over
+        the best includes 0 (with one round, no interval: tied only on an equal number)."""
+        best = self.best
+        if best is None or c is best:
+            return False
+        d = self.difference(c, best)
+        return d.low <= 0 <= d.high if d.known else d.median == 0
+
+
+def confirmation(study: optuna.Study, plan: dict[str, Any] | None = None) -> Confirmation | None:
+    """The confirmation of the study's latest plan, or of `plan` (None when none was planned)."""
+    plan = STUDY_CONFIRMATION.of(study) if plan is None else plan
+    if not plan or not plan.get("candidates"):
+        return None
+    trials = {t.number: t for t in search_trials(study)}
+    runs: dict[int, dict[int, FrozenTrial]] = {n: {} for n in plan["candidates"]}
+    served: dict[int, FrozenTrial] = {}
+    for t in confirmation_runs(study, (TrialState.COMPLETE, TrialState.PRUNED)):
+        c = CONFIRM.of(t) or {}
+        if c.get("plan") != plan.get("plan") or c.get("of") not in runs:
+            continue
+        if c.get("served"):
+            served.setdefault(c["of"], t)
+        else:
+            runs[c["of"]].setdefault(int(c["round"]), t)  # a duplicate (two workers) keeps the first
+    by_fit = plan.get("value") == FIT_VALUE
+    configs = [Confirmed(trials[n], runs[n], served.get(n), by_fit) for n in plan["candidates"] if n in trials]
+    return Confirmation(plan, configs)
+
+
+def recommended(study: optuna.Study, limit_ms: float | None = None) -> FrozenTrial | None:
+    """The recommendation: at the study's own limit, the config the confirmation recommends
+    (`Confirmation.recommended`: the best over its full rounds, or vLLM's defaults when no candidate beats them by
+    more than +-3 points); otherwise, or at another `limit_ms`, the best-scored trial (the one `pareto_front` puts
+    first). None when no trial meets the limit."""
+    if limit_ms is None:
+        confirmed = confirmation(study)
+        if confirmed is not None and confirmed.recommended is not None:
+            return confirmed.recommended.trial
+    trials = best_first(study, limit_ms)
+    return trials[0] if trials else None
