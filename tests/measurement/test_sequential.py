@@ -95,7 +95,8 @@ def test_the_block_designs_intervals_cover_at_every_look_together():
                 [math.exp(math.log(48.0) + shifts[r] + rng.gauss(0.0, 0.04)) for r in range(5)]]
         for exact in (True, False):
             for r in (2, 3, 4, 5):
-                g = block_gain_interval([row[:r] for row in rows], 0, 1, look_confidence_at(5, r, group_sequential=exact))
+                confidence = look_confidence_at(5, r, group_sequential=exact)
+                g = block_gain_interval([row[:r] for row in rows], 0, 1, confidence)
                 if not g.low <= true_gain <= g.high:
                     missed[exact] += 1
                     break
