@@ -48,8 +48,7 @@ from optimizer.search import confirm  # noqa: E402
 from optimizer.search.attrs import CONFIRM  # noqa: E402
 from optimizer.search.objective import Objective  # noqa: E402
 from optimizer.search.runner import prepare, run  # noqa: E402
-from optimizer.search.confirmed import Confirmation, confirmation, run_rate_rps  # noqa: E402
-from optimizer.search.score import goodput  # noqa: E402
+from optimizer.search.confirmed import Confirmation, confirmation, run_rate_rps, run_tok_s  # noqa: E402
 from optimizer.search.study import DIRECTIONS  # noqa: E402
 
 OTHER_SEED = 1000  # the re-measurement's round r replays the workload of the study's seed + this + r
@@ -89,7 +88,8 @@ def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial
               rounds: int) -> tuple[float, dict[int, list[float]]]:
     """Both configs again on other workload draws (round r: seed + OTHER_SEED + r, never a draw the confirmation
     replayed), alternating, each run on a fresh engine: the median of the per-round gains, and each config's rates
-    at the limit in process, by trial number."""
+    at the limit in process, by trial number. A run's value is its pooled fit's throughput, as the rounds' (a run
+    stored before has none: its goodput)."""
     scratch_config = config.model_copy(update={"study_name": f"{config.study_name}-again"})
     scratch = replace(objective, config=scratch_config, records=None,  # its logs beside the study's, not over them
                       logs_dir=objective.logs_dir.with_name(f"{config.study_name}-again.logs"))
@@ -104,7 +104,7 @@ def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial
     rates: dict[int, list[float]] = {}
     for t in study.trials:
         c = CONFIRM.of(t)
-        got.setdefault(c["of"], {})[c["round"]] = goodput(t)
+        got.setdefault(c["of"], {})[c["round"]] = run_tok_s(t)  # as the study's rounds value a run
         rates.setdefault(c["of"], []).append(run_rate_rps(t))
     base, other = pair[0].number, pair[1].number
     return gain_interval([(got[base][r], got[other][r]) for r in range(rounds)]).median, rates

@@ -27,10 +27,10 @@ from tests.support.fakes import SimEngine, make_config, run_study
 
 def test_plan_takes_the_runs_out_of_the_budget():
     p = confirm.plan(40, None)
-    assert (p.rounds, p.search_budget, p.runs) == (5, 25, 15) and "25 search trials" in p.line
-    assert confirm.plan(24, None).rounds == 3  # 40% of 24 is 9 runs: 3 rounds of 3
-    small = confirm.plan(14, None)  # 40% is 5 runs: fewer than 2 rounds, so none, and it says how to get them
-    assert (small.rounds, small.search_budget) == (0, 14) and "--budget 15" in small.line
+    assert (p.rounds, p.search_budget, p.runs) == (6, 22, 18) and "22 search trials" in p.line
+    assert confirm.plan(24, None).rounds == 3  # 45% of 24 is 10 runs: 3 rounds of 3
+    small = confirm.plan(13, None)  # 45% is 5 runs: fewer than 2 rounds, so none, and it says how to get them
+    assert (small.rounds, small.search_budget) == (0, 13) and "--budget 14" in small.line
     assert confirm.plan(20, 3).search_budget == 11  # asked for: taken whatever the share
     assert confirm.plan(40, 0) == confirm.Plan(0, 40, "confirmation: off (--confirm 0)")
     assert confirm.plan(None, None).search_budget is None  # a deadline alone: the time is planned instead
