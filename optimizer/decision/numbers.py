@@ -21,11 +21,19 @@ from optimizer.search.confirmed import Confirmation, Confirmed
 
 CONFIRMED = "confirmation"
 SEARCHED = "search"
-THROUGHPUT_STATISTIC = ("median of the full rounds; interval: 95% interval of their mean (Student t, Bonferroni over "
-                        "the looks after each round)")
-GAIN_STATISTIC = ("ratio of the two medians; interval: 95% interval of the mean per-round ratio (each round measures "
-                  "both next to each other; Student t on log throughput, the spread pooled over every config of "
-                  "the rounds; Bonferroni over the looks after each round)")
+
+
+def throughput_statistic(c: Confirmation) -> str:
+    """What a confirmed throughput and its interval are, in words, for the rules of `c`'s plan."""
+    return f"median of the full rounds (a run's number: {c.run_text}); interval: 95% interval of their mean " \
+           f"(Student t; {c.looks_text})"
+
+
+def gain_statistic(c: Confirmation) -> str:
+    """What a confirmed gain and its interval are, in words, for the rules of `c`'s plan."""
+    return ("ratio of the two medians; interval: 95% interval of the mean per-round ratio (each round measures "
+            "both next to each other; Student t on log throughput, the spread pooled over every config of the "
+            f"rounds; {c.looks_text})")
 
 
 def _finite(x: float | None) -> float | None:
@@ -50,6 +58,7 @@ class Throughput:
     high_tok_s: float | None = None
     rounds: int = 0  # full confirmation rounds behind it; 0: the search's one measurement
     answer: str = ""  # the search's answer (measured, lower bound, ceiling, ...); "confirmed" when confirmed
+    statistic: str = ""  # confirmed: what the number and its interval are (`throughput_statistic`)
 
     @property
     def confirmed(self) -> bool:
@@ -69,7 +78,7 @@ class Throughput:
         return {"source": self.source, "output_throughput_tok_s": _finite(self.output_throughput_tok_s),
                 "low_tok_s": self.low_tok_s, "high_tok_s": self.high_tok_s, "rounds": self.rounds,
                 "answer": self.answer,
-                "statistic": THROUGHPUT_STATISTIC if self.confirmed else "the search's one measurement"}
+                "statistic": self.statistic if self.confirmed else "the search's one measurement"}
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,7 @@ class Gain:
     low_pct: float | None = None  # confirmed: the 95% interval of the mean per-round ratio
     high_pct: float | None = None
     rounds: int = 0  # 0: from the search's one measurement each
+    statistic: str = ""  # confirmed: what the gain and its interval are (`gain_statistic`)
 
     @property
     def known(self) -> bool:
@@ -93,14 +103,14 @@ class Gain:
     def to_dict(self) -> dict[str, Any]:
         return {"gain_pct": _finite(self.pct), "low_pct": self.low_pct, "high_pct": self.high_pct,
                 "rounds": self.rounds,
-                "statistic": GAIN_STATISTIC if self.rounds else "ratio of the search's one measurement each"}
+                "statistic": self.statistic if self.rounds else "ratio of the search's one measurement each"}
 
 
 def confirmed_throughput(c: Confirmation, x: Confirmed) -> Throughput:
     """`x`'s numbers over the confirmation's full rounds."""
     iv = c.interval(x)
     return Throughput(x.number, CONFIRMED, iv.median, iv.low if iv.known else None, iv.high if iv.known else None,
-                      len(c.values_tok_s(x)), "confirmed")
+                      len(c.values_tok_s(x)), "confirmed", throughput_statistic(c))
 
 
 def searched_throughput(v: TrialView) -> Throughput:
@@ -119,8 +129,8 @@ def confirmed_gain(c: Confirmation, x: Confirmed) -> Gain | None:
         return None
     pct = relative_gain(c.interval(base).median, c.interval(x).median) * 100
     if not per_round.known:
-        return Gain(pct, rounds=per_round.n)
-    return Gain(pct, per_round.low * 100, per_round.high * 100, per_round.n)
+        return Gain(pct, rounds=per_round.n, statistic=gain_statistic(c))
+    return Gain(pct, per_round.low * 100, per_round.high * 100, per_round.n, gain_statistic(c))
 
 
 def searched_gain(v: TrialView, base: TrialView) -> Gain | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision, rate_text, resolution, view
-from optimizer.decision.numbers import GAIN_STATISTIC, THROUGHPUT_STATISTIC, interval_text
+from optimizer.decision.numbers import gain_statistic, interval_text, throughput_statistic
 from optimizer.decision.served import IN_PROCESS, served_cell, served_lines, served_record
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import median
@@ -223,7 +223,7 @@ def confirmation_lines(d: Decision) -> list[str]:
     done = f"{rounds} rounds" if rounds == c.rounds else f"{rounds} of {c.rounds} planned rounds"
     out = [(f"TTFT P99 limit {format_ms(d.limit_ms)}; confirmed in {done}, alternating, each config on a fresh "
             f"engine {IN_PROCESS}, its rate at the limit found by probes sized by evidence.\n"
-            f"tok/s: the {THROUGHPUT_STATISTIC}; gain over vLLM's defaults: the {GAIN_STATISTIC}")]
+            f"tok/s: the {throughput_statistic(c)}; gain over vLLM's defaults: the {gain_statistic(c)}")]
     out.append(verdict_line(d))
     tied = [x for x in c.configs if c.tied(x) and not x.baseline]
     if tied:

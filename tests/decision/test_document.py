@@ -87,6 +87,9 @@ def test_the_json_holds_the_confirmed_numbers_the_console_table_shows(confirmed,
             (statistics.mean(ratios) - 12.706 * statistics.stdev(ratios) / 2 ** 0.5) * 100)
     best = doc["recommendation"]
     assert best["trial"] == c.best.number and best["output_throughput"]["source"] == "confirmation"
+    # the numbers say how they were made: a run by its pooled fit, the looks paid for group-sequentially
+    assert "pooled fit" in best["output_throughput"]["statistic"]
+    assert "group-sequential" in best["output_throughput"]["statistic"]
     assert best["output_throughput"]["output_throughput_tok_s"] == configs[c.best.number]["output_throughput_tok_s"]
     assert best["output_throughput"]["rounds"] == 2
     assert doc["summary"] == summary_lines(decide(study, stored(study)))  # the sentences the table format prints
