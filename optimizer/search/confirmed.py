@@ -26,6 +26,7 @@ from optimizer.search.study import confirmation_runs, is_baseline, search_trials
 
 FIT_VALUE = "rate-at-limit"  # a plan's "value": its runs are compared by their pooled fits (`run_tok_s`)
 
+
 @dataclass(frozen=True)
 class Confirmed:
     """One config measured again in the confirmation's rounds: its search trial, and each round's run."""
@@ -44,7 +45,8 @@ class Confirmed:
         return is_baseline(self.trial)
 
     def value_tok_s(self, round_: int) -> float | None:
-        """The round's throughput at the limit (0 when the run met the limit at no rate, or could not run)."""
+        """The round's throughput at the limit, by the run's pooled fit (`by_fit`) or at its best passing probe (0
+        when the run met the limit at no rate, or could not run)."""
         run = self.runs.get(round_)
         return None if run is None else run_tok_s(run) if self.by_fit else goodput(run)
 
