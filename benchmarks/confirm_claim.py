@@ -65,6 +65,7 @@ class Row:
     minutes: float
     provision_held: int = 0  # re-measured runs whose rate at the limit is at or above their config's to provision for
     provision_runs: int = 0  # re-measured runs of configs with a rate to provision for
+    truth: float | None = None  # the simulator's gain without its noise (None: the real engine has no such truth)
 
     @property
     def inside(self) -> bool:
@@ -73,6 +74,10 @@ class Row:
     @property
     def inside_paired(self) -> bool:
         return self.paired.contains(self.remeasured)
+
+    @property
+    def truth_inside(self) -> bool | None:
+        return None if self.truth is None else self.reported.contains(self.truth)
 
 
 def checked_config(c: Confirmation) -> Any:
@@ -85,11 +90,11 @@ def checked_config(c: Confirmation) -> Any:
 
 
 def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial.FrozenTrial],
-              rounds: int) -> tuple[float, dict[int, list[float]]]:
+              rounds: int) -> tuple[list[tuple[float, float]], dict[int, list[float]]]:
     """Both configs again on other workload draws (round r: seed + OTHER_SEED + r, never a draw the confirmation
-    replayed), alternating, each run on a fresh engine: the median of the per-round gains, and each config's rates
-    at the limit in process, by trial number. A run's value is its pooled fit's throughput, as the rounds' (a run
-    stored before has none: its goodput)."""
+    replayed), alternating, each run on a fresh engine: the per-round (defaults, other) values, and each config's
+    rates at the limit in process, by trial number. A run's value is its pooled fit's throughput, as the rounds' (a
+    run stored before has none: its goodput)."""
     scratch_config = config.model_copy(update={"study_name": f"{config.study_name}-again"})
     scratch = replace(objective, config=scratch_config, records=None,  # its logs beside the study's, not over them
                       logs_dir=objective.logs_dir.with_name(f"{config.study_name}-again.logs"))
@@ -107,10 +112,14 @@ def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial
         got.setdefault(c["of"], {})[c["round"]] = run_tok_s(t)  # as the study's rounds value a run
         rates.setdefault(c["of"], []).append(run_rate_rps(t))
     base, other = pair[0].number, pair[1].number
-    return gain_interval([(got[base][r], got[other][r]) for r in range(rounds)]).median, rates
+    return [(got[base][r], got[other][r]) for r in range(rounds)], rates
 
 
-def check(study: optuna.Study, prepared: Any, engine: str, rounds: int, minutes: float) -> Row | None:
+def check(study: optuna.Study, prepared: Any, engine: str, rounds: int, minutes: float,
+          truth_factory: Any = None, truth_draws: int = 0) -> Row | None:
+    """The study's reported gain against the pair re-measured on other draws; on the simulator (`truth_factory`, an
+    engine factory without noise) also against the pair's gain without noise, the geometric mean of `truth_draws`
+    draws' gains: what the interval is meant to cover (the re-measurement has noise of its own)."""
     c = confirmation(study)
     if c is None or not c.usable or c.base is None:
         print(f"  {study.study_name}: no usable confirmation (no feasible trial?): skipped", flush=True)
@@ -122,12 +131,18 @@ def check(study: optuna.Study, prepared: Any, engine: str, rounds: int, minutes:
     assert reported is not None
     paired = gain_interval([(a, b) for r in c.full_rounds if (a := c.base.value_tok_s(r)) is not None
                             and (b := chosen.value_tok_s(r)) is not None], confidence=c.confidence)
-    regain, rates = remeasure(prepared.objective, prepared.config, [c.base.trial, chosen.trial], rounds)
+    pairs, rates = remeasure(prepared.objective, prepared.config, [c.base.trial, chosen.trial], rounds)
+    regain = gain_interval(pairs).median
     label = f"#{chosen.number} vs defaults" + (" (defaults won)" if c.best is c.base else "")
     floors = {x.number: p for x in (c.base, chosen) if (p := provision_rps(c, x)) is not None}
     again = [(rate, floors[n]) for n, got in rates.items() if n in floors for rate in got]
+    truth = None
+    if truth_factory is not None:  # the same pair on the simulator without noise: its gain over `truth_draws` draws
+        quiet = replace(prepared.objective, engine_factory=truth_factory)
+        exact, _ = remeasure(quiet, prepared.config, [c.base.trial, chosen.trial], truth_draws)
+        truth = math.exp(statistics.mean(math.log(b / a) for a, b in exact if a > 0 and b > 0)) - 1
     return Row(engine, study.study_name, label, reported, paired, regain, minutes,
-               sum(rate >= floor for rate, floor in again), len(again))
+               sum(rate >= floor for rate, floor in again), len(again), truth)
 
 
 def sim_rows(args: argparse.Namespace) -> list[Row]:
@@ -155,7 +170,8 @@ def sim_rows(args: argparse.Namespace) -> list[Row]:
         prepared = prepare(config, d, say=lambda *a: None, engine_factory=factory, memory_probe=lambda: None)
         study = run(prepared, quiet=True, say=lambda *a: None)
         minutes = sum(e.virtual_s for e in engines) / 60
-        row = check(study, prepared, "simulator + noise", args.remeasure, minutes)
+        row = check(study, prepared, "simulator + noise", args.remeasure, minutes,
+                    lambda: SimulatedEngine(info, StepTimeModel(), "cpu"), args.truth_draws)
         if row is not None:
             rows.append(row)
             print(f"  {fmt(row)}", flush=True)
@@ -208,7 +224,8 @@ def fmt(row: Row) -> str:
     return (f"{row.engine:<18} {row.study:<12} {row.compared:<28} {row.reported.median * 100:>+7.1f}% "
             f"{bounds(row.reported):<20} {row.remeasured * 100:>+7.1f}%  {'yes' if row.inside else 'NO':<6} "
             f"{bounds(row.paired):<20} {'yes' if row.inside_paired else 'NO':<6} "
-            f"{f'{row.provision_held}/{row.provision_runs}':>9} {row.minutes:>6.1f}")
+            f"{f'{row.provision_held}/{row.provision_runs}':>9} {row.minutes:>6.1f}"
+            + ("" if row.truth is None else f"  {row.truth * 100:>+7.1f}%  {'yes' if row.truth_inside else 'NO'}"))
 
 
 def half_width_pct(i: Interval) -> float:
@@ -226,6 +243,8 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=40)
     p.add_argument("--confirm", type=int, default=None, help="the studies' --confirm (default: optimize's)")
     p.add_argument("--remeasure", type=int, default=3, help="rounds of the re-measurement")
+    p.add_argument("--truth-draws", type=int, default=6,
+                   help="on the simulator, draws of the pair measured without noise: the gain the interval should hold")
     p.add_argument("--num-requests", type=int, default=None,
                    help="the --real studies' probe cap (default: the embedded demo's; the demo's probe chose 500 on "
                         "the 2-core EPYC)")
@@ -244,12 +263,13 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = sim_rows(args) + real_rows(args)
     head = (f"{'engine':<18} {'study':<12} {'compared':<28} {'reported gain, 95% interval':<29}  "
-            f"{'again':>7}  {'inside':<6} {'the pair alone (before)':<20} {'inside':<6} {'provision':>9} {'min':>6}")
+            f"{'again':>7}  {'inside':<6} {'the pair alone (before)':<20} {'inside':<6} {'provision':>9} {'min':>6}"
+            f"  {'truth':>8}  inside")
     print()
     print(f"TTFT P99 <= {args.ttft_p99_ms:g} ms; the study's confirmed gain against the gain measured again on other "
           f"workload seeds ({args.remeasure} alternating rounds on fresh engines, a draw each); 'min': engine minutes "
           f"of the study (simulated) or wall minutes of the re-measurement (real); 'provision': re-measured runs "
-          f"at or above their config's rate to provision for")
+          f"at or above their config's rate to provision for; 'truth' (simulator): the pair's gain without noise")
     print(head)
     print("-" * len(head))
     for row in rows:
@@ -260,6 +280,10 @@ def main() -> None:
                                   [half_width_pct(r.paired) for r in rows])):
         print(f"{name}: {sum(inside)} of {len(rows)} inside; half-width median "
               f"{statistics.median(widths) if widths else math.nan:.1f} points")
+    truths = [r.truth_inside for r in rows if r.truth is not None]
+    if truths:
+        print(f"simulator, against the gain without noise ({args.truth_draws} draws): {sum(truths)} of {len(truths)} "
+              f"inside the reported interval")
     held, runs = sum(r.provision_held for r in rows), sum(r.provision_runs for r in rows)
     print(f"rate to provision for: {held} of {runs} re-measured runs at or above it"
           + (f" ({held / runs:.0%}; aim: 95%)" if runs else ""))
