@@ -22,9 +22,10 @@ measured again:
   every config of the round: the interval then covers which requests came as well as the machine's noise, and no
   round replays the draw the search chose its winner on (a winner is partly the luck of that draw);
 - after every round from the second on, the rounds look at their gain intervals (measurement/sequential.py, the 5%
-  error split over the looks the plan allows, most of it kept for the last) and stop once they decide: the
-  recommendation's gain over vLLM's defaults lies above 0, below 0, or within +-3 points; a candidate clearly
-  behind the leader drops out of the later rounds; the next round is queued only when the one before has finished;
+  error spent over the looks the plan allows, group-sequentially, most of it kept for the last) and stop once they
+  decide: the recommendation's gain over vLLM's defaults lies above 0, below 0, or within +-3 points; a candidate
+  clearly behind the leader drops out of the later rounds; the next round is queued only when the one before has
+  finished; a run's number is its pooled fit's throughput at the limit (search/confirmed.py::run_tok_s);
 - the recommendation is the config with the highest median over its rounds (search/confirmed.py::recommended);
 - then, unless the study runs `vllm serve` throughout (`--backend http`) or `--no-served`, vLLM's defaults and the
   leader run once more each through `vllm serve` over HTTP (the objective's `served_factory`), on a draw no round
@@ -35,8 +36,8 @@ The runs come out of the user's budget: `--budget 40` with up to 6 rounds of 3 c
 20 search trials, up to 18 runs (rounds that decide early leave the rest unspent) and 2 served. By default the
 confirmation takes at most 45% of a trial budget (none when that holds fewer than 2 rounds): with engines started
 warm a run costs about two search trials' time, and an undecided gain after 3 rounds was +-12.6 points wide where 5
-narrow it to about half; on the Xeon demo's spread (3.4% a run) 5 rounds give +-5.4 points and 6 +-4.8, the 5 the
-gain's interval is asked to reach; `--confirm N` asks for up to N rounds whatever the budget.
+narrow it to about half; at a run's spread of 3.4% (a Xeon demo's) 5 rounds give +-5.4 points and 6 +-4.8, at 5.1%
+(the same Xeon an hour later) 6 gave +-7; `--confirm N` asks for up to N rounds whatever the budget.
 With a deadline (`--budget 8h`), the search stops early enough for the rounds, and a round that would end past the
 deadline is not started.
 """
