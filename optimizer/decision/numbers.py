@@ -17,23 +17,33 @@ from typing import Any
 
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.intervals import relative_gain
-from optimizer.search.confirmed import Confirmation, Confirmed
+from optimizer.measurement.sequential import GROUP_SEQUENTIAL
+from optimizer.search.confirmed import FIT_VALUE, Confirmation, Confirmed
 
 CONFIRMED = "confirmation"
 SEARCHED = "search"
 
 
+def _looks_text(c: Confirmation) -> str:
+    """How the plan's intervals pay for looking after every round, in words."""
+    if c.plan.get("looks") == GROUP_SEQUENTIAL:
+        return "group-sequential boundaries over the looks after each round: repeated confidence intervals"
+    return "Bonferroni over the looks after each round"
+
+
 def throughput_statistic(c: Confirmation) -> str:
     """What a confirmed throughput and its interval are, in words, for the rules of `c`'s plan."""
-    return f"median of the full rounds (a run's number: {c.run_text}); interval: 95% interval of their mean " \
-           f"(Student t; {c.looks_text})"
+    run = ("its pooled fit's rate at the limit, in tok/s" if c.plan.get("value") == FIT_VALUE
+           else "its throughput at its best passing probe")
+    return f"median of the full rounds (a run's number: {run}); interval: 95% interval of their mean " \
+           f"(Student t; {_looks_text(c)})"
 
 
 def gain_statistic(c: Confirmation) -> str:
     """What a confirmed gain and its interval are, in words, for the rules of `c`'s plan."""
     return ("ratio of the two medians; interval: 95% interval of the mean per-round ratio (each round measures "
             "both next to each other; Student t on log throughput, the spread pooled over every config of the "
-            f"rounds; {c.looks_text})")
+            f"rounds; {_looks_text(c)})")
 
 
 def _finite(x: float | None) -> float | None:

@@ -115,19 +115,6 @@ class Confirmation:
         return float(self.plan.get("confidence", 0.95))
 
     @property
-    def looks_text(self) -> str:
-        """How its intervals pay for looking after every round, in words."""
-        if self.plan.get("looks") == GROUP_SEQUENTIAL:
-            return "group-sequential boundaries over the looks after each round: repeated confidence intervals"
-        return "Bonferroni over the looks after each round"
-
-    @property
-    def run_text(self) -> str:
-        """What a run's number is, in words."""
-        return "its pooled fit's rate at the limit, in tok/s" if self.plan.get("value") == FIT_VALUE else \
-            "its throughput at its best passing probe"
-
-    @property
     def dropped(self) -> dict[int, int]:
         """Config number -> the first round it was no longer measured in (it was clearly behind the leader)."""
         return {int(k): int(v) for k, v in (self.plan.get("dropped") or {}).items()}
