@@ -14,6 +14,16 @@ every request pooled in the same fit (a rate at the limit depends on the replays
 
 Printed: the trials' rates, their intervals' half-widths (median and worst), the simulated minutes of replay per
 trial, precision per minute (half-width x sqrt(minutes)), and the share of re-measured rates inside the interval.
+
+On the real engine, from studies already run (nothing is started):
+
+    .venv/bin/python benchmarks/rate_coverage.py --real-study /tmp/demo/studies/default [--real-study ...]
+
+Each config of a study's confirmation was measured again in every round: on a fresh engine, on another draw, minutes
+to a quarter of an hour after its search trial. Counted, per config and in total: the search trial's interval against
+each round's rate at the limit; against the geometric mean of the rounds' rates (what the config gives on this machine
+over the confirmation's minutes, its runs' own noise averaged); and each round's interval against the other rounds'
+rates.
 """
 
 from __future__ import annotations
@@ -73,6 +83,54 @@ async def remeasure(engine: SimulatedEngine, bench, seed: int, around_rps: float
     return fit_rate_at_limit(probes)
 
 
+def real_coverage(paths: list[str]) -> None:
+    """The per-trial intervals of stored real studies against their confirmations' re-measurements (see above)."""
+    import math
+
+    import optuna
+
+    from optimizer.search.attrs import RESULT
+    from optimizer.search.confirmed import confirmation
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    def fit(t) -> RateAtLimit | None:
+        d = RESULT.of(t).get("rate_at_limit")
+        return RateAtLimit.from_dict(d) if d and RESULT.of(t).get("feasible") else None
+
+    totals = [0, 0, 0, 0, 0, 0]  # (inside, of) for: search vs runs, search vs the rounds' mean, run vs other runs
+    print("| study | trial | search trial's interval | its rounds' rates (fresh engines, other draws) | inside | "
+          "rounds' geometric mean | inside | each round's interval vs the other rounds |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for path in paths:
+        where = Path(path)
+        study = optuna.load_study(study_name=where.name,
+                                  storage=f"sqlite:///{where.with_name(where.name + '.db').resolve()}")
+        c = confirmation(study)
+        if c is None:
+            print(f"| {path} | no confirmation | | | | | | |")
+            continue
+        for x in c.configs:
+            searched = fit(x.trial)
+            runs = [f for r in sorted(x.runs) if (f := fit(x.runs[r])) is not None]
+            if searched is None or not math.isfinite(searched.high_rps) or len(runs) < 2:
+                continue
+            rates = [f.rate_rps for f in runs]
+            mean = math.exp(statistics.mean(math.log(v) for v in rates))
+            own = sum(searched.contains(v) for v in rates)
+            pairs = [(a, b) for a in runs for b in runs if a is not b and math.isfinite(a.high_rps)]
+            cross = sum(a.contains(b.rate_rps) for a, b in pairs)
+            for k, v in enumerate((own, len(rates), int(searched.contains(mean)), 1, cross, len(pairs))):
+                totals[k] += v
+            print(f"| {where.parent.parent.name}/{where.name} | #{x.number} | {searched.rate_rps:.2f} "
+                  f"[{searched.low_rps:.2f}, {searched.high_rps:.2f}] | {', '.join(f'{v:.2f}' for v in rates)} | "
+                  f"{own}/{len(rates)} | {mean:.2f} | {'yes' if searched.contains(mean) else 'NO'} | "
+                  f"{cross}/{len(pairs)} |")
+    a, n, b, m, d, e = totals
+    print(f"\nsearch trial's interval covers: a round's rate {a}/{n} ({a / max(n, 1):.0%}), the rounds' mean {b}/{m} "
+          f"({b / max(m, 1):.0%}); a round's interval covers another round's rate {d}/{e} ({d / max(e, 1):.0%})")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -80,7 +138,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--run-cv", type=float, default=SHARED_CPU.run_cv, help="per-engine log-normal sigma")
     p.add_argument("--replay-cv", type=float, default=SHARED_CPU.replay_cv, help="per-replay log-normal sigma")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--real-study", action="append", help="DIR/NAME of a real study to read (repeatable); runs nothing")
     args = p.parse_args(argv)
+    if args.real_study:
+        real_coverage(args.real_study)
+        return
     t0 = time.perf_counter()
     bench = setup(150.0, 1)
     noise = NoiseSource(SimNoise(run_cv=args.run_cv, replay_cv=args.replay_cv, drift_per_hour=0.0, seed=args.seed))

@@ -23,14 +23,15 @@ import aiohttp
 
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError, UsageError
-from optimizer.core.processes import ProcessRef
+from optimizer.core.processes import RPC_PATH_ENV, ProcessRef, remove_rpc_dir, rpc_dir
 from optimizer.engines import cpu_layout, warm_start
-from optimizer.engines.server import ServerProcess, flag_name, free_port, server_argv, vllm_flag_kinds
+from optimizer.engines.server import (
+    ServerProcess, classify_server_failure, flag_name, free_port, server_argv, vllm_flag_kinds,
+)
 from optimizer.measurement.workload import Request
 from optimizer.params.open_space import split_env
 
 _HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
-_ARGPARSE_ERROR = re.compile(r"error: (unrecognized arguments: [^\n]*|argument [^\n]*)")
 _KV_TOKENS = re.compile(r"[CG]PU KV cache size: ([\d,]+) tokens")
 _KEEPALIVE_S = 4.0
 _RESET_WAIT_S = 10.0  # how long a prefix-cache reset is retried while running requests still hold blocks
@@ -205,6 +206,7 @@ class HttpEngine(_HttpClient):
         self._server: ServerProcess | None = None
         self._refs: list[ProcessRef] = []
         self._own_cpus: frozenset[int] | None = None  # this process's CPUs before `start` bound it (cpu_layout.py)
+        self._rpc_dir: Path | None = None  # the server's ZMQ socket files (core/processes.py::rpc_dir)
 
     @property
     def pids(self) -> list[int]:
@@ -213,6 +215,11 @@ class HttpEngine(_HttpClient):
     @property
     def process_refs(self) -> list[ProcessRef]:
         return self._server.refresh() if self._server is not None else list(self._refs)
+
+    @property
+    def sockets_dir(self) -> Path | None:
+        """Where the running server's ZMQ sockets are (None: not started, or the user's VLLM_RPC_BASE_PATH)."""
+        return self._rpc_dir
 
     def validate(self, params: dict[str, Any]) -> None:
         """vLLM's own config validation, as the in-process engine does it (no server started)."""
@@ -237,7 +244,11 @@ class HttpEngine(_HttpClient):
             env = {**bind_env, **env}  # a binding of the user's own is kept
         for attempt in range(3):
             port = free_port(self._host)
-            server = ServerProcess(server_argv(args, self._host, port, kinds, self._python), log_path, env, cpus)
+            remove_rpc_dir(self._rpc_dir)  # a start after a failed one (shutdown removes it too)
+            self._rpc_dir = rpc_dir(env)
+            sockets = {RPC_PATH_ENV: str(self._rpc_dir)} if self._rpc_dir is not None else {}
+            server = ServerProcess(server_argv(args, self._host, port, kinds, self._python), log_path,
+                                   {**env, **sockets}, cpus)
             self._server = server
             self._open(f"http://{self._host}:{port}")
             try:
@@ -321,14 +332,8 @@ class HttpEngine(_HttpClient):
         if server is not None:
             self._refs = server.refresh()
             await asyncio.to_thread(server.stop, self._shutdown_timeout_s)
-
-
-def classify_server_failure(exit_code: int | None, log_text: str) -> tuple[str, str]:
-    """(reason, detail) for a server that exited before it was healthy, from its log."""
-    m = _ARGPARSE_ERROR.search(log_text)
-    if m:
-        return failures.INVALID_CONFIG, f"vLLM's server refuses the flags: {m.group(1)}"
-    return failures.classify(f"the server exited with code {exit_code}", log_text)
+        remove_rpc_dir(self._rpc_dir)
+        self._rpc_dir = None
 
 
 class RemoteEngine(_HttpClient):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 
 import psutil
 
+from optimizer.core import failures
 from optimizer.core.processes import (
     ProcessRef, end_processes, release_shared_memory, shared_memory_of, worker_exit_defaults,
 )
@@ -202,3 +204,13 @@ def server_argv(model_args: Mapping[str, Any], host: str, port: int, kinds: Mapp
     """The command line that starts the server with these engine arguments on host:port."""
     return [python, "-m", SERVER_MODULE, *to_flags(model_args, kinds), "--host", host, "--port", str(port)]
 
+
+ARGPARSE_ERROR = re.compile(r"error: (unrecognized arguments: [^\n]*|argument [^\n]*)")
+
+
+def classify_server_failure(exit_code: int | None, log_text: str) -> tuple[str, str]:
+    """(reason, detail) for a server that exited before it was healthy, from its log."""
+    m = ARGPARSE_ERROR.search(log_text)
+    if m:
+        return failures.INVALID_CONFIG, f"vLLM's server refuses the flags: {m.group(1)}"
+    return failures.classify(f"the server exited with code {exit_code}", log_text)

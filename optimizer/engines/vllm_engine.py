@@ -22,10 +22,11 @@ from typing import Any
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError
 from optimizer.core.processes import (
-    ProcessRef, children, end_processes, kill_now, named, output_to, release_shared_memory, shared_memory_of,
-    worker_exit_defaults,
+    RPC_PATH_ENV, ProcessRef, children, end_processes, kill_now, named, output_to, release_shared_memory,
+    remove_rpc_dir, rpc_dir, shared_memory_of, worker_exit_defaults,
 )
 from optimizer.engines import cpu_layout, warm_start
+from optimizer.engines.front_end_log import FrontEndLog
 from optimizer.measurement.engine import EngineStats, RequestTiming
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import DEFAULT_TARGET, usage_context
@@ -78,6 +79,7 @@ class VllmEngine:
         self._log_path: Path | None = None
         self._front_end_log: FrontEndLog | None = None
         self._own_cpus: frozenset[int] | None = None  # this process's CPUs before `start` bound it (cpu_layout.py)
+        self._rpc_dir: Path | None = None  # the engine's ZMQ socket files (core/processes.py::rpc_dir)
 
     measure_only = False
 
@@ -88,6 +90,11 @@ class VllmEngine:
     @property
     def process_refs(self) -> list[ProcessRef]:
         return list(self._procs)
+
+    @property
+    def sockets_dir(self) -> Path | None:
+        """Where the running engine's ZMQ sockets are (None: not started, or the user's VLLM_RPC_BASE_PATH)."""
+        return self._rpc_dir
 
     def engine_args(self, params: dict[str, Any]) -> Any:
         """Build AsyncEngineArgs; unknown or ill-typed names are an invalid config, not a crash."""
@@ -121,7 +128,10 @@ class VllmEngine:
         resource_tracker.ensure_running()
         self._log_path = log_path
         trial_env = split_env(params)[1]
-        self._set_env({**worker_exit_defaults({**os.environ, **trial_env}), **trial_env})
+        remove_rpc_dir(self._rpc_dir)  # a start after a failed one (shutdown removes it too)
+        self._rpc_dir = rpc_dir({**os.environ, **trial_env})
+        sockets = {RPC_PATH_ENV: str(self._rpc_dir)} if self._rpc_dir is not None else {}
+        self._set_env({**worker_exit_defaults({**os.environ, **trial_env}), **sockets, **trial_env})
         with output_to(log_path):
             warm = self._warm_context(params, trial_env)  # its fork server, when started, is not the engine's
         before = children()
@@ -294,6 +304,8 @@ class VllmEngine:
                     pass
             end_processes(self._procs)
             release_shared_memory(segments)
+        remove_rpc_dir(self._rpc_dir)
+        self._rpc_dir = None
         self._restore_env()
         if self._front_end_log is not None:
             self._front_end_log.close()
@@ -304,30 +316,6 @@ def _to_log(line: str) -> None:
     """One line to file descriptor 1: inside `output_to`, the trial's log, beside the engine's own output."""
     os.write(1, f"{line}\n".encode())
 
-
-class FrontEndLog:
-    """Between start and shutdown, the records of vLLM's loggers in this process (the front end: AsyncLLM, its
-    output handler) go to the trial's log instead of the terminal: when the engine core dies, the output handler
-    logs the error with a traceback, which belongs beside the engine's own output, not in the user's terminal."""
-
-    def __init__(self, log_path: Path | None) -> None:
-        self._logger = logging.getLogger("vllm")
-        self._saved = list(self._logger.handlers)
-        self._handler: logging.Handler | None = None
-        if log_path is None:
-            return
-        self._handler = logging.FileHandler(log_path, delay=True)
-        formatter = next((h.formatter for h in self._saved if h.formatter is not None), None)
-        if formatter is not None:
-            self._handler.setFormatter(formatter)
-        self._logger.handlers = [self._handler]
-
-    def close(self) -> None:
-        if self._handler is None:
-            return
-        self._logger.handlers = self._saved
-        self._handler.close()
-        self._handler = None
 
 
 def _request_index(request_id: str) -> int | None:

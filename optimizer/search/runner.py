@@ -17,6 +17,7 @@ from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
 from optimizer.hardware.machine import describe, fingerprint
 from optimizer.measurement.engine import EngineFactory
+from optimizer.measurement.stability import P99Stability
 from optimizer.measurement.workload import build_workload
 from optimizer.params.preflight import DeviceMemory
 from optimizer.params.space import resolve
@@ -324,6 +325,11 @@ def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages
 def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
     """How well the recommendation's replay pinned down TTFT P99, and the replay length that would (stored too).
 
+    Only for a recommendation measured the way studies were before 2026-12: fixed-length replays, each judged on its
+    own P99. A trial measured by probes sized by evidence has its rate at the limit from a fit over every request it
+    sent, with its interval on its progress line and in the confirmation's table: one probe's P99 and a replay length
+    are not what its number rests on, and advice to lengthen replays would send the user after the wrong knob (None).
+
     The count is advice for the next study, not changed in this one: every trial of a study replays the same
     requests, so that their results compare (`--num-requests auto` chooses it before a study starts).
     """
@@ -332,7 +338,7 @@ def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
 
     best = recommended(prepared.study)
     store = prepared.objective.records
-    if best is None or store is None:
+    if best is None or store is None or RESULT.of(best).get("rate_at_limit"):
         return None
     rate = RESULT.of(best).get("rate_rps")
     target = math.inf if rate is None else float(rate)
@@ -343,6 +349,11 @@ def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
     s = p99_stability(ttft, tolerance)
     STUDY_P99_STABILITY.set(prepared.study, {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
                                              for k, v in s.__dict__.items()})
+    return advice_text(s, tolerance)
+
+
+def advice_text(s: P99Stability, tolerance: float = 0.4) -> str:
+    """Pure: the line `p99_advice` prints for a replay's P99 stability."""
     high = "open above" if not math.isfinite(s.high_ms) else f"{s.high_ms:.0f} ms"
     line = (f"TTFT P99 of the recommendation over {s.n} requests: {s.p99_ms:.0f} ms, 95% interval "
             f"[{s.low_ms:.0f} ms, {high}]")

@@ -48,3 +48,23 @@ def test_the_shared_memory_a_killed_process_left_behind_is_released(tmp_path):
         assert release_shared_memory(segments) == []  # twice is safe
     finally:
         child.kill()
+
+
+def test_each_engine_gets_a_socket_directory_that_goes_with_what_was_left_in_it(tmp_path):
+    import socket
+
+    from optimizer.core.processes import RPC_DIR_PREFIX, RPC_PATH_ENV, remove_rpc_dir, rpc_dir
+
+    assert rpc_dir({RPC_PATH_ENV: str(tmp_path)}) is None  # the user's own path is kept
+    first, second = rpc_dir({}), rpc_dir({RPC_PATH_ENV: ""})
+    assert first is not None and second is not None and first != second
+    assert first.is_dir() and first.name.startswith(RPC_DIR_PREFIX)
+    bound = socket.socket(socket.AF_UNIX)  # what an engine process killed before it closed its socket leaves
+    bound.bind(str(first / "a-zmq-socket"))
+    assert (first / "a-zmq-socket").is_socket()
+    remove_rpc_dir(first)
+    remove_rpc_dir(first)  # twice is safe
+    remove_rpc_dir(None)
+    bound.close()
+    assert not first.exists() and second.exists()
+    remove_rpc_dir(second)

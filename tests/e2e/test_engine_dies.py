@@ -128,7 +128,7 @@ def test_log_tail_keeps_whole_lines_from_the_end(tmp_path):
 def test_vllm_front_end_errors_go_to_the_trial_log_while_the_engine_runs(tmp_path):
     import logging
 
-    from optimizer.engines.vllm_engine import FrontEndLog
+    from optimizer.engines.front_end_log import FrontEndLog
 
     vllm_logger = logging.getLogger("vllm")
     before = list(vllm_logger.handlers)

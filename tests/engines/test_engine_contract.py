@@ -93,6 +93,9 @@ def test_lifecycle(make_engine, tmp_path):
             assert [r.pid for r in engine.process_refs] == pids
             if not engine.measure_only:
                 assert resolved["max_num_seqs"] == 4
+            sockets = getattr(engine, "sockets_dir", None)  # engines that start vLLM processes have one
+            if hasattr(engine, "sockets_dir"):
+                assert sockets is not None and any(p.is_socket() for p in sockets.iterdir())  # vLLM's, in it
             one = await collect(engine, WORKLOAD.requests[0])
             assert sum(one) == WORKLOAD.requests[0].output_len and all(n > 0 for n in one)
             await engine.reset_prefix_cache()
@@ -104,6 +107,8 @@ def test_lifecycle(make_engine, tmp_path):
         await engine.shutdown()  # twice is safe
         # the engine's message queues (shared memory, 160-420 MB on the CPU build) do not outlive it
         assert {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("psm_")} == set()
+        # nor do the socket files of its processes, ended by PID before they could close them
+        assert sockets is None or not sockets.exists()
         return pids
 
     pids = asyncio.run(scenario())

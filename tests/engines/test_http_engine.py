@@ -18,7 +18,8 @@ from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, UsageError
 from optimizer.engines import cpu_layout
-from optimizer.engines.http_engine import HttpEngine, RemoteEngine, check_url, classify_server_failure
+from optimizer.engines.http_engine import HttpEngine, RemoteEngine, check_url
+from optimizer.engines.server import classify_server_failure
 from optimizer.engines.server import BOOL_BOTH, BOOL_TRUE_ONLY, free_port, to_flags
 from optimizer.measurement.engine import Engine
 from optimizer.measurement.workload import Request, build_workload

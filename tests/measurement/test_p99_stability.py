@@ -66,7 +66,7 @@ def test_requests_needed_grows_as_the_tolerance_tightens():
     assert predicted_width(tight, tail) <= 0.15 < predicted_width(int(tight * 0.95), tail)
 
 
-def test_the_study_ends_with_advice_on_the_replay_length(tmp_path, config_only_model):
+def test_a_study_measured_by_pooled_fits_ends_without_replay_length_advice(tmp_path, config_only_model):
     from optimizer.config.settings import StudyConfig
     from optimizer.config.workload_spec import WorkloadSpec
     from optimizer.engines.simulated import SimulatedEngine
@@ -82,10 +82,27 @@ def test_the_study_ends_with_advice_on_the_replay_length(tmp_path, config_only_m
                                                input_len_max=256, output_len_min=2, output_len_max=6))
     prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=engine, memory_probe=lambda: None)
     run(prepared, quiet=True)
-    advice = p99_advice(prepared)
-    assert advice is not None and "over 40 requests" in advice and "open above" in advice  # 40 < 368
-    stored = prepared.study.user_attrs["p99_stability"]
-    assert stored["n"] == 40 and stored["high_ms"] is None and stored["stable"] is False
+    from optimizer.search.attrs import RESULT
+    from optimizer.search.confirmed import recommended
+
+    assert RESULT.of(recommended(prepared.study)).get("rate_at_limit")  # measured by probes and a pooled fit
+    assert p99_advice(prepared) is None  # its number rests on the fit's interval, not one replay's P99
+    assert "p99_stability" not in prepared.study.user_attrs
+
+
+def test_the_advice_names_the_replay_length_that_would_pin_the_p99():
+    from optimizer.search.runner import advice_text
+
+    rng = np.random.default_rng(3)
+    short = p99_stability(50.0 + rng.exponential(20.0, size=40))
+    text = advice_text(short)
+    assert "over 40 requests" in text and "open above" in text and "not stable" in text  # 40 < 368
+    long = p99_stability(50.0 + rng.exponential(20.0, size=5000))
+    assert long.stable and advice_text(long).endswith("stable (within 40% of it)")
+    middle = p99_stability(50.0 + rng.exponential(20.0, size=400), tolerance=0.15)
+    assert not middle.stable and middle.requests_needed is not None and middle.requests_needed > 400
+    assert advice_text(middle, 0.15).endswith(f"within 15% (--num-requests {middle.requests_needed}, or auto, in a "
+                                              "new study)")
 
 
 def test_lag1_autocorrelation_by_hand():
