@@ -268,8 +268,8 @@ def verdict_line(d: Decision) -> str:
     if c.outcome == Outcome.UNDECIDED:
         choice = ("keep the defaults" if best is base or best is None else
                   f"deploy either: the defaults are the simpler choice, #{best.number} the better bet")
-        return (f"undecided after {n}: {shown or 'no interval'} against {against}: {choice} (`{d.more_rounds}` adds "
-                f"a round)")
+        return (f"undecided after {n}: {shown or 'no interval'} against {against}: {choice} "
+                f"({d.more_rounds_advice})")
     return f"not decided yet after {n} ({shown or 'no interval'}): run the same command again to go on"
 
 

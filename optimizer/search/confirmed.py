@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.measurement.intervals import Interval, block_gain_interval, interval
 from optimizer.measurement.rate_fit import RateAtLimit
 from optimizer.measurement.sequential import (FIRST_LOOK_ROUND, GROUP_SEQUENTIAL, Outcome, behind, look_confidence_at,
-                                              outcome)
+                                              outcome, rounds_to_decide)
 from optimizer.search.attrs import CONFIRM, RESULT, STUDY_CONFIRMATION
 from optimizer.search.score import best_first, goodput
 from optimizer.search.study import confirmation_runs, is_baseline, search_trials
@@ -202,6 +202,20 @@ class Confirmation:
         else:
             gains = [self.difference(best, base)]
         return outcome(gains, best is base, len(self.full_rounds), self.rounds)
+
+    def rounds_to_decide(self) -> int | None:
+        """How many more rounds would be expected to decide the outcome if the gains over vLLM's defaults and the
+        runs' spread stay as measured (measurement/sequential.py::rounds_to_decide): the leader's gain, or when the
+        defaults lead, every other candidate's (the most any needs); None when more than PROJECTED_ROUNDS, or nothing
+        to project."""
+        best, base = self.best, self.base
+        if best is None or base is None or (best is base and len(self.active) < 2):
+            return None
+        gains = [self.difference(c, base) for c in self.active if c is not base] if best is base else [
+            self.difference(best, base)]
+        needed = [rounds_to_decide(g, self.confidence, len(self.full_rounds), len(self.plan["candidates"]))
+                  for g in gains]
+        return None if None in needed else max(needed)
 
     def behind(self) -> list[Confirmed]:
         """The configs still measured that are clearly behind the leader (not vLLM's defaults: their gain decides

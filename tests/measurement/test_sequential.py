@@ -102,3 +102,24 @@ def test_the_block_designs_intervals_cover_at_every_look_together():
                     break
     assert 0.035 <= missed[True] / studies <= 0.065  # ~0.05: 3 standard errors of 3000 studies either side
     assert missed[False] / studies < missed[True] / studies  # the union bound overpays
+
+
+def test_rounds_to_decide_by_hand():
+    from optimizer.measurement.intervals import Interval
+    from optimizer.measurement.sequential import rounds_to_decide
+
+    def gain(d, h):  # a block-design interval: exp(d +- h) - 1
+        return Interval(math.exp(d) - 1, math.exp(d - h) - 1, math.exp(d + h) - 1, 4)
+
+    # 2 configs, 4 rounds, at 95%: t(3) = 3.182, so sqrt(2 MSE) = 0.06 / 3.182 x sqrt(4) = 0.037712. A plan of 5
+    # rounds shows t(4) = 2.776 x 0.037712 / sqrt(5) = 0.04682, of 6 rounds t(5) = 2.571 x 0.037712 / sqrt(6) = 0.03959
+    assert rounds_to_decide(gain(0.05, 0.04), 0.95, 4, configs=2) == 0  # excludes 0 already
+    assert rounds_to_decide(gain(0.05, 0.06), 0.95, 4, configs=2) == 1  # 0.04682 < 0.05: excludes 0
+    assert rounds_to_decide(gain(0.04, 0.06), 0.95, 4, configs=2) == 2  # 0.04682 > 0.04 > 0.03959
+    assert rounds_to_decide(gain(-0.04, 0.06), 0.95, 4, configs=2) == 2  # below 0 decides as well
+    # d = 0, h = 0.04: sqrt(2 MSE) = 0.025141; within +-3 points needs h <= ln 1.03 = 0.02956: 5 rounds give 0.03121,
+    # 6 give 0.02639
+    assert rounds_to_decide(gain(0.0, 0.04), 0.95, 4, configs=2) == 2
+    assert rounds_to_decide(gain(0.0, 0.30), 0.95, 4, configs=2) is None  # no gain, a wide spread: not in 6 rounds
+    assert rounds_to_decide(gain(0.0, 0.30), 0.95, 4, configs=2, most=200) is not None
+    assert rounds_to_decide(Interval(0.1, math.nan, math.nan, 1), 0.95, 1) is None  # one round: no spread to project

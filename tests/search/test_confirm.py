@@ -434,3 +434,30 @@ def test_a_new_plan_looks_group_sequentially_and_compares_runs_by_their_fits():
     assert run_tok_s(missed) == 0.0
     # plans stored before compare goodput; the rounds' values here have no fit, so both read the same
     assert exact.values_tok_s(exact.configs[0]) == bonferroni.values_tok_s(bonferroni.configs[0]) == values[0]
+
+
+def test_an_undecided_confirmation_says_how_many_more_rounds_would_decide_it():
+    from optimizer.decision.decide import Decision
+    from optimizer.measurement import sequential
+
+    # 3 rounds, the plan's last: #1 -4%, +10%, +4% against the defaults, undecided
+    c = confirmation(_rounds_study({0: [100.0, 100.0, 100.0], 1: [96.0, 110.0, 104.0], 2: [70.0, 71.0, 70.0]},
+                                   rounds=3))
+    assert c.outcome.value == "undecided" and c.best.number == 1
+    gain = c.gain(c.best)  # the leader's gain is the one projected, at the plan's confidence and 3 configs
+    assert c.rounds_to_decide() == sequential.rounds_to_decide(gain, c.confidence, 3, 3)
+    # the defaults lead: each other candidate must decide, so the most any needs (#2, 30% behind, decides: 0)
+    lead = confirmation(_rounds_study({0: [100.0, 110.0, 104.0], 1: [96.0, 100.0, 100.0], 2: [70.0, 71.0, 70.0]},
+                                      rounds=3))
+    assert lead.best.number == 0 and lead.outcome.value == "undecided"
+    assert sequential.rounds_to_decide(lead.gain(lead.configs[2]), lead.confidence, 3, 3) == 0
+    assert lead.rounds_to_decide() == sequential.rounds_to_decide(lead.gain(lead.configs[1]), lead.confidence, 3, 3)
+
+    def advice(k):
+        return Decision("s", 150.0, 150.0, [], [], None, None, more_rounds="optimize --study s --confirm 4",
+                        rounds_needed=k).more_rounds_advice
+
+    assert advice(2) == ("`optimize --study s --confirm 4` adds a round; about 2 more rounds would be expected to "
+                         "decide it, if the gain and the spread stay as measured")
+    assert advice(1).count("about 1 more round would") == 1
+    assert advice(None).endswith(f"more than {sequential.PROJECTED_ROUNDS} more rounds would be needed to decide it")
