@@ -105,7 +105,33 @@ def served_lines(d: Decision) -> list[str]:
             pct = (r["served_rate_at_limit_rps"] / r["rate_at_limit_rps"] - 1) * 100
             line += f": they differ by more than their intervals ({pct:+.0f}% as served); deploy for the served rate"
         out.append(line)
+    base = next(((conf, r) for conf, r in records if conf.baseline), None)
+    for conf, r in records if base is not None else []:
+        if not conf.baseline and (line := order_as_served_line(conf.number, r, base[1], d.defaults_of)):
+            out.append(line)
     return out + provision_lines(records)
+
+
+def order_as_served_line(number: int, leader: dict[str, Any], base: dict[str, Any], defaults_of: str) -> str | None:
+    """Pure: where the runs through `vllm serve` rank config #`number` and vLLM's defaults the other way round from
+    their rounds in process (each a `served_record`), a line that says so: the confirmation's gain is measured in
+    process, and one run each as served ranks them only where their intervals do not overlap. None where the two
+    orders agree, or either lacks a rate."""
+    rates = (leader["rate_at_limit_rps"], base["rate_at_limit_rps"],
+             leader["served_rate_at_limit_rps"], base["served_rate_at_limit_rps"])
+    if any(v is None for v in rates):
+        return None
+    inproc, served = rates[0] / rates[1] - 1, rates[2] / rates[3] - 1
+    if inproc * served >= 0:
+        return None
+    high = [math.inf if v["served_high_rps"] is None else v["served_high_rps"] for v in (leader, base)]
+    apart = leader["served_low_rps"] > high[1] or base["served_low_rps"] > high[0]
+    how = ("apart beyond their 95% intervals" if apart else
+           "their 95% intervals overlap, so these runs alone do not rank them")
+    return (f"as served the order is the other way round: #{number} held {rates[2]:.2f} req/s, vLLM's defaults "
+            f"({defaults_of}) {rates[3]:.2f} ({served:+.0%}; in process {inproc:+.0%}; one run each, {how}): the "
+            f"gain above is measured in process; before deploying for it behind `vllm serve`, measure both as served "
+            f"again (`optimize --backend http` in a new study, or `optimize measure` against each deployment)")
 
 
 def provision_lines(records: list[tuple[Confirmed, dict[str, Any]]]) -> list[str]:

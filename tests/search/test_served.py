@@ -146,3 +146,22 @@ def test_a_plan_made_without_runs_as_served_gets_none_on_a_resume(tmp_path, conf
     study = run(again, quiet=True)
     assert len(confirmation_runs(study)) == before and ServedSim.made == 0
     assert not any(CONFIRM.of(t).get("served") for t in confirmation_runs(study))
+
+
+def test_runs_as_served_that_rank_the_pair_the_other_way_round_are_said_so():
+    from optimizer.decision.served import order_as_served_line
+
+    def record(inproc, served, low, high):
+        return {"rate_at_limit_rps": inproc, "served_rate_at_limit_rps": served, "served_low_rps": low,
+                "served_high_rps": high}
+
+    # a real study's (claim-4, 2026-12-04): #15 +13% in process, -10% as served, the served intervals overlapping
+    base = record(95.28, 89.98, 81.26, 106.87)
+    line = order_as_served_line(15, record(107.44, 80.82, 74.46, 89.32), base, "vllm serve")
+    assert line is not None and line.startswith("as served the order is the other way round: #15 held 80.82 req/s")
+    assert "(-10%; in process +13%; one run each, their 95% intervals overlap" in line
+    apart = order_as_served_line(15, record(107.44, 70.0, 65.0, 75.0), base, "vllm serve")
+    assert apart is not None and "apart beyond their 95% intervals" in apart
+    assert order_as_served_line(15, record(107.44, 95.0, 90.0, 99.0), base, "vllm serve") is None  # the same order
+    assert order_as_served_line(15, record(107.44, None, None, None), base, "vllm serve") is None  # not measured
+    assert "open" not in (order_as_served_line(15, record(107.44, 70.0, 65.0, None), base, "vllm serve") or "")
