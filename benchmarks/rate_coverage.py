@@ -107,6 +107,7 @@ def real_coverage(paths: list[str]) -> None:
         study = optuna.load_study(study_name=where.name,
                                   storage=f"sqlite:///{where.with_name(where.name + '.db').resolve()}")
         c = confirmation(study)
+        label = where.parent.parent.name if where.parent.name == "studies" else where.parent.name  # DIR/studies/NAME
         if c is None:
             print(f"| {path} | no confirmation | | | | | | |")
             continue
@@ -122,7 +123,7 @@ def real_coverage(paths: list[str]) -> None:
             cross = sum(a.contains(b.rate_rps) for a, b in pairs)
             for k, v in enumerate((own, len(rates), int(searched.contains(mean)), 1, cross, len(pairs))):
                 totals[k] += v
-            print(f"| {where.parent.parent.name}/{where.name} | #{x.number} | {searched.rate_rps:.2f} "
+            print(f"| {label}/{where.name} | #{x.number} | {searched.rate_rps:.2f} "
                   f"[{searched.low_rps:.2f}, {searched.high_rps:.2f}] | {', '.join(f'{v:.2f}' for v in rates)} | "
                   f"{own}/{len(rates)} | {mean:.2f} | {'yes' if searched.contains(mean) else 'NO'} | "
                   f"{cross}/{len(pairs)} |")

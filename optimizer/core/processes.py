@@ -130,17 +130,24 @@ RPC_PATH_ENV = "VLLM_RPC_BASE_PATH"
 RPC_DIR_PREFIX = "optimizer-ipc-"
 
 
-def rpc_dir(env: Mapping[str, str]) -> Path | None:
-    """A fresh directory for one engine's ZMQ IPC sockets, for its RPC_PATH_ENV; None when `env` names one already
-    (the user's choice is kept).
+def rpc_dir(env: Mapping[str, str], parent: Path | None = None) -> Path | None:
+    """A fresh directory for one engine's ZMQ IPC sockets, for its RPC_PATH_ENV, named for this process (in `parent`,
+    the system's temporary directory by default); None when `env` names one already (the user's choice is kept).
 
     vLLM makes each of its sockets a file under VLLM_RPC_BASE_PATH (the system's temporary directory by default), and
     only the process that bound a socket removes its file, when it closes it: an engine core and worker ended by PID
-    once the measurement is over leave theirs behind (7 per engine start on the CPU build, measured: a study of 40
-    trials left ~280 in /tmp). With a directory of its own, `remove_rpc_dir` takes them all once its processes end."""
+    once the measurement is over leave theirs behind (on the CPU build, measured: 84 in /tmp after a study's probe and
+    its first 12 trials; 7 in each engine's directory). With a directory of its own, `remove_rpc_dir` takes them all
+    once its processes end; the directories of processes that ended without that (killed) go the next time any
+    process makes one."""
     if env.get(RPC_PATH_ENV):
         return None
-    return Path(tempfile.mkdtemp(prefix=RPC_DIR_PREFIX))
+    where = Path(parent or tempfile.gettempdir())
+    for stale in where.glob(f"{RPC_DIR_PREFIX}*-*"):
+        pid = stale.name[len(RPC_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            remove_rpc_dir(stale)
+    return Path(tempfile.mkdtemp(prefix=f"{RPC_DIR_PREFIX}{os.getpid()}-", dir=where))
 
 
 def remove_rpc_dir(path: Path | None) -> None:

@@ -68,3 +68,24 @@ def test_each_engine_gets_a_socket_directory_that_goes_with_what_was_left_in_it(
     bound.close()
     assert not first.exists() and second.exists()
     remove_rpc_dir(second)
+
+
+def test_the_socket_directory_of_a_process_that_was_killed_goes_with_the_next_one(tmp_path):
+    import os
+    import subprocess
+
+    from optimizer.core.processes import RPC_DIR_PREFIX, rpc_dir
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # its PID is free now
+    left = tmp_path / f"{RPC_DIR_PREFIX}{ended.pid}-abc"  # a killed study's, sockets and all
+    left.mkdir()
+    (left / "socket").touch()
+    alive = tmp_path / f"{RPC_DIR_PREFIX}{os.getppid()}-def"  # a live process's: another study's engine
+    alive.mkdir()
+    other = tmp_path / f"{RPC_DIR_PREFIX}notapid"  # not one of ours by its name: left alone
+    other.mkdir()
+    made = rpc_dir({}, parent=tmp_path)
+    assert made is not None and made.name.startswith(f"{RPC_DIR_PREFIX}{os.getpid()}-") and made.parent == tmp_path
+    assert not left.exists() and alive.exists() and other.exists()
+    assert rpc_dir({}, parent=tmp_path) is not None and made.exists()  # this process is alive: its own dir stays
