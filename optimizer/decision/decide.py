@@ -25,7 +25,7 @@ from optimizer.decision.numbers import (
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import beats, required_gain
 from optimizer.measurement.rerank import Answer, pareto_front, rank_curve, recommend
-from optimizer.measurement.sequential import PROJECTED_ROUNDS, Outcome
+from optimizer.measurement.sequential import FIRST_LOOK_ROUND, PROJECTED_ROUNDS, Outcome
 from optimizer.params.deploy import label as deploy_label
 from optimizer.search.attrs import CURVE
 from optimizer.search.confirm import more_rounds_command
@@ -57,12 +57,15 @@ class Decision:
     defaults_as_run: dict[str, tuple[Any, str]] = field(default_factory=dict)
     more_rounds: str = ""  # the command that adds a confirmation round (search/confirm.py `more_rounds_command`)
     rounds_needed: int | None = None  # rounds that would be expected to decide an undecided confirmation (None: more)
+    rounds_projected: bool = False  # whether `rounds_needed` was projected at all (it needs two full rounds)
 
     @property
     def more_rounds_advice(self) -> str:
         """For an undecided confirmation: the command that adds a round, and how many more rounds would be expected
         to decide it at the gain and the spread measured (`Confirmation.rounds_to_decide`)."""
         k = self.rounds_needed
+        if not self.rounds_projected:
+            return f"`{self.more_rounds}` adds a round"
         expected = (f"about {k} more round{'s' if k != 1 else ''} would be expected to decide it, if the gain and the "
                     f"spread stay as measured" if k is not None else
                     f"at the gain and the spread measured, more than {PROJECTED_ROUNDS} more rounds would be needed to "
@@ -186,7 +189,9 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
                         more_rounds=more_rounds_command(config.study_name, config.budget, confirmed.rounds)
                         if confirmed is not None else "",
                         rounds_needed=confirmed.rounds_to_decide()
-                        if confirmed is not None and confirmed.outcome == Outcome.UNDECIDED else None)
+                        if confirmed is not None and confirmed.outcome == Outcome.UNDECIDED else None,
+                        rounds_projected=confirmed is not None and confirmed.outcome == Outcome.UNDECIDED
+                        and len(confirmed.full_rounds) >= FIRST_LOOK_ROUND)
     if compared_per_gpu(trials, config.engine_args):
         decision.notes.append("trials use different numbers of GPUs (tensor x pipeline x data parallel): output "
                               "throughput is compared per GPU")

@@ -455,9 +455,12 @@ def test_an_undecided_confirmation_says_how_many_more_rounds_would_decide_it():
 
     def advice(k):
         return Decision("s", 150.0, 150.0, [], [], None, None, more_rounds="optimize --study s --confirm 4",
-                        rounds_needed=k).more_rounds_advice
+                        rounds_needed=k, rounds_projected=True).more_rounds_advice
 
     assert advice(2) == ("`optimize --study s --confirm 4` adds a round; about 2 more rounds would be expected to "
                          "decide it, if the gain and the spread stay as measured")
     assert advice(1).count("about 1 more round would") == 1
     assert advice(None).endswith(f"more than {sequential.PROJECTED_ROUNDS} more rounds would be needed to decide it")
+    # one round: no spread to project from, the command alone
+    assert Decision("s", 150.0, 150.0, [], [], None, None, more_rounds="optimize --study s --confirm 2"
+                    ).more_rounds_advice == "`optimize --study s --confirm 2` adds a round"
