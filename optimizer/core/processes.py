@@ -150,6 +150,14 @@ def rpc_dir(env: Mapping[str, str], parent: Path | None = None) -> Path | None:
     return Path(tempfile.mkdtemp(prefix=f"{RPC_DIR_PREFIX}{os.getpid()}-", dir=where))
 
 
+def renew_rpc_dir(previous: Path | None, env: Mapping[str, str]) -> tuple[Path | None, dict[str, str]]:
+    """For an engine start: `previous` removed (a start after a failed one), a fresh `rpc_dir`, and the environment
+    that names it (empty where the user named one)."""
+    remove_rpc_dir(previous)
+    made = rpc_dir(env)
+    return made, ({RPC_PATH_ENV: str(made)} if made is not None else {})
+
+
 def remove_rpc_dir(path: Path | None) -> None:
     """Remove an engine's socket directory and what is left in it (nothing when `path` is None or already gone)."""
     if path is not None:

@@ -181,6 +181,7 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     best = by_number[best_n] if best_n is not None else None
     base = next((v for v in views if v.baseline), None)
     importances, note = param_importances(views)
+    undecided = confirmed is not None and confirmed.outcome == Outcome.UNDECIDED
     decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note,
                         other_limits_ms=other, noise_cv=noise_cv(trials),
                         arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as),
@@ -188,10 +189,8 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
                         defaults_as_run=defaults_as_run(base.trial, config) if base is not None else {},
                         more_rounds=more_rounds_command(config.study_name, config.budget, confirmed.rounds)
                         if confirmed is not None else "",
-                        rounds_needed=confirmed.rounds_to_decide()
-                        if confirmed is not None and confirmed.outcome == Outcome.UNDECIDED else None,
-                        rounds_projected=confirmed is not None and confirmed.outcome == Outcome.UNDECIDED
-                        and len(confirmed.full_rounds) >= FIRST_LOOK_ROUND)
+                        rounds_needed=confirmed.rounds_to_decide() if undecided else None,
+                        rounds_projected=undecided and len(confirmed.full_rounds) >= FIRST_LOOK_ROUND)
     if compared_per_gpu(trials, config.engine_args):
         decision.notes.append("trials use different numbers of GPUs (tensor x pipeline x data parallel): output "
                               "throughput is compared per GPU")

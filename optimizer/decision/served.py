@@ -105,10 +105,9 @@ def served_lines(d: Decision) -> list[str]:
             pct = (r["served_rate_at_limit_rps"] / r["rate_at_limit_rps"] - 1) * 100
             line += f": they differ by more than their intervals ({pct:+.0f}% as served); deploy for the served rate"
         out.append(line)
-    base = next(((conf, r) for conf, r in records if conf.baseline), None)
-    for conf, r in records if base is not None else []:
-        if not conf.baseline and (line := order_as_served_line(conf.number, r, base[1], d.defaults_of)):
-            out.append(line)
+    base = next((r for conf, r in records if conf.baseline), None)
+    others = [(conf, r) for conf, r in records if not conf.baseline] if base is not None else []
+    out += [line for conf, r in others if (line := order_as_served_line(conf.number, r, base, d.defaults_of))]
     return out + provision_lines(records)
 
 

@@ -23,7 +23,7 @@ import aiohttp
 
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError, UsageError
-from optimizer.core.processes import RPC_PATH_ENV, ProcessRef, remove_rpc_dir, rpc_dir
+from optimizer.core.processes import ProcessRef, remove_rpc_dir, renew_rpc_dir
 from optimizer.engines import cpu_layout, warm_start
 from optimizer.engines.server import (
     ServerProcess, classify_server_failure, flag_name, free_port, server_argv, vllm_flag_kinds,
@@ -244,9 +244,7 @@ class HttpEngine(_HttpClient):
             env = {**bind_env, **env}  # a binding of the user's own is kept
         for attempt in range(3):
             port = free_port(self._host)
-            remove_rpc_dir(self._rpc_dir)  # a start after a failed one (shutdown removes it too)
-            self._rpc_dir = rpc_dir(env)
-            sockets = {RPC_PATH_ENV: str(self._rpc_dir)} if self._rpc_dir is not None else {}
+            self._rpc_dir, sockets = renew_rpc_dir(self._rpc_dir, env)
             server = ServerProcess(server_argv(args, self._host, port, kinds, self._python), log_path,
                                    {**env, **sockets}, cpus)
             self._server = server

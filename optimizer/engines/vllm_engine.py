@@ -22,8 +22,8 @@ from typing import Any
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError
 from optimizer.core.processes import (
-    RPC_PATH_ENV, ProcessRef, children, end_processes, kill_now, named, output_to, release_shared_memory,
-    remove_rpc_dir, rpc_dir, shared_memory_of, worker_exit_defaults,
+    ProcessRef, children, end_processes, kill_now, named, output_to, release_shared_memory, remove_rpc_dir,
+    renew_rpc_dir, shared_memory_of, worker_exit_defaults,
 )
 from optimizer.engines import cpu_layout, warm_start
 from optimizer.engines.front_end_log import FrontEndLog
@@ -128,9 +128,7 @@ class VllmEngine:
         resource_tracker.ensure_running()
         self._log_path = log_path
         trial_env = split_env(params)[1]
-        remove_rpc_dir(self._rpc_dir)  # a start after a failed one (shutdown removes it too)
-        self._rpc_dir = rpc_dir({**os.environ, **trial_env})
-        sockets = {RPC_PATH_ENV: str(self._rpc_dir)} if self._rpc_dir is not None else {}
+        self._rpc_dir, sockets = renew_rpc_dir(self._rpc_dir, {**os.environ, **trial_env})
         self._set_env({**worker_exit_defaults({**os.environ, **trial_env}), **sockets, **trial_env})
         with output_to(log_path):
             warm = self._warm_context(params, trial_env)  # its fork server, when started, is not the engine's

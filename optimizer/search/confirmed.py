@@ -189,33 +189,31 @@ class Confirmation:
         table = [[x.value_tok_s(r) for r in rounds] for x in (other, c, *beside)]
         return block_gain_interval([row for row in table if None not in row], 0, 1, confidence=self.confidence)
 
+    def _deciding_gains(self) -> list[Interval]:
+        """The gains over vLLM's defaults the outcome rests on: the leader's, or when the defaults lead, every other
+        candidate's still measured (none without a leader or the defaults)."""
+        best, base = self.best, self.base
+        if best is None or base is None:
+            return []
+        if best is base:
+            return [self.difference(c, base) for c in self.active if c is not base]
+        return [self.difference(best, base)]
+
     @property
     def outcome(self) -> Outcome:
         """What the full rounds say of the leader against vLLM's defaults (measurement/sequential.py)."""
-        best, base = self.best, self.base
+        best = self.best
         if best is None:
             return Outcome.RUNNING if self.rounds > 0 else Outcome.UNDECIDED
-        if base is None:
-            gains = []
-        elif best is base:
-            gains = [self.difference(c, base) for c in self.active if c is not base]
-        else:
-            gains = [self.difference(best, base)]
-        return outcome(gains, best is base, len(self.full_rounds), self.rounds)
+        return outcome(self._deciding_gains(), best is self.base, len(self.full_rounds), self.rounds)
 
     def rounds_to_decide(self) -> int | None:
         """How many more rounds would be expected to decide the outcome if the gains over vLLM's defaults and the
-        runs' spread stay as measured (measurement/sequential.py::rounds_to_decide): the leader's gain, or when the
-        defaults lead, every other candidate's (the most any needs); None when more than PROJECTED_ROUNDS, or nothing
-        to project."""
-        best, base = self.best, self.base
-        if best is None or base is None or (best is base and len(self.active) < 2):
-            return None
-        gains = [self.difference(c, base) for c in self.active if c is not base] if best is base else [
-            self.difference(best, base)]
+        runs' spread stay as measured (measurement/sequential.py::rounds_to_decide): for each gain the outcome rests
+        on, the most any needs; None when more than PROJECTED_ROUNDS, or nothing to project."""
         needed = [rounds_to_decide(g, self.confidence, len(self.full_rounds), len(self.plan["candidates"]))
-                  for g in gains]
-        return None if None in needed else max(needed)
+                  for g in self._deciding_gains()]
+        return None if not needed or None in needed else max(needed)
 
     def behind(self) -> list[Confirmed]:
         """The configs still measured that are clearly behind the leader (not vLLM's defaults: their gain decides
