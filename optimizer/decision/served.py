@@ -114,7 +114,10 @@ def served_lines(d: Decision) -> list[str]:
 def order_as_served_line(number: int, leader: dict[str, Any], base: dict[str, Any], defaults_of: str) -> str | None:
     """Pure: where the runs through `vllm serve` rank config #`number` and vLLM's defaults the other way round from
     their rounds in process (each a `served_record`), a line that says so: the confirmation's gain is measured in
-    process, and one run each as served ranks them only where their intervals do not overlap. None where the two
+    process, and one run each as served does not rank them: not where their intervals overlap, nor where they do not,
+    since a run's interval covers its own requests and minutes, not the next run's (claim-5's pair, -25% as served
+    apart beyond their intervals, measured again in 3 rounds by benchmarks/served_order.py: -3%, -5% and +72%; each
+    config's rate as served moved between 0.57 and 0.96 of its rate in process from run to run). None where the two
     orders agree, or either lacks a rate."""
     rates = (leader["rate_at_limit_rps"], base["rate_at_limit_rps"],
              leader["served_rate_at_limit_rps"], base["served_rate_at_limit_rps"])
@@ -125,8 +128,8 @@ def order_as_served_line(number: int, leader: dict[str, Any], base: dict[str, An
         return None
     high = [math.inf if v["served_high_rps"] is None else v["served_high_rps"] for v in (leader, base)]
     apart = leader["served_low_rps"] > high[1] or base["served_low_rps"] > high[0]
-    how = ("apart beyond their 95% intervals" if apart else
-           "their 95% intervals overlap, so these runs alone do not rank them")
+    how = ("apart beyond their 95% intervals, which hold one run, not the next: these runs alone do not rank them"
+           if apart else "their 95% intervals overlap, so these runs alone do not rank them")
     return (f"as served the order is the other way round: #{number} held {rates[2]:.2f} req/s, vLLM's defaults "
             f"({defaults_of}) {rates[3]:.2f} ({served:+.0%}; in process {inproc:+.0%}; one run each, {how}): the "
             f"gain above is measured in process; before deploying for it behind `vllm serve`, measure both as served "

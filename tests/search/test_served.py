@@ -161,7 +161,10 @@ def test_runs_as_served_that_rank_the_pair_the_other_way_round_are_said_so():
     assert line is not None and line.startswith("as served the order is the other way round: #15 held 80.82 req/s")
     assert "(-10%; in process +13%; one run each, their 95% intervals overlap" in line
     apart = order_as_served_line(15, record(107.44, 70.0, 65.0, 75.0), base, "vllm serve")
-    assert apart is not None and "apart beyond their 95% intervals" in apart
+    # apart beyond the intervals is not a ranking either: claim-5's pair, -25% so, was -3%, -5% and +72% when its runs
+    # as served were measured again in rounds (benchmarks/served_order.py)
+    assert apart is not None and "apart beyond their 95% intervals, which hold one run, not the next: these runs " \
+        "alone do not rank them" in apart
     assert order_as_served_line(15, record(107.44, 95.0, 90.0, 99.0), base, "vllm serve") is None  # the same order
     assert order_as_served_line(15, record(107.44, None, None, None), base, "vllm serve") is None  # not measured
     assert "open" not in (order_as_served_line(15, record(107.44, 70.0, 65.0, None), base, "vllm serve") or "")
