@@ -368,9 +368,9 @@ def trial_notes(v: TrialView) -> list[str]:
         out.append(line)
     tele = TELEMETRY.of(v.trial)
     if tele and tele.get("available"):
-        out.append(f"GPU {tele.get('device')}: utilization mean {tele.get('utilization_mean_pct')}% max "
-                   f"{tele.get('utilization_max_pct')}%, memory used max {tele.get('memory_used_max_gib')} GiB "
-                   f"({tele.get('samples')} samples)")
+        u = tele.get("utilization") or f"mean {tele['utilization_mean_pct']}% max {tele['utilization_max_pct']}%"
+        out.append(f"GPU {tele.get('device')}: utilization {u}, memory used max {tele.get('memory_used_max_gib')} "
+                   f"GiB ({tele.get('samples')} samples)")
     elif tele:
         out.append(f"GPU telemetry: none ({tele.get('reason')})")
     return out

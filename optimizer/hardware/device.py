@@ -20,6 +20,7 @@ from typing import Any
 from optimizer.core.errors import UsageError
 
 CPU, CUDA = "cpu", "cuda"
+MIG_PREFIX = "MIG-"  # CUDA_VISIBLE_DEVICES naming MIG instances by UUID
 TESTED_VLLM_VERSION = "0.32.0"  # the version both extras pin (pyproject.toml) and docker/Dockerfile installs
 
 
@@ -81,7 +82,8 @@ def visible_indices(visible: str | None, uuids: list[str]) -> list[int]:
     host showed (benchmarks/gpu_host.py): unset means all. Otherwise the list is read up to its first entry that is
     no index ("", "-1", "foo"), or, when it starts with "GPU-", no UUID prefix; a device named twice in what was
     read makes it name none ("0,0"); then it ends before its first index past the count or prefix that matches no
-    GPU or several ("1,0" on one GPU is none, "0,1" is GPU 0). MIG instances ("MIG-...") are not read here: none.
+    GPU or several ("1,0" on one GPU is none, "0,1" is GPU 0). A list of MIG instances ("MIG-...") names no
+    physical GPU here: `visible_mig` reads it.
     """
     if visible is None:
         return list(range(len(uuids)))
@@ -104,6 +106,37 @@ def visible_indices(visible: str | None, uuids: list[str]) -> list[int]:
     return picked
 
 
+def visible_mig(visible: str | None) -> str | None:
+    """The UUID of the MIG instance a process uses under CUDA_VISIBLE_DEVICES=`visible` (pure): the first entry of a
+    list that starts with "MIG-"; None where it does not, or names none.
+
+    A CUDA process enumerates one MIG device, however many the list names (NVIDIA's MIG user guide, on CUDA device
+    enumeration); the list is read as PyTorch's `_parse_visible_devices` reads it: up to its first entry without
+    the prefix, and an entry named twice makes it name none."""
+    if visible is None or not visible.startswith(MIG_PREFIX):
+        return None
+    read: list[str] = []
+    for entry in visible.split(","):
+        if entry in read:
+            return None
+        if not entry.startswith(MIG_PREFIX):
+            break
+        read.append(entry)
+    return read[0]
+
+
+def _mig_gpu(nvml: Any, uuid: str) -> Gpu:
+    """The MIG instance `uuid` as a Gpu: its own memory and name (e.g. "NVIDIA A100-SXM4-80GB MIG 3g.40gb"), its
+    parent GPU's physical index and compute capability. NVML errors propagate (an unknown UUID: NOT_FOUND)."""
+    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+    parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(parent)
+    return Gpu(index=int(nvml.nvmlDeviceGetIndex(parent)), uuid=uuid, name=str(nvml.nvmlDeviceGetName(handle)),
+               memory_total_bytes=int(memory.total), memory_free_bytes=int(memory.free),
+               compute_capability=(int(major), int(minor)))
+
+
 def _nvml_module(nvml: Any | None) -> Any:
     if nvml is not None:
         return nvml
@@ -114,7 +147,8 @@ def _nvml_module(nvml: Any | None) -> Any:
 
 def visible_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) -> list[Gpu]:
     """Every GPU this process may use, in CUDA's order (CUDA_VISIBLE_DEVICES applied as `visible_indices` does),
-    through NVML; [] without NVML or a driver."""
+    through NVML; under a list of MIG instances the one it uses (`visible_mig`), with that instance's memory; []
+    without NVML or a driver."""
     env = os.environ if env is None else env
     try:
         nvml = _nvml_module(nvml)
@@ -122,10 +156,14 @@ def visible_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) 
     except Exception:  # no nvidia-ml-py, no libnvidia-ml.so, no driver: no GPU for us
         return []
     try:
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None and visible.startswith(MIG_PREFIX):
+            mig = visible_mig(visible)
+            return [] if mig is None else [_mig_gpu(nvml, mig)]
         gpus = []
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(int(nvml.nvmlDeviceGetCount()))]
         uuids = [str(nvml.nvmlDeviceGetUUID(h)) for h in handles]
-        for index in visible_indices(env.get("CUDA_VISIBLE_DEVICES"), uuids):
+        for index in visible_indices(visible, uuids):
             handle, uuid = handles[index], uuids[index]
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)

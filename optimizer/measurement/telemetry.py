@@ -12,22 +12,25 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from optimizer.hardware.device import visible_indices
+from optimizer.hardware.device import MIG_PREFIX, visible_indices, visible_mig
 
 GIB = 1024**3
 
 
 def device_handle(nvml: Any) -> Any:
     """NVML's handle of the GPU this process uses: the first CUDA sees under CUDA_VISIBLE_DEVICES (GPU 0 when it is
-    unset; an index, a UUID or its prefix: `hardware.device.visible_indices`; a MIG instance by its UUID). A
-    LookupError where CUDA would see none.
+    unset; an index, a UUID or its prefix: `hardware.device.visible_indices`; a MIG instance by its UUID:
+    `visible_mig`). A LookupError where CUDA would see none.
 
     NVML numbers devices physically and ignores CUDA_VISIBLE_DEVICES; a worker started with
     CUDA_VISIBLE_DEVICES=1 must watch device 1, not 0.
     """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.startswith("MIG-"):
-        return nvml.nvmlDeviceGetHandleByUUID(visible.split(",")[0].strip())
+    if visible is not None and visible.startswith(MIG_PREFIX):
+        mig = visible_mig(visible)
+        if mig is None:
+            raise LookupError(f"CUDA_VISIBLE_DEVICES={visible!r} names a MIG instance twice: CUDA sees none")
+        return nvml.nvmlDeviceGetHandleByUUID(mig)
     count = int(nvml.nvmlDeviceGetCount())
     uuids = [str(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
     indices = visible_indices(visible, uuids)
@@ -57,6 +60,7 @@ class GpuTelemetry:
         self.device_name = ""
         self.memory_total_bytes = 0
         self.reason = "" if enabled else (disabled_reason or "disabled")
+        self.mig = False  # the device is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...): memory only
         self.utilization_pct: list[float] = []
         self.memory_used_bytes: list[int] = []
         self.errors = 0
@@ -83,6 +87,7 @@ class GpuTelemetry:
             name = self._nvml.nvmlDeviceGetName(handle)
             self.device_name = name.decode() if isinstance(name, bytes) else str(name)
             self.memory_total_bytes = int(self._nvml.nvmlDeviceGetMemoryInfo(handle).total)
+            self.mig = (os.environ.get("CUDA_VISIBLE_DEVICES") or "").startswith(MIG_PREFIX)
             self._handle = handle
         except Exception as exc:
             self.reason = f"no GPU visible to NVML: {type(exc).__name__}: {exc}"
@@ -91,16 +96,19 @@ class GpuTelemetry:
         return True
 
     def sample(self) -> None:
-        """One reading; a failed reading is counted, never raised."""
+        """One reading; a failed reading is counted, never raised. A MIG instance's memory is read without its
+        utilization: NVML reads none on MIG-enabled GPUs (its documentation of nvmlDeviceGetUtilizationRates), and
+        the memory alone is still the reading that says how close a config came to running out of it."""
         if self._handle is None:
             return
         try:
-            util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+            util = None if self.mig else self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
             mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
         except Exception:
             self.errors += 1
             return
-        self.utilization_pct.append(float(util.gpu))
+        if util is not None:
+            self.utilization_pct.append(float(util.gpu))
         self.memory_used_bytes.append(int(mem.used))
 
     def close(self) -> None:
@@ -114,19 +122,20 @@ class GpuTelemetry:
 
     def summary(self) -> dict[str, Any]:
         """What the trial stores as its `telemetry` user attribute."""
-        if not self.utilization_pct and self.reason:
+        if not self.memory_used_bytes and self.reason:
             return {"available": False, "reason": self.reason}
-        n = len(self.utilization_pct)
+        n, u = len(self.memory_used_bytes), len(self.utilization_pct)
         return {
             "available": True,
             "device": self.device_name,
             "samples": n,
             "sample_errors": self.errors,
             "interval_s": self.interval_s,
-            "utilization_mean_pct": round(sum(self.utilization_pct) / n, 2) if n else None,
+            "utilization_mean_pct": round(sum(self.utilization_pct) / u, 2) if u else None,
             "utilization_max_pct": max(self.utilization_pct, default=None),
             "memory_used_max_gib": round(max(self.memory_used_bytes) / GIB, 3) if n else None,
             "memory_total_gib": round(self.memory_total_bytes / GIB, 3),
+            **({"utilization": "not read: NVML reads none of a MIG instance"} if self.mig else {}),
         }
 
     def _run(self) -> None:
@@ -150,7 +159,7 @@ class GpuTelemetry:
             self._thread = None
         handle_was_open = self._handle is not None
         self.close()
-        if handle_was_open and not self.utilization_pct:
+        if handle_was_open and not self.memory_used_bytes:
             self.reason = "no sample succeeded"
 
 

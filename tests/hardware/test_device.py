@@ -10,7 +10,8 @@ import pytest
 from optimizer.cli.main import main
 from optimizer.core.errors import UsageError
 from optimizer.hardware.device import (Build, check_build, detect_device, installed_build, resolve_device,
-                                      visible_gpus, visible_indices)
+                                      visible_gpus, visible_indices, visible_mig)
+from optimizer.params.preflight import DeviceMemory
 from tests.conftest import REPO
 from tests.support.fake_nvml import GIB, FakeNvml
 
@@ -100,11 +101,51 @@ def test_visible_gpus_agree_with_cuda_on_a_real_h200(visible, cuda_count):
     ("GPU-00000002,GPU-00000000", [2, 0]),
     ("GPU-0000000", []),  # a prefix of several UUIDs is no device
     ("GPU-00000001,0", [1]),  # a UUID list ends at its first entry without the prefix
-    ("MIG-0f1e2d3c-0000-0000-0000-000000000000", []),  # MIG instances are not read
+    ("MIG-0f1e2d3c-0000-0000-0000-000000000000", []),  # no physical GPU: `visible_mig` reads it
 ])
 def test_visible_indices_follow_cuda_rules_on_several_gpus(visible, expected):
     uuids = [FakeNvml.uuid(i) for i in range(4)]
     assert visible_indices(visible, uuids) == expected
+
+
+@pytest.mark.parametrize("visible, expected", [
+    ("MIG-a", "MIG-a"),
+    ("MIG-a,MIG-b", "MIG-a"),  # a process enumerates one MIG device: the first named
+    ("MIG-a,0", "MIG-a"),  # read up to the first entry without the prefix
+    ("MIG-a,MIG-a", None),  # named twice: none
+    ("0", None), ("GPU-00000000", None), (None, None), ("", None),  # no MIG list: visible_indices reads it
+])
+def test_visible_mig_reads_the_list_as_pytorch_does(visible, expected):
+    assert visible_mig(visible) == expected
+
+
+A100_WITH_MIGS = dict(devices=[("NVIDIA A100-SXM4-80GB", 80 * GIB, (8, 0))] * 2,
+                      migs=[(1, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 10 * GIB),
+                            (1, "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40 * GIB)])
+
+
+def test_a_mig_instance_is_the_gpu_with_its_own_memory(monkeypatch):
+    """CUDA_VISIBLE_DEVICES=MIG-<uuid> is how NVIDIA runs a CUDA process on a MIG instance. It used to name no GPU
+    here: without --device the CUDA build was taken for the CPU's, and with it the memory estimate had no GPU to
+    read. Now the instance is the one GPU, with its own memory (a 3g.40gb slice: 40 GiB, not the card's 80) and its
+    parent's compute capability."""
+    env = {"CUDA_VISIBLE_DEVICES": f"{FakeNvml.mig_uuid(1)},{FakeNvml.mig_uuid(0)}"}
+    gpus = visible_gpus(FakeNvml(**A100_WITH_MIGS), env=env)
+    assert [(g.index, g.uuid, g.name, g.memory_total_bytes, g.compute_capability) for g in gpus] == [
+        (1, FakeNvml.mig_uuid(1), "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40 * GIB, (8, 0))]
+    assert detect_device(FakeNvml(**A100_WITH_MIGS), CUDA_BUILD, env=env) == "cuda"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env["CUDA_VISIBLE_DEVICES"])
+    memory = DeviceMemory.probe("cuda", FakeNvml(**A100_WITH_MIGS))
+    assert memory is not None and memory.total_bytes == 40 * GIB
+
+
+@pytest.mark.parametrize("visible", ["MIG-ffffffff-0000-0000-0000-000000000000",
+                                     f"{FakeNvml.mig_uuid(0)},{FakeNvml.mig_uuid(0)}"])
+def test_a_mig_instance_nvml_does_not_know_or_named_twice_is_none(visible):
+    nvml = FakeNvml(**A100_WITH_MIGS)
+    assert visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": visible}) == []
+    assert nvml.inits == nvml.shutdowns == 1
+    assert detect_device(FakeNvml(**A100_WITH_MIGS), CUDA_BUILD, env={"CUDA_VISIBLE_DEVICES": visible}) == "cpu"
 
 
 def test_installed_build_is_read_from_package_metadata():

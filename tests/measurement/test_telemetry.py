@@ -85,14 +85,28 @@ def test_the_device_is_the_first_visible_one(monkeypatch, visible, expected):
     assert nvml.nvmlDeviceGetUUID(device_handle(nvml)) == SharedFakeNvml.uuid(expected)
 
 
-def test_a_mig_instance_is_watched_by_its_uuid(monkeypatch):
-    """NVML hands out a MIG instance's handle by its UUID (the fake lists physical GPUs only: it is told this one)."""
-    mig = "MIG-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{mig},MIG-ffffffff")
-    nvml = FakeNvml([(0, 0)])
-    nvml.nvmlInit()
-    monkeypatch.setattr(nvml, "nvmlDeviceGetHandleByUUID", lambda uuid: ("handle of", uuid))
-    assert device_handle(nvml) == ("handle of", mig)
+def test_a_mig_instance_is_watched_by_its_uuid_memory_without_utilization(monkeypatch):
+    """The first MIG instance listed is the one CUDA gives the process; NVML reads its memory, not its utilization
+    (NOT_SUPPORTED on MIG-enabled GPUs): the trial keeps the memory and says why it has no utilization, where every
+    sample used to fail and the trial recorded no telemetry at all."""
+    nvml = SharedFakeNvml(devices=[("NVIDIA A100-SXM4-80GB", 80 * GIB, (8, 0))] * 2,
+                          script=[(0, 3 * GIB), (0, 5 * GIB)], migs=[(1, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 10 * GIB),
+                                (1, "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40 * GIB)])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{SharedFakeNvml.mig_uuid(1)},{SharedFakeNvml.mig_uuid(0)}")
+    t = GpuTelemetry(nvml=nvml)
+    assert t.open() and t.device_name == "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    nvml.readings = 0
+    t.sample()
+    t.sample()
+    t.close()
+    s = t.summary()
+    assert s["available"] and s["samples"] == 2 and s["sample_errors"] == 0
+    assert s["memory_used_max_gib"] == 5.0 and s["memory_total_gib"] == 40.0  # the instance's, not the GPU's 80
+    assert s["utilization_mean_pct"] is None and s["utilization"].startswith("not read")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{SharedFakeNvml.mig_uuid(1)},{SharedFakeNvml.mig_uuid(1)}")
+    with pytest.raises(LookupError, match="twice"):  # a list naming an instance twice names none
+        nvml.nvmlInit()
+        device_handle(nvml)
 
 
 @pytest.mark.parametrize("visible", ["", "-1", "2", "0,0"])

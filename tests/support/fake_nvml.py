@@ -2,10 +2,13 @@
 
 Copied from NVML's documented return types, not invented: `nvmlDeviceGetMemoryInfo` returns a `c_nvmlMemory_t`
 (total, free, used in bytes), `nvmlDeviceGetUtilizationRates` a `c_nvmlUtilization_t` (gpu, memory in percent),
-`nvmlDeviceGetName`/`nvmlDeviceGetUUID` a `str` (pynvml decodes the C string), `nvmlDeviceGetCount` an `int`, `nvmlSystemGetDriverVersion` a `str`,
-`nvmlDeviceGetCudaComputeCapability` a `(major, minor)` tuple of ints, handles are `c_nvmlDevice_t` pointers;
-failures raise `pynvml.NVMLError` subclasses with NVML's return codes (NVML_ERROR_LIBRARY_NOT_FOUND from
-`nvmlInit` without a driver, NVML_ERROR_INVALID_ARGUMENT for an index past the count, NVML_ERROR_NOT_FOUND for an
+`nvmlDeviceGetName`/`nvmlDeviceGetUUID` a `str` (pynvml decodes the C string), `nvmlDeviceGetCount` an `int`,
+`nvmlSystemGetDriverVersion` a `str`, `nvmlDeviceGetCudaComputeCapability` a `(major, minor)` tuple of ints,
+`nvmlDeviceGetIndex` an `int`, handles are `c_nvmlDevice_t` pointers (a MIG instance's too:
+`nvmlDeviceGetHandleByUUID` takes its "MIG-" UUID, `nvmlDeviceGetDeviceHandleFromMigDeviceHandle` gives its parent
+GPU's handle, and its utilization is NVML_ERROR_NOT_SUPPORTED, as NVML documents for MIG-enabled GPUs); failures
+raise `pynvml.NVMLError` subclasses with NVML's return codes (NVML_ERROR_LIBRARY_NOT_FOUND from `nvmlInit` without
+a driver, NVML_ERROR_INVALID_ARGUMENT for an index past the count, NVML_ERROR_NOT_FOUND for an
 unknown UUID, NVML_ERROR_GPU_IS_LOST for a device that fell off the bus). Calls before `nvmlInit` raise
 NVML_ERROR_UNINITIALIZED, as the library does.
 """
@@ -17,16 +20,19 @@ import ctypes
 import pynvml
 
 GIB = 1024**3
+MIG_HANDLES = 1000  # MIG instance k's handle is the pointer MIG_HANDLES + k + 1 (a physical GPU i's: i + 1)
 
 
 class FakeNvml:
     """`devices`: (name, total bytes, compute capability) per physical GPU; `script`: (utilization %, used bytes)
     per reading of the watched device's memory, the last one repeated; after `lost_after_readings` readings
-    the GPU is lost (NVML_ERROR_GPU_IS_LOST from every reading)."""
+    the GPU is lost (NVML_ERROR_GPU_IS_LOST from every reading); `migs`: (parent GPU's index, name, total bytes) per
+    MIG instance, found by `mig_uuid(k)`."""
 
     def __init__(self, devices=(("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0)),) * 8, script=((0, 0),),
-                 fail_init: bool = False, lost_after_readings: int | None = None):
+                 fail_init: bool = False, lost_after_readings: int | None = None, migs=()):
         self.devices = list(devices)
+        self.migs = list(migs)
         self.script = list(script)
         self.fail_init, self.lost_after_readings = fail_init, lost_after_readings
         self.initialized = 0
@@ -68,25 +74,47 @@ class FakeNvml:
             if self.uuid(i) == uuid:
                 self.handles.append(uuid)
                 return self._handle(i)
+        for k in range(len(self.migs)):
+            if self.mig_uuid(k) == uuid:
+                self.handles.append(uuid)
+                return self._handle(MIG_HANDLES + k)
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle):
+        k = self._mig(handle)
+        if k is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._handle(self.migs[k][0])
+
+    def nvmlDeviceGetIndex(self, handle) -> int:
+        if self._mig(handle) is not None:  # a MIG instance has no physical index of its own
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._index(handle)
+
     def nvmlDeviceGetName(self, handle) -> str:
-        return self.devices[self._index(handle)][0]
+        k = self._mig(handle)
+        return self.devices[self._index(handle)][0] if k is None else self.migs[k][1]
 
     def nvmlDeviceGetUUID(self, handle) -> str:
-        return self.uuid(self._index(handle))
+        k = self._mig(handle)
+        return self.uuid(self._index(handle)) if k is None else self.mig_uuid(k)
 
     def nvmlDeviceGetCudaComputeCapability(self, handle) -> tuple[int, int]:
+        if self._mig(handle) is not None:  # not known to be read of an instance: the tool reads its parent's
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         major, minor = self.devices[self._index(handle)][2]
         return (major, minor)
 
     def nvmlDeviceGetMemoryInfo(self, handle) -> pynvml.c_nvmlMemory_t:
-        total = self.devices[self._index(handle)][1]
+        k = self._mig(handle)
+        total = self.devices[self._index(handle)][1] if k is None else self.migs[k][2]
         used = self._current()[1]
         self.readings += 1
         return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
 
     def nvmlDeviceGetUtilizationRates(self, handle) -> pynvml.c_nvmlUtilization_t:
+        if self._mig(handle) is not None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         self._index(handle)
         return pynvml.c_nvmlUtilization_t(gpu=self._current()[0], memory=0)
 
@@ -94,6 +122,16 @@ class FakeNvml:
     @staticmethod
     def uuid(index: int) -> str:
         return f"GPU-{index:08x}-0000-0000-0000-000000000000"
+
+    @staticmethod
+    def mig_uuid(k: int) -> str:
+        return f"MIG-{k:08x}-1111-2222-3333-444444444444"
+
+    def _mig(self, handle) -> int | None:
+        """The MIG instance a handle stands for, or None for a physical GPU's."""
+        self._check()
+        k = int(ctypes.cast(handle, ctypes.c_void_p).value) - 1 - MIG_HANDLES
+        return k if 0 <= k < len(self.migs) else None
 
     def _current(self):
         if self.lost_after_readings is not None and self.readings >= self.lost_after_readings:
