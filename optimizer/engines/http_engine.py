@@ -236,8 +236,10 @@ class HttpEngine(_HttpClient):
                                    failures.INVALID_CONFIG)
         args = {**self._base_args, **params}
         env = {**os.environ, **trial_env, "VLLM_SERVER_DEV_MODE": "1"}  # for /reset_prefix_cache
+        config = await asyncio.to_thread(self._engine_config, params)  # once: for the layout and what ran
         # a trial that binds the workers itself is started as it says
-        layout = None if "VLLM_CPU_OMP_THREADS_BIND" in trial_env else await asyncio.to_thread(self._layout, params)
+        layout = None if "VLLM_CPU_OMP_THREADS_BIND" in trial_env or config is None else \
+            cpu_layout.served_launch(os.sched_getaffinity(0), warm_start.worker_cpus(config))
         cpus = None
         if layout is not None:  # the server on the CPUs its workers leave free, the workers bound (cpu_layout.py)
             cpus, bind_env = layout
@@ -269,21 +271,20 @@ class HttpEngine(_HttpClient):
             cpu_layout.bind_threads(os.getpid(), cpus)
             for pid in cpu_layout.lower_engine_core(self.pids):
                 server.note(cpu_layout.lowered_note(pid))
-        return await asyncio.to_thread(self._resolved, params)
+        return self._resolved(params, config)
 
-    def _layout(self, params: dict[str, Any]) -> tuple[frozenset[int], dict[str, str]] | None:
-        """On vLLM's CPU build: the CPUs to start the server on, and the environment that binds its workers where
-        vLLM would (cpu_layout.served_launch); None elsewhere, or when there is nothing to separate."""
+    def _engine_config(self, params: dict[str, Any]) -> Any:
+        """vLLM's config built as its API server builds it: where the CPU build binds its workers
+        (cpu_layout.served_launch) and what the server runs with (`_resolved`); None where vLLM rejects it (the
+        server reports an invalid config itself)."""
         from vllm.usage.usage_lib import UsageContext
 
         from optimizer.engines.vllm_engine import VllmEngine
 
         try:
-            config = VllmEngine(self._base_args).engine_args(params).create_engine_config(
-                UsageContext.OPENAI_API_SERVER)
-        except Exception:  # the server reports an invalid config itself
+            return VllmEngine(self._base_args).engine_args(params).create_engine_config(UsageContext.OPENAI_API_SERVER)
+        except Exception:
             return None
-        return cpu_layout.served_launch(os.sched_getaffinity(0), warm_start.worker_cpus(config))
 
     async def _wait_ready(self, server: ServerProcess) -> bool:
         deadline = time.monotonic() + self._start_timeout_s
@@ -298,16 +299,12 @@ class HttpEngine(_HttpClient):
             await asyncio.sleep(0.5)
         return False
 
-    def _resolved(self, params: dict[str, Any]) -> dict[str, Any]:
-        """What the server runs with: vLLM's config built as its API server builds it, KV blocks from its log."""
-        from vllm.usage.usage_lib import UsageContext
-
-        from optimizer.engines.vllm_engine import VllmEngine, resolved_config
+    def _resolved(self, params: dict[str, Any], config: Any) -> dict[str, Any]:
+        """What the server runs with: `config` (`_engine_config`), KV blocks from its log."""
+        from optimizer.engines.vllm_engine import resolved_config
 
         try:
-            config = VllmEngine(self._base_args).engine_args(params).create_engine_config(
-                UsageContext.OPENAI_API_SERVER)
-            resolved = resolved_config(config)
+            resolved = resolved_config(config) if config is not None else dict(params)
         except Exception:  # the server took it; only our copy of the resolution failed
             resolved = dict(params)
         if self.max_model_len:
