@@ -10,6 +10,7 @@ removed) by each point.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import sys
@@ -22,6 +23,7 @@ import optuna  # noqa: E402
 
 from optimizer.measurement.evidence import EXCESS_SHARE  # noqa: E402
 from optimizer.measurement.rate_fit import ProbeCount, most_likely_rps, used_in_fit  # noqa: E402
+from optimizer.measurement.rate_search import CurvePoint, probe_counts  # noqa: E402
 from optimizer.search.attrs import CURVE, RESULT  # noqa: E402
 from optimizer.search.confirmed import confirmation  # noqa: E402
 from optimizer.search.study import confirmation_study  # noqa: E402
@@ -29,10 +31,15 @@ from optimizer.search.study import confirmation_study  # noqa: E402
 PAST = 0.05  # a probe with more than this share of its requests over is well past the limit
 
 
+FIELDS = {f.name for f in dataclasses.fields(CurvePoint)}
+
+
 def counts(trial) -> list[ProbeCount]:
-    return [ProbeCount(p["offered_rate_rps"], p["requests"], p["over_limit"], p.get("effective_fraction") or 1.0)
-            for p in CURVE.of(trial) if p.get("requests") and p.get("over_limit") is not None
-            and math.isfinite(p.get("offered_rate_rps", math.nan))]
+    """The trial's probes as its fit counted them (`rate_search.probe_counts`: a probe that fell behind counts every
+    request as over), from its stored curve."""
+    points = [CurvePoint(**{**{k: v for k, v in d.items() if k in FIELDS},
+                            "offered_rate_rps": d.get("offered_rate_rps") or math.inf}) for d in CURVE.of(trial)]
+    return probe_counts(points)
 
 
 def counts_root(probes: list[ProbeCount]) -> float | None:

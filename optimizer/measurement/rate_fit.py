@@ -36,9 +36,9 @@ The speed widens the interval; it does not place the rate. The rate at the limit
 (the profile without the speed). Integrated over each replay's speed, a probe with none of 1000 requests over is
 evidence that holds whether its replay ran fast or slow, while a probe with a sixth to a third of its requests over
 is explained as a slow replay; the most likely root then moved up, past the lowest rate at which those requests were
-over, and its interval with it. Over the 174 trials and confirmation runs of seven real studies (2026-12-04/05, the
-Xeon; benchmarks/fit_point.py) that root lay above a probe with more than 5% of its requests over in 49 of 157, and
-above the counts' own root by a median of 1.8%, up to 14%: a rate the engine had already missed. So the interval is
+over, and its interval with it. Over the 175 trials and confirmation runs of seven real studies (2026-12-04/05, the
+Xeon; benchmarks/fit_point.py) that root lay above a probe with more than 5% of its requests over in 49 of 158, and
+above the counts' own root by a median of 1.0%, up to 14%: a rate the engine had already missed. So the interval is
 both profile intervals together (the counts' own, which holds the point, and the one with the speed), widened to
 the bootstrap's range; the bootstrap finds the counts' own root in each resample, so the point sits where its
 spread is centred.
@@ -67,7 +67,7 @@ RESAMPLES = 100
 REPLAY_SPEED_CV = 0.05  # log-normal sigma of one engine's speed from one replay to the next on a shared machine
 SPEED_NODES = np.linspace(-3.0, 3.0, 17)  # a probe's speed, in standard deviations: the integral's nodes
 SPEED_WEIGHTS = np.exp(-SPEED_NODES ** 2 / 2) / np.exp(-SPEED_NODES ** 2 / 2).sum()
-# stored with each fit (fits before 2026-12-05 placed the rate with the speed: a median 1.8% higher)
+# stored with each fit (fits before 2026-12-05 placed the rate with the speed: a median 1.0% higher)
 FIT_METHOD = ("pooled logistic fit of the share over the limit: the rate, the counts' most likely root; 95% interval: "
               "profile likelihood with and without each probe's replay speed a random effect (5%), widened to a "
               "block bootstrap over the workload's requests")
