@@ -21,8 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
-from optimizer.measurement.evidence import EXCESS_SHARE  # noqa: E402
-from optimizer.measurement.rate_fit import ProbeCount, most_likely_rps, used_in_fit  # noqa: E402
+from optimizer.measurement.rate_fit import ProbeCount, fit_rate_at_limit  # noqa: E402
 from optimizer.measurement.rate_search import CurvePoint, probe_counts  # noqa: E402
 from optimizer.search.attrs import CURVE, RESULT  # noqa: E402
 from optimizer.search.confirmed import confirmation  # noqa: E402
@@ -43,12 +42,10 @@ def counts(trial) -> list[ProbeCount]:
 
 
 def counts_root(probes: list[ProbeCount]) -> float | None:
-    """The counts' own most likely root, as `fit_rate_at_limit` places the rate now; None where the fit has none."""
-    used = used_in_fit(probes)
-    shares = [p.over_limit / p.requests for p in used]
-    if not used or all(v > EXCESS_SHARE for v in shares) or not any(v > EXCESS_SHARE for v in shares):
-        return None
-    return most_likely_rps(used, speed_cv=0.0)
+    """The counts' own most likely root, as `fit_rate_at_limit` places the rate now; None where the fit has none or
+    only a lower bound."""
+    fit = fit_rate_at_limit(probes, resamples=0)
+    return fit.rate_rps if fit is not None and math.isfinite(fit.high_rps) else None
 
 
 def residual_sd(rows: list[list[float]]) -> float:
