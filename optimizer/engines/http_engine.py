@@ -24,7 +24,7 @@ import aiohttp
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError, UsageError
 from optimizer.core.processes import ProcessRef, remove_rpc_dir, renew_rpc_dir
-from optimizer.engines import cpu_layout, warm_start
+from optimizer.engines import allocator, cpu_layout, warm_start
 from optimizer.engines.server import (
     ServerProcess, classify_server_failure, flag_name, free_port, server_argv, vllm_flag_kinds,
 )
@@ -237,6 +237,9 @@ class HttpEngine(_HttpClient):
         args = {**self._base_args, **params}
         env = {**os.environ, **trial_env, "VLLM_SERVER_DEV_MODE": "1"}  # for /reset_prefix_cache
         config = await asyncio.to_thread(self._engine_config, params)  # once: for the layout and what ran
+        # on the CPU build, the server's processes allocate with tcmalloc where the machine has one (allocator.py)
+        said = allocator.preload_tcmalloc(env) if config is not None and config.device_config.device_type == "cpu" \
+            else None
         # a trial that binds the workers itself is started as it says
         layout = None if "VLLM_CPU_OMP_THREADS_BIND" in trial_env or config is None else \
             cpu_layout.served_launch(os.sched_getaffinity(0), warm_start.worker_cpus(config))
@@ -253,6 +256,8 @@ class HttpEngine(_HttpClient):
             self._open(f"http://{self._host}:{port}")
             try:
                 server.start()
+                if said:
+                    server.note(said)
                 ready = await self._wait_ready(server)
             except BaseException:  # a timeout or Ctrl-C mid-start: end what started, then let it propagate
                 await self.shutdown()

@@ -139,6 +139,9 @@ class ServerProcess:
         bind = self.env.get("VLLM_CPU_OMP_THREADS_BIND")
         ours = bind and bind != os.environ.get("VLLM_CPU_OMP_THREADS_BIND")  # set by us, not already in the shell
         prefix = f"VLLM_CPU_OMP_THREADS_BIND={bind} " if ours else ""
+        preload = self.env.get("LD_PRELOAD", "")
+        if "tcmalloc" in preload and preload != os.environ.get("LD_PRELOAD"):  # allocator.py's, not the shell's
+            prefix = f"LD_PRELOAD={preload} " + prefix
         if self.cpus is not None:
             prefix += f"taskset -c {','.join(str(c) for c in sorted(self.cpus))} "
         return prefix + " ".join(self.argv)

@@ -25,7 +25,7 @@ from optimizer.core.processes import (
     ProcessRef, children, end_processes, kill_now, named, output_to, release_shared_memory, remove_rpc_dir,
     renew_rpc_dir, shared_memory_of, worker_exit_defaults,
 )
-from optimizer.engines import cpu_layout, warm_start
+from optimizer.engines import allocator, cpu_layout, warm_start
 from optimizer.engines.front_end_log import FrontEndLog
 from optimizer.measurement.engine import EngineStats, RequestTiming
 from optimizer.measurement.workload import Request
@@ -131,6 +131,8 @@ class VllmEngine:
         self._rpc_dir, sockets = renew_rpc_dir(self._rpc_dir, {**os.environ, **trial_env})
         self._set_env({**worker_exit_defaults({**os.environ, **trial_env}), **sockets, **trial_env})
         with output_to(log_path):
+            if _cpu_build():  # before vLLM builds the config: it adds torch's libgomp behind the allocator
+                _to_log(allocator.preload_tcmalloc())
             warm = self._warm_context(params, trial_env)  # its fork server, when started, is not the engine's
         before = children()
         watcher = asyncio.create_task(self._watch_children(before))

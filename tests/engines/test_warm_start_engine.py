@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from optimizer.engines import warm_start
+from optimizer.engines.allocator import find_tcmalloc
 from optimizer.engines.vllm_engine import VllmEngine
 from optimizer.search.fitting import cpu_engine_args
 from tests.engines.test_engine_contract import START_PARAMS, WORKLOAD, collect
@@ -28,12 +29,15 @@ def _bindings(pids: list[int]) -> list[tuple[str, list[str]]]:
 
 
 def test_a_warm_engine_runs_as_vllms_spawned_one(tiny_model, tmp_path):
+    allocators: list[list[bool]] = []  # per start: whether each of the engine's processes maps a tcmalloc
+
     async def one(warm: bool, name: str):
         engine = VllmEngine({"model": str(tiny_model), **cpu_engine_args()}, warm_starts=warm)
         own = os.sched_getaffinity(0)
         resolved = await engine.start(START_PARAMS, tmp_path / f"{name}.log")
         try:
             seen = _bindings([*engine.pids, os.getpid()]), [psutil.Process(p).ppid() for p in engine.pids]
+            allocators.append(["libtcmalloc" in open(f"/proc/{p}/maps").read() for p in engine.pids])
             outs = await asyncio.gather(*(collect(engine, r) for r in WORKLOAD.requests))
             assert [sum(o) for o in outs] == [r.output_len for r in WORKLOAD.requests]
         finally:
@@ -47,6 +51,11 @@ def test_a_warm_engine_runs_as_vllms_spawned_one(tiny_model, tmp_path):
     server = warm_start.server_pid()
 
     log = (tmp_path / "warm.log").read_text()
+    # where the machine has a tcmalloc, the engine's processes run on it, cold or warm (optimizer/engines/allocator.py)
+    has = find_tcmalloc() is not None
+    assert allocators == [[has] * len(cold_pids), [has] * len(warm_pids), [has] * len(again_pids)], allocators
+    said = "allocate with libtcmalloc" if has else "allocate with glibc's malloc"
+    assert said in (tmp_path / "cold.log").read_text()
     config = VllmEngine({"model": str(tiny_model), **cpu_engine_args()}).engine_config(START_PARAMS)
     cpus = warm_start.worker_cpus(config)
     if cpus is None or any(len(c) > 1 for c in cpus):
