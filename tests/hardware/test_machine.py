@@ -9,7 +9,8 @@ from optimizer.config.model import DEFAULT_MODEL_CONFIG, model_info
 from optimizer.config.settings import StudyConfig
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.hardware.machine import (
-    ASSUME_NO_NATIVE_BF16_ENV, CpuInfo, choose_dtype, cpu_info, describe, differences, fingerprint, parse_cpuinfo,
+    ASSUME_NO_NATIVE_BF16_ENV, CpuInfo, choose_dtype, cpu_info, describe, differences, engine_allocator, fingerprint,
+    parse_cpuinfo,
 )
 from optimizer.params.preflight import GIB, DeviceMemory, estimate
 from optimizer.search.attrs import STUDY_MACHINE
@@ -114,6 +115,26 @@ def test_fingerprint_and_differences():
     assert f"cpu_model: AMD EPYC 7B12 -> {here['cpu_model']}" in diffs
     assert len(diffs) == 1 + (here["cores"] != 64) + bool(here["native_bf16"])
     assert "no native bf16" in describe(other) and "64 cores" in describe(other)
+
+
+@pytest.mark.parametrize("ld_preload, tcmalloc, allocator", [
+    ("", "libtcmalloc_minimal.so.4", "tcmalloc"),  # found: the engines preload it (optimizer/engines/allocator.py)
+    ("/torch/lib/libgomp.so.1", None, "glibc"),  # none found, none preloaded
+    ("/usr/lib/libjemalloc.so.2:/torch/lib/libgomp.so.1", "libtcmalloc_minimal.so.4", "jemalloc"),  # the user's
+])
+def test_the_engine_allocator_is_the_preloaded_one_else_a_found_tcmalloc_else_glibc(ld_preload, tcmalloc, allocator):
+    assert engine_allocator(ld_preload, tcmalloc) == allocator
+
+
+def test_a_cpu_fingerprint_names_its_allocator_and_one_stored_before_it_was_ran_on_glibc():
+    here = fingerprint("cpu")
+    assert here["allocator"] in ("tcmalloc", "jemalloc", "mimalloc", "glibc")
+    assert f"malloc: {here['allocator']}" in describe(here)
+    before = {k: v for k, v in here.items() if k != "allocator"}  # a study made before 2026-12-05
+    assert differences(before, {**here, "allocator": "glibc"}) == []
+    assert differences(before, {**here, "allocator": "tcmalloc"}) == ["allocator: glibc -> tcmalloc"]
+    assert differences({**here, "allocator": "tcmalloc"}, {**here, "allocator": "glibc"}) == [
+        "allocator: tcmalloc -> glibc"]
 
 
 def test_gpus_read_through_nvml():
