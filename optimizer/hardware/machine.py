@@ -3,7 +3,8 @@
 A measurement belongs to the machine it was made on. The fingerprint is stored with each study and calibration
 file, so that a resume or a pre-screen on another machine says what it would mix. On the CPU build that includes the
 allocator the engine's processes run on (tcmalloc where the machine has one, glibc's malloc otherwise:
-optimizer/engines/allocator.py): it moves the engine's speed per token by 6-29% (docs/machines.md, "The allocator").
+optimizer/engines/allocator.py): it moved the engine's time per output token by 6-29% (docs/machines.md, "The
+allocator").
 
 dtype on CPU: vLLM's CPU build takes a bf16 model's own dtype on every x86 and Arm CPU (its `supported_dtypes`
 assumes bf16 is native there). A CPU without native bf16 (x86 without AVX512-BF16 or AMX-BF16; Arm without the
