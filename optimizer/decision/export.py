@@ -18,6 +18,7 @@ from optimizer.core.errors import OptimizerError
 from optimizer.core.units import format_ms
 from optimizer.decision.numbers import Gain, Throughput
 from optimizer.engines.server import SERVER_MODULE
+from optimizer.hardware.machine import find_tcmalloc
 from optimizer.params.open_space import ENV_PREFIX, split_env
 from optimizer.params.parallel import gpus_needed
 from optimizer.params.space import SEARCHABLE
@@ -178,6 +179,14 @@ def defaults_as_run(trial: FrozenTrial, config: StudyConfig) -> dict[str, tuple[
     for k, v in fixed_args(config).items():
         out.setdefault(k, (v, ", ".join(x for x in (fixed_reason(k, config), "set for every trial") if x)))
     return out
+
+
+def allocator_line(device: str, tcmalloc: str | None) -> str | None:
+    """Pure: on the CPU build, where the engines ran on tcmalloc (engines/allocator.py), a line that says to serve on
+    it too (vLLM's CPU images preload their own: the compose file needs nothing)."""
+    return None if device != "cpu" or tcmalloc is None else (
+        f"Measured with {tcmalloc} preloaded, as vLLM's CPU images run the server: on a machine of your own start it "
+        f"with LD_PRELOAD={tcmalloc} (Debian: libtcmalloc-minimal4), or expect more time per output token.")
 
 
 def not_tuned_lines(trial: FrozenTrial, config: StudyConfig, args: dict[str, Any]) -> list[str]:
@@ -363,6 +372,8 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
         )
     args, env = serve_args(trial, config, model), serve_env(trial, config)
     notes = not_tuned_lines(trial, config, args)
+    allocator = allocator_line(config.device, find_tcmalloc())
+    notes += [allocator] if allocator else []
     header, meta = header_lines(trial, config) + notes, metadata(trial, config)
     if confirmed:
         header.append(confirmed_line(*confirmed))

@@ -171,3 +171,19 @@ def test_a_tuned_trial_carries_no_fallback_note(syn):
     assert "fallback" not in text and "This is the baseline" not in text
     assert "# Not tuned, the same in every trial: enforce_eager=True" in text
     assert json.loads(done.json_path.read_text())["metadata"]["machine_fallback"] is None
+
+
+def test_a_cpu_export_says_to_serve_on_the_tcmalloc_its_engines_ran_on(syn, tmp_path, monkeypatch):
+    study, config, _ = syn
+    monkeypatch.setattr("optimizer.decision.export.find_tcmalloc", lambda: "libtcmalloc_minimal.so.4")
+    done = export_all(recommended(study), config, tmp_path / "out", config.model)
+    assert config.device == "cpu"
+    line = next(n for n in done.notes if "LD_PRELOAD=" in n)  # printed by `optimize export`, and in the YAML
+    assert "LD_PRELOAD=libtcmalloc_minimal.so.4" in line and line in done.yaml_path.read_text()
+    assert "LD_PRELOAD" not in done.command  # the command stays what vLLM's parser reads; the compose image has its own
+    monkeypatch.setattr("optimizer.decision.export.find_tcmalloc", lambda: None)  # engines on glibc: nothing to say
+    plain = export_all(recommended(study), config, tmp_path / "o2", config.model)
+    assert not any("LD_PRELOAD" in n for n in plain.notes)
+    (tmp_path / "gpu").mkdir()
+    gpu_study, gpu = synthetic.build(tmp_path / "gpu", device="cuda")
+    assert not any("LD_PRELOAD" in n for n in export_all(recommended(gpu_study), gpu, tmp_path / "o3", gpu.model).notes)
