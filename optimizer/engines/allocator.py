@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-from optimizer.hardware.machine import ALLOCATORS, GLIBC, engine_allocator, find_tcmalloc
+from optimizer.hardware.machine import GLIBC, engine_allocator, find_tcmalloc
 
 INSTALL_HINT = "install one (Debian/Ubuntu: apt-get install libtcmalloc-minimal4)"
 
@@ -29,7 +29,7 @@ INSTALL_HINT = "install one (Debian/Ubuntu: apt-get install libtcmalloc-minimal4
 def with_allocator(ld_preload: str, library: str | None) -> str | None:
     """Pure: LD_PRELOAD with `library` first, as vLLM's CPU platform puts its bundled tcmalloc; None when nothing
     changes: no library, or `ld_preload` already names an allocator (the user's, or vLLM's)."""
-    if library is None or any(name in ld_preload for name in ALLOCATORS):
+    if library is None or engine_allocator(ld_preload, None) != GLIBC:
         return None
     return f"{library}:{ld_preload}" if ld_preload else library
 
