@@ -38,6 +38,7 @@ def cmd_export(argv: list[str]) -> int:
 def _export(ns: argparse.Namespace) -> int:
     from optimizer.decision.decide import decide
     from optimizer.decision.export import export_all
+    from optimizer.search.attrs import STUDY_MACHINE
     from optimizer.search.runner import model_path
 
     config, study = load_study(ns)
@@ -52,7 +53,7 @@ def _export(ns: argparse.Namespace) -> int:
         assert d.confirmation is not None
         served = served_record(d.confirmation, conf)
     done = export_all(best.trial if best is not None else None, config, Path(ns.out or ns.studies_dir),
-                      model_path(config), confirmed, served)
+                      model_path(config), confirmed, served, STUDY_MACHINE.of(study))
     print(done.command)
     if not ns.quiet:
         for note in done.notes:

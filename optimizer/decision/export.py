@@ -18,7 +18,7 @@ from optimizer.core.errors import OptimizerError
 from optimizer.core.units import format_ms
 from optimizer.decision.numbers import Gain, Throughput
 from optimizer.engines.server import SERVER_MODULE
-from optimizer.hardware.machine import find_tcmalloc
+from optimizer.hardware.machine import TCMALLOC_SONAME, allocator_here, find_tcmalloc, study_allocator
 from optimizer.params.open_space import ENV_PREFIX, split_env
 from optimizer.params.parallel import gpus_needed
 from optimizer.params.space import SEARCHABLE
@@ -181,12 +181,13 @@ def defaults_as_run(trial: FrozenTrial, config: StudyConfig) -> dict[str, tuple[
     return out
 
 
-def allocator_line(device: str, tcmalloc: str | None) -> str | None:
-    """Pure: on the CPU build, where the engines ran on tcmalloc (engines/allocator.py), a line that says to serve on
-    it too (vLLM's CPU images preload their own: the compose file needs nothing)."""
-    return None if device != "cpu" or tcmalloc is None else (
-        f"Measured with {tcmalloc} preloaded, as vLLM's CPU images run the server: on a machine of your own start it "
-        f"with LD_PRELOAD={tcmalloc} (Debian: libtcmalloc-minimal4), or expect more time per output token.")
+def allocator_line(device: str, allocator: str, tcmalloc: str | None) -> str | None:
+    """Pure: on the CPU build, where the study's engines ran on the tcmalloc we preload (engines/allocator.py), a
+    line that says to serve on it too (vLLM's CPU images preload their own: the compose file needs nothing)."""
+    lib = tcmalloc or TCMALLOC_SONAME
+    return None if device != "cpu" or allocator != "tcmalloc" else (
+        f"Measured with {lib} preloaded, as vLLM's CPU images run the server: on a machine of your own start it "
+        f"with LD_PRELOAD={lib} (Debian: libtcmalloc-minimal4), or expect more time per output token.")
 
 
 def not_tuned_lines(trial: FrozenTrial, config: StudyConfig, args: dict[str, Any]) -> list[str]:
@@ -308,10 +309,8 @@ class Exported:
 
 
 def _write(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
+    (tmp := path.with_name(path.name + ".tmp")).write_text(text)
+    return tmp.replace(path)
 
 
 def confirmed_line(tp: Throughput, gain: Gain | None) -> str:
@@ -360,11 +359,11 @@ def confirmed_metadata(tp: Throughput, gain: Gain | None) -> dict[str, Any]:
 
 def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, model: str,
                confirmed: tuple[Throughput, Gain | None] | None = None,
-               served: dict[str, Any] | None = None) -> Exported:
+               served: dict[str, Any] | None = None, machine: dict[str, Any] | None = None) -> Exported:
     """Write `<study>.recommended.yaml` (for `vllm serve --config`), `<study>.engine_args.json` and
     `<study>.compose.yaml` into `out_dir`; `confirmed`: the trial's numbers from the confirmation and its gain over
-    vLLM's defaults, where it was confirmed (`Decision.throughput`, `Decision.gain`); `served`: its rates at the
-    limit as served and in process (decision/views.py::served_record), where it ran through `vllm serve`."""
+    vLLM's defaults, where confirmed (`Decision.throughput`, `.gain`); `served`: its rates at the limit as served and in
+    process (views.py::served_record); `machine`: the study's stored fingerprint (which allocator its engines had)."""
     if trial is None:
         raise OptimizerError(
             f"study {config.study_name!r} has no trial that meets TTFT P99 <= {format_ms(config.ttft_p99_ms)}: "
@@ -372,7 +371,7 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
         )
     args, env = serve_args(trial, config, model), serve_env(trial, config)
     notes = not_tuned_lines(trial, config, args)
-    allocator = allocator_line(config.device, find_tcmalloc())
+    allocator = allocator_line(config.device, study_allocator(machine, allocator_here()), find_tcmalloc())
     notes += [allocator] if allocator else []
     header, meta = header_lines(trial, config) + notes, metadata(trial, config)
     if confirmed:

