@@ -66,6 +66,8 @@ class Row:
     provision_held: int = 0  # re-measured runs whose rate at the limit is at or above their config's to provision for
     provision_runs: int = 0  # re-measured runs of configs with a rate to provision for
     truth: float | None = None  # the simulator's gain without its noise (None: the real engine has no such truth)
+    again_rounds: tuple[float, ...] = ()  # the re-measurement's per-round gains (its median is `remeasured`)
+    again_interval: Interval | None = None  # their own t interval: the re-measurement's noise, beside the report's
 
     @property
     def inside(self) -> bool:
@@ -132,17 +134,18 @@ def check(study: optuna.Study, prepared: Any, engine: str, rounds: int, minutes:
     paired = gain_interval([(a, b) for r in c.full_rounds if (a := c.base.value_tok_s(r)) is not None
                             and (b := chosen.value_tok_s(r)) is not None], confidence=c.confidence)
     pairs, rates = remeasure(prepared.objective, prepared.config, [c.base.trial, chosen.trial], rounds)
-    regain = gain_interval(pairs).median
+    again = gain_interval(pairs)
     label = f"#{chosen.number} vs defaults" + (" (defaults won)" if c.best is c.base else "")
     floors = {x.number: p for x in (c.base, chosen) if (p := provision_rps(c, x)) is not None}
-    again = [(rate, floors[n]) for n, got in rates.items() if n in floors for rate in got]
+    held = [(rate, floors[n]) for n, got in rates.items() if n in floors for rate in got]
     truth = None
     if truth_factory is not None:  # the same pair on the simulator without noise: its gain over `truth_draws` draws
         quiet = replace(prepared.objective, engine_factory=truth_factory)
         exact, _ = remeasure(quiet, prepared.config, [c.base.trial, chosen.trial], truth_draws)
         truth = math.exp(statistics.mean(math.log(b / a) for a, b in exact if a > 0 and b > 0)) - 1
-    return Row(engine, study.study_name, label, reported, paired, regain, minutes,
-               sum(rate >= floor for rate, floor in again), len(again), truth)
+    return Row(engine, study.study_name, label, reported, paired, again.median, minutes,
+               sum(rate >= floor for rate, floor in held), len(held), truth,
+               tuple(b / a - 1 for a, b in pairs if a > 0), again)
 
 
 def sim_rows(args: argparse.Namespace) -> list[Row]:
@@ -218,14 +221,15 @@ def real_rows(args: argparse.Namespace) -> list[Row]:
 
 
 def fmt(row: Row) -> str:
-    def bounds(i: Interval) -> str:
-        return f"[{i.low * 100:+.1f}%, {i.high * 100:+.1f}%]" if i.known else "(no interval)"
-
     return (f"{row.engine:<18} {row.study:<12} {row.compared:<28} {row.reported.median * 100:>+7.1f}% "
-            f"{bounds(row.reported):<20} {row.remeasured * 100:>+7.1f}%  {'yes' if row.inside else 'NO':<6} "
-            f"{bounds(row.paired):<20} {'yes' if row.inside_paired else 'NO':<6} "
+            f"{bounds_pct(row.reported):<20} {row.remeasured * 100:>+7.1f}%  {'yes' if row.inside else 'NO':<6} "
+            f"{bounds_pct(row.paired):<20} {'yes' if row.inside_paired else 'NO':<6} "
             f"{f'{row.provision_held}/{row.provision_runs}':>9} {row.minutes:>6.1f}"
             + ("" if row.truth is None else f"  {row.truth * 100:>+7.1f}%  {'yes' if row.truth_inside else 'NO'}"))
+
+
+def bounds_pct(i: Interval) -> str:
+    return f"[{i.low * 100:+.1f}%, {i.high * 100:+.1f}%]" if i.known else "(no interval)"
 
 
 def half_width_pct(i: Interval) -> float:
@@ -280,6 +284,10 @@ def main() -> None:
                                   [half_width_pct(r.paired) for r in rows])):
         print(f"{name}: {sum(inside)} of {len(rows)} inside; half-width median "
               f"{statistics.median(widths) if widths else math.nan:.1f} points")
+    for row in rows:  # the re-measurement has noise of its own: a narrow report can miss a noisy re-measurement
+        if row.again_rounds and row.again_interval is not None:
+            print(f"{row.study}: re-measured per round {', '.join(f'{g * 100:+.1f}%' for g in row.again_rounds)}; "
+                  f"their own 95% interval {bounds_pct(row.again_interval)}")
     truths = [r.truth_inside for r in rows if r.truth is not None]
     if truths:
         print(f"simulator, against the gain without noise ({args.truth_draws} draws): {sum(truths)} of {len(truths)} "

@@ -1,6 +1,8 @@
 """Held against independent replays: a finished study's vLLM defaults and leader (the configs its confirmation served,
 search/confirm.py), each measured at the rate the study reports and at 1.15 x it, with fresh draws of 1000 or more
-requests and 3 runs each, in both backends, each engine after the study's warm-up under load (as a trial's):
+requests and 3 runs each, in both backends, each engine after the study's warm-up under load (as a trial's); each
+engine starts on another draw (the k-th engine on draw k + --rotate, mod --runs), so that a draw's tail and an
+engine's first run are told apart:
 
 - in process (AsyncLLM, the backend the search and the rounds measured with): this project's replay of the draw at the
   rate to provision for in process that the study reports (decision/served.py::provision_rps; `--at median`: the
@@ -9,13 +11,14 @@ requests and 3 runs each, in both backends, each engine after the study's warm-u
   timed_trace, benchmarks/parity.py) at the rate to provision for as served (`--at median` or `lowest`: the rate at
   the limit that the study's run through `vllm serve` found).
 
-Prints one row per config, backend and factor with the TTFT P99 of every run, and the verdict the issue asks for: at
+Prints one row per config, backend and factor with the TTFT P99 of every run, by draw (^: the engine's first run at
+that factor), and the verdict the issue asks for: at
 the reported rate, TTFT P99 under the limit in every run ("holds"); at 1.15 x, over the limit or fallen behind in most
 runs ("breaks"). Each run draws its own requests (seed + 100 + run), never a draw the study measured.
 
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/held.py --studies-dir DIR --study NAME [--runs 3]
         [--at provision|median|lowest]   (the rate: the one to provision for, the median over the rounds, the lowest)
-        [--in-process-only] [--trial N]
+        [--in-process-only] [--trial N] [--rotate K]
 """
 
 from __future__ import annotations
@@ -65,26 +68,27 @@ async def warm_up_under_load(engine, workload, rate: float, count: int, clock) -
 
 
 async def in_process(base: dict[str, Any], deploy_as: str, params: dict[str, Any], rate: float, workloads: list,
-                     log: Path, probe_cap: int, warm: int) -> dict[float, list[tuple[float, bool]]]:
-    """(TTFT P99 ms, fell behind) per run, per factor, on one engine after the study's warm-up under load
-    (`warm` requests), the prefix cache reset before every run; each run's first `probe_cap` requests (the study's
-    probe cap) are summarized too, printed only."""
+                     log: Path, probe_cap: int, warm: int) -> dict[float, list[tuple[int, float, bool]]]:
+    """(draw, TTFT P99 ms, fell behind) per run, per factor, on one engine after the study's warm-up under load
+    (`warm` requests), the prefix cache reset before every run; `workloads`: (draw, workload) in the order run;
+    each run's first `probe_cap` requests (the study's probe cap) are summarized too, printed only."""
     engine = VllmEngine(base, deploy_as=deploy_as)
     await engine.start(params, log)
-    out: dict[float, list[tuple[float, bool]]] = {}
+    out: dict[float, list[tuple[int, float, bool]]] = {}
     try:
         clock = MonotonicClock()
-        await replay(engine, workloads[0].warmup, [0.0] * len(workloads[0].warmup), clock)
-        await warm_up_under_load(engine, workloads[0], rate, warm, clock)
-        for w in workloads:
+        opening = workloads[0][1]
+        await replay(engine, opening.warmup, [0.0] * len(opening.warmup), clock)
+        await warm_up_under_load(engine, opening, rate, warm, clock)
+        for k, w in workloads:
             for f in FACTORS:
                 await engine.reset_prefix_cache()
                 records = await replay(engine, w.requests, w.arrivals_s(rate * f), clock)
                 m = summarize(records, rate * f)
-                out.setdefault(f, []).append((m.ttft.p99_ms, m.falls_behind))
+                out.setdefault(f, []).append((k, m.ttft.p99_ms, m.falls_behind))
                 # the same run cut at the study's probe cap: how much of a miss is the longer replay's queue
                 first = sorted(records, key=lambda r: r.sent_s)[:probe_cap]
-                print(f"  in process {rate * f:.2f} req/s: TTFT P99 {m.ttft.p99_ms:.0f} ms"
+                print(f"  in process {rate * f:.2f} req/s, draw {k}: TTFT P99 {m.ttft.p99_ms:.0f} ms"
                       f"{', fell behind' if m.falls_behind else ''}; its first {len(first)} requests: "
                       f"{summarize(first, rate * f).ttft.p99_ms:.0f} ms", flush=True)
     finally:
@@ -93,36 +97,38 @@ async def in_process(base: dict[str, Any], deploy_as: str, params: dict[str, Any
 
 
 async def as_served(base: dict[str, Any], params: dict[str, Any], rate: float, workloads: list, work: Path,
-                    log: Path, warm: int) -> dict[float, list[tuple[float, bool]]]:
-    """(TTFT P99 ms, fell behind: completed under 90% of the offered rate) per run and factor, vLLM's own client."""
+                    log: Path, warm: int) -> dict[float, list[tuple[int, float, bool]]]:
+    """(draw, TTFT P99 ms, fell behind: completed under 90% of the offered rate) per run and factor, vLLM's own
+    client; `workloads`: (draw, workload) in the order run."""
     server = HttpEngine(base)
     await server.start(params, log)
     remote = RemoteEngine(server.base_url)
-    out: dict[float, list[tuple[float, bool]]] = {}
+    out: dict[float, list[tuple[int, float, bool]]] = {}
     try:
         await remote.start({})
         clock = MonotonicClock()
-        await replay(remote, workloads[0].warmup, [0.0] * len(workloads[0].warmup), clock)
-        await warm_up_under_load(remote, workloads[0], rate, warm, clock)
-        for k, w in enumerate(workloads):
+        opening = workloads[0][1]
+        await replay(remote, opening.warmup, [0.0] * len(opening.warmup), clock)
+        await warm_up_under_load(remote, opening, rate, warm, clock)
+        for k, w in workloads:
             for f in FACTORS:
                 await remote.reset_prefix_cache()
                 trace = timed_trace(w, rate * f, work / f"trace-{k}-{f:g}.jsonl")
                 got = await asyncio.to_thread(vllm_bench, server.base_url, remote.model_name, trace,
                                               len(w.requests), work / f"vllm-{k}-{f:g}.json")
                 behind = got["completed"] / got["duration_s"] < 0.9 * rate * f
-                out.setdefault(f, []).append((got["ttft_p99_ms"], behind))
-                print(f"  as served {rate * f:.2f} req/s (vLLM's client): TTFT P99 {got['ttft_p99_ms']:.0f} ms"
-                      f"{', behind' if behind else ''}", flush=True)
+                out.setdefault(f, []).append((k, got["ttft_p99_ms"], behind))
+                print(f"  as served {rate * f:.2f} req/s, draw {k} (vLLM's client): TTFT P99 "
+                      f"{got['ttft_p99_ms']:.0f} ms{', behind' if behind else ''}", flush=True)
     finally:
         await remote.shutdown()
         await server.shutdown()
     return out
 
 
-def verdict(runs: dict[float, list[tuple[float, bool]]], limit_ms: float) -> str:
-    at = all(p99 <= limit_ms and not behind for p99, behind in runs[1.0])
-    above = sum(p99 > limit_ms or behind for p99, behind in runs[FACTORS[1]]) > len(runs[FACTORS[1]]) / 2
+def verdict(runs: dict[float, list[tuple[int, float, bool]]], limit_ms: float) -> str:
+    at = all(p99 <= limit_ms and not behind for _, p99, behind in runs[1.0])
+    above = sum(p99 > limit_ms or behind for _, p99, behind in runs[FACTORS[1]]) > len(runs[FACTORS[1]]) / 2
     return f"{'holds' if at else 'MISSES'} at the rate, {'breaks' if above else 'DOES NOT BREAK'} at 1.15x"
 
 
@@ -149,6 +155,7 @@ def main() -> None:
                    help="hold only this config (a trial number among the configs served; repeatable)")
     p.add_argument("--in-process-only", action="store_true",
                    help="skip the runs as served (at a few req/s, 1000 requests through vllm serve take many minutes)")
+    p.add_argument("--rotate", type=int, default=0, help="the first engine starts on this draw (the next on the next)")
     args = p.parse_args()
     config, d = decided(Path(args.studies_dir), args.study)
     c = d.confirmation
@@ -161,7 +168,13 @@ def main() -> None:
     workloads = draws(config, inspect_model(path, config.dummy_weights).vocab_size, args.num_requests, args.runs)
     limit = config.ttft_p99_ms
     warm = min(config.workload.warmup_load_requests, args.num_requests)
-    rows = []
+    rows, engines = [], 0
+
+    def order() -> list:  # (draw, workload), starting each engine on the next draw
+        nonlocal engines
+        start, engines = (engines + args.rotate) % args.runs, engines + 1
+        return [(k % args.runs, workloads[k % args.runs]) for k in range(start, start + args.runs)]
+
     for x in c.served_configs:
         if args.trial and x.number not in args.trial:
             continue
@@ -175,7 +188,7 @@ def main() -> None:
         print(f"{name}: in process at {inproc_rate:.2f} req/s ({args.at}; its rounds: "
               f"{', '.join(f'{v:.2f}' for v in rates)}) and 1.15x, {args.runs} runs of {args.num_requests}", flush=True)
         rows.append((name, "in process", inproc_rate,
-                     asyncio.run(in_process(base, config.deploy_as, params, inproc_rate, workloads,
+                     asyncio.run(in_process(base, config.deploy_as, params, inproc_rate, order(),
                                             work / f"inproc-{x.number}.log", config.workload.num_requests,
                                             warm))))
         if args.in_process_only:
@@ -186,19 +199,21 @@ def main() -> None:
             served_rate = provision_rps(c, x, served=True) if args.at == "provision" else x.served_rate.rate_rps
             print(f"{name}: as served at {served_rate:.2f} req/s and 1.15x (vLLM's client)", flush=True)
             rows.append((name, "as served", served_rate,
-                         asyncio.run(as_served(base, params, served_rate, workloads, work,
+                         asyncio.run(as_served(base, params, served_rate, order(), work,
                                                work / f"served-{x.number}.log", warm))))
     print(f"\nTTFT P99 limit {limit:.0f} ms; {args.runs} runs of {args.num_requests} requests each, fresh draws; "
           f"files in {work}")
-    print(f"{'config':<22} {'backend':<11} {'rate':>7} | {'TTFT P99 ms at the rate':<26} | "
+    print(f"{'config':<22} {'backend':<11} {'rate':>7} | {'TTFT P99 ms at the rate, by draw':<26} | "
           f"{'at 1.15x':<26} | verdict")
     for name, backend, rate, runs in rows:
-        cell = {f: ", ".join(f"{p99:.0f}{'*' if behind else ''}" for p99, behind in runs[f]) for f in FACTORS}
+        cell = {f: ", ".join(f"{p99:.0f}{'*' if behind else ''}{'^' if (k, p99, behind) == runs[f][0] else ''}"
+                             for k, p99, behind in sorted(runs[f])) for f in FACTORS}
         print(f"{name:<22} {backend:<11} {rate:>7.2f} | {cell[1.0]:<26} | {cell[FACTORS[1]]:<26} | "
               f"{verdict(runs, limit)}")
-    print("*: fell behind (backlog grew over the arrivals in process; as served, completed under 90% of the rate)")
-    print("medians: " + "; ".join(f"{n} {b} {statistics.median(p for p, _ in r[1.0]):.0f}/"
-                                  f"{statistics.median(p for p, _ in r[FACTORS[1]]):.0f} ms" for n, b, _, r in rows))
+    print("*: fell behind (backlog grew over the arrivals in process; as served, completed under 90% of the rate); "
+          "^: the engine's first run")
+    print("medians: " + "; ".join(f"{n} {b} {statistics.median(p for _, p, _ in r[1.0]):.0f}/"
+                                  f"{statistics.median(p for _, p, _ in r[FACTORS[1]]):.0f} ms" for n, b, _, r in rows))
 
 
 if __name__ == "__main__":
