@@ -30,7 +30,11 @@ higher) are then explained by their speed, not by a flat curve with a sharply pl
 widens as m probes at the crossing share the speed noise (by about 1/sqrt(m)). The bootstrap, which covers the
 draw, resamples with the speed fixed. What the interval does not cover is a fresh engine's own speed (a whole
 trial varies 12-18% from one engine start to the next on a shared 2-core machine): that is the confirmation's to
-measure, in rounds on fresh engines (optimizer/search/confirm.py).
+measure, in rounds on fresh engines (optimizer/search/confirm.py). With the engines on tcmalloc that variation is
+smaller, and read back from a real study (benchmarks/speed_cv.py; docs/measurement.md, "The README's run again on
+tcmalloc") the probes of one run prefer no speed term at all, while the 5% is what makes a run's interval cover the
+same config's rate in the other rounds (in 85% of 152 over two studies): in effect the term now stands for what
+moves a run from one engine start and quarter-hour to the next, more than for one replay against the next.
 
 The speed widens the interval; it does not place the rate. The rate at the limit is the counts' own most likely root
 (the profile without the speed). Integrated over each replay's speed, a probe with none of 1000 requests over is
