@@ -48,6 +48,12 @@ def counts_root(probes: list[ProbeCount]) -> float | None:
     return fit.rate_rps if fit is not None and math.isfinite(fit.high_rps) else None
 
 
+def stored_study(where: Path) -> optuna.Study:
+    """The study at DIR/NAME: NAME in DIR/NAME.db (a studies dir's layout)."""
+    url = f"sqlite:///{where.with_name(where.name + '.db').resolve()}"
+    return optuna.load_study(study_name=where.name, storage=url)
+
+
 def residual_sd(rows: list[list[float]]) -> float:
     """The residual standard deviation of log values after config and round effects (rows: configs x rounds)."""
     y = np.log(np.array(rows))
@@ -60,8 +66,7 @@ def main() -> None:
     above, past, shifts = 0, 0, []
     for path in sys.argv[1:]:
         where = Path(path)
-        study = optuna.load_study(study_name=where.name,
-                                  storage=f"sqlite:///{where.with_name(where.name + '.db').resolve()}")
+        study = stored_study(where)
         home = confirmation_study(study)
         for t in study.trials + ([] if home is None else home.trials):
             fit, probes = RESULT.of(t).get("rate_at_limit"), counts(t)

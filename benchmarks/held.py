@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import sys
 import tempfile
@@ -168,11 +169,10 @@ def main() -> None:
     workloads = draws(config, inspect_model(path, config.dummy_weights).vocab_size, args.num_requests, args.runs)
     limit = config.ttft_p99_ms
     warm = min(config.workload.warmup_load_requests, args.num_requests)
-    rows, engines = [], 0
+    rows, starts = [], itertools.count(args.rotate)
 
-    def order() -> list:  # (draw, workload), starting each engine on the next draw
-        nonlocal engines
-        start, engines = (engines + args.rotate) % args.runs, engines + 1
+    def order() -> list:  # (draw, workload), each engine starting on the next draw
+        start = next(starts)
         return [(k % args.runs, workloads[k % args.runs]) for k in range(start, start + args.runs)]
 
     for x in c.served_configs:

@@ -89,6 +89,8 @@ def real_coverage(paths: list[str]) -> None:
 
     import optuna
 
+    from fit_point import stored_study
+
     from optimizer.search.attrs import RESULT
     from optimizer.search.confirmed import confirmation
 
@@ -104,8 +106,7 @@ def real_coverage(paths: list[str]) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in paths:
         where = Path(path)
-        study = optuna.load_study(study_name=where.name,
-                                  storage=f"sqlite:///{where.with_name(where.name + '.db').resolve()}")
+        study = stored_study(where)
         c = confirmation(study)
         label = where.parent.parent.name if where.parent.name == "studies" else where.parent.name  # DIR/studies/NAME
         if c is None:

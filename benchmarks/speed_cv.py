@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna  # noqa: E402
-from fit_point import counts  # noqa: E402
+from fit_point import counts, stored_study  # noqa: E402
 
 from optimizer.measurement.rate_fit import (REPLAY_SPEED_CV, RateAtLimit, fit_rate_at_limit, profile,  # noqa: E402
                                             used_in_fit)
@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     groups = []  # per config of a confirmation: (search trial's probes, [each round's run's probes])
     for path in args.studies:
         where = Path(path)
-        study = optuna.load_study(study_name=where.name,
-                                  storage=f"sqlite:///{where.with_name(where.name + '.db').resolve()}")
+        study = stored_study(where)
         c = confirmation(study)
         if c is None:
             print(f"{path}: no confirmation")
