@@ -58,12 +58,12 @@ REMEASURE_RATES = (0.9, 0.95, 1.0, 1.05, 1.1)
 
 async def trial(engine: SimulatedEngine, bench, seed: int) -> tuple[RateAtLimit | None, float, RateAtLimit | None]:
     """One trial's rate at the limit on a workload of `seed`, the seconds its probes spent sending (what a real
-    replay would take: each probe's requests at its rate), and the same probes fitted without the replays' speed
-    (the interval before it: `speed_cv=0`)."""
+    replay would take: each probe's requests at its rate), and the same probes fitted without a re-measurement's share
+    (the counts' own interval: `remeasure_cv=0`)."""
     spec = bench.config.workload.model_copy(update={"seed": seed})
     workload = build_workload(spec, bench.info.vocab_size)
     result = await TrialReplays(engine, workload, bench.config, MonotonicClock(), None, 0, []).measure(None)
-    before = fit_rate_at_limit(probe_counts(result.points), speed_cv=0.0)
+    before = fit_rate_at_limit(probe_counts(result.points), remeasure_cv=0.0)
     return result.fit, sum((pt.requests or 0) / pt.offered_rate_rps for pt in result.points), before
 
 
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
           f"noise run_cv {args.run_cv}, replay_cv {args.replay_cv}; {args.trials} trials")
     for f, s, same, fresh, before in rows:
         print(f"  trial: {f.rate_rps:7.2f} req/s [{f.low_rps:.2f}, {f.high_rps:.2f}] +-{f.half_width:5.1%} "
-              f"(without the speed: +-{before.half_width:5.1%}; {f.requests} requests, {s / 60:.1f} min)   "
+              f"(the counts' own: +-{before.half_width:5.1%}; {f.requests} requests, {s / 60:.1f} min)   "
               f"re-measured: same engine {same.rate_rps if same else float('nan'):7.2f}, fresh engine "
               f"{fresh.rate_rps if fresh else float('nan'):7.2f}" if f else "  trial: no rate passed")
     print(f"replay per trial: median {statistics.median(minutes):.2f} min of sending "
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| interval | half-width median | worst | precision per minute (half-width x sqrt(min)), median | "
           "covers, same engine | covers, fresh engine |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for name, at in (("profile + block bootstrap (before)", 4), ("+ each replay's speed (now)", 0)):
+    for name, at in (("profile + block bootstrap (the counts' own)", 4), ("+ a re-measurement's share (now)", 0)):
         halves = [r[at].half_width for r in fits]
         per_minute = [h * m ** 0.5 for h, m in zip(halves, minutes)]
         # out of the trials whose re-measurement found a rate (its pooled fit can fail on a draw: not a miss)

@@ -1,6 +1,6 @@
-"""How far one replay's speed moves a rate at the limit, on the simulator: the elasticity behind the rate fit's
-REPLAY_SPEED_CV (optimizer/measurement/rate_fit.py), which treats a replay that runs slower by a factor f as one at
-f x its rate.
+"""How far one replay's speed moves a rate at the limit, on the simulator: the elasticity behind the rate fit's speed
+model (optimizer/measurement/rate_fit.py: `profile`'s speed_cv per probe, `widened`'s re-measurement per run), which
+treats a replay that runs slower by a factor f as one at f x its rate.
 
     .venv/bin/python benchmarks/speed_elasticity.py [--factor 1.1]
 

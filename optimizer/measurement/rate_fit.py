@@ -21,31 +21,25 @@ over the draw measures that: blocks of BLOCK_REQUESTS consecutive requests, draw
 for every probe (each probe stores which requests were over), the counts recomputed, the root found again. The
 interval is the union of the two.
 
-Nor does either know the machine: on a shared machine one engine runs each replay a little faster or slower than
-the last (a replay-to-replay speed CV of about 5%: docs/simulator.md, "Noise and drift"), and a slower replay is,
-to the engine, a higher rate. So the likelihood is that of a model with a random effect per probe: each probe's
-count is binomial at the rate its engine felt, its rate x exp(N(0, REPLAY_SPEED_CV)), integrated over that factor
-(on SPEED_NODES). Probes whose counts do not rise with the rate (a slow replay at a lower rate, a fast one at a
-higher) are then explained by their speed, not by a flat curve with a sharply placed root, and the interval
-widens as m probes at the crossing share the speed noise (by about 1/sqrt(m)). The bootstrap, which covers the
-draw, resamples with the speed fixed. What the interval does not cover is a fresh engine's own speed (a whole
-trial varies 12-18% from one engine start to the next on a shared 2-core machine): that is the confirmation's to
-measure, in rounds on fresh engines (optimizer/search/confirm.py). With the engines on tcmalloc that variation is
-smaller, and read back from a real study (benchmarks/speed_cv.py; docs/measurement.md, "The README's run again on
-tcmalloc") the probes of one run prefer no speed term at all, while the 5% is what makes a run's interval cover the
-same config's rate in the other rounds (in 85% of 152 over two studies): in effect the term now stands for what
-moves a run from one engine start and quarter-hour to the next, more than for one replay against the next.
+Nor does either know the machine. A trial's interval is read as where the same config's rate would fall if it were
+measured again on this machine: another engine start, another draw, minutes later. What moves that is the run as a
+whole, not each probe on its own: read back from the probes of two real studies on tcmalloc (benchmarks/speed_cv.py;
+docs/measurement.md, "A run's interval: the machine moves the run, not each probe") the counts of one run
+prefer no speed of their own per probe, while the same config's rate moves from one round to the next by a few
+percent (the rounds' residual spread of a run, 0.019-0.025 in log rate there). So each end of the interval is
+widened, in log rate, by a term for the run: the counts' own distance to it and 1.96 x REMEASURE_CV added in
+quadrature. REMEASURE_CV (4%) is what made a run's interval cover the same config's rate in another round in 91%
+of 152 pairs over those two studies, at a median half-width of +-8.8%; the per-probe speed term it replaces (5% as
+a random effect on each probe's rate, integrated in the likelihood) covered 85% at +-9.0%, its low end pinned close
+to the highest clean probe, under which other rounds fell three times as often as over the high end. The per-probe
+term stays in `profile` (`speed_cv`), for the simulator's model and the benchmark that weighs it.
 
-The speed widens the interval; it does not place the rate. The rate at the limit is the counts' own most likely root
-(the profile without the speed). Integrated over each replay's speed, a probe with none of 1000 requests over is
-evidence that holds whether its replay ran fast or slow, while a probe with a sixth to a third of its requests over
-is explained as a slow replay; the most likely root then moved up, past the lowest rate at which those requests were
-over, and its interval with it. Over the 175 trials and confirmation runs of seven real studies (2026-12-04/05, the
-Xeon; benchmarks/fit_point.py) that root lay above a probe with more than 5% of its requests over in 49 of 158, and
-above the counts' own root by a median of 1.0%, up to 14%: a rate the engine had already missed. So the interval is
-both profile intervals together (the counts' own, which holds the point, and the one with the speed), widened to
-the bootstrap's range; the bootstrap finds the counts' own root in each resample, so the point sits where its
-spread is centred.
+The run's term widens the interval; it does not place the rate. The rate at the limit is the counts' own most likely
+root. (Integrated over each replay's speed, a probe with none of 1000 requests over is evidence that holds whether
+its replay ran fast or slow, while a probe with a sixth to a third of its requests over is explained as a slow
+replay; that likelihood's root lay above a probe with more than 5% of its requests over in 49 of 158 trials and
+runs of seven real studies (2026-12-04/05, the Xeon; benchmarks/fit_point.py): a rate the engine had already
+missed.) The bootstrap finds the counts' own root in each resample, so the point sits where its spread is centred.
 
 Only the probes up to the first one with most of its requests over enter the fit: far past the knee the engine is in
 another regime (a queue that grows), and one such probe is enough to bound the rate from above.
@@ -68,13 +62,16 @@ GRID_MARGIN = 3.0  # candidate rates reach 15% past the lowest and highest probe
 CHI2_1_95 = 3.841  # the 95% quantile of chi-square with 1 degree of freedom
 BLOCK_REQUESTS = 50  # the block bootstrap's blocks: consecutive requests, longer than a burst's reach
 RESAMPLES = 100
-REPLAY_SPEED_CV = 0.05  # log-normal sigma of one engine's speed from one replay to the next on a shared machine
+REMEASURE_CV = 0.04  # log-normal sigma of a run's rate measured again on this machine (fresh engine, draw, minutes)
+Z_95 = 1.96  # two-sided 95% of the normal
 SPEED_NODES = np.linspace(-3.0, 3.0, 17)  # a probe's speed, in standard deviations: the integral's nodes
 SPEED_WEIGHTS = np.exp(-SPEED_NODES ** 2 / 2) / np.exp(-SPEED_NODES ** 2 / 2).sum()
 # stored with each fit (fits before 2026-12-05 placed the rate with the speed: a median 1.0% higher)
+# stored with each fit (fits before 2026-12-05 placed the rate with the per-probe speed: a median 1.0% higher; fits
+# before 2026-12-06 widened the interval by that per-probe speed, not by the run's)
 FIT_METHOD = ("pooled logistic fit of the share over the limit: the rate, the counts' most likely root; 95% interval: "
-              "profile likelihood with and without each probe's replay speed a random effect (5%), widened to a "
-              "block bootstrap over the workload's requests")
+              "profile likelihood widened to a block bootstrap over the workload's requests, each end then widened "
+              "by a re-measurement's 4% (log-normal) in quadrature")
 
 
 @dataclass(frozen=True)
@@ -133,7 +130,7 @@ def used_in_fit(probes: Sequence[ProbeCount]) -> list[ProbeCount]:
 
 
 def profile(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE,
-            speed_cv: float = REPLAY_SPEED_CV) -> tuple[np.ndarray, np.ndarray]:
+            speed_cv: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """(rates, log likelihood): for each candidate rate at the limit on a grid, the log likelihood of the probes'
     counts under the best slope in SLOPES_PER_UNIT. Each probe's count is binomial at its rate as the engine felt
     it, rate x exp(N(0, speed_cv)) (its replay's own speed), integrated over that factor on SPEED_NODES."""
@@ -155,7 +152,7 @@ def profile(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE,
 
 
 def most_likely_rps(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE,
-                    speed_cv: float = REPLAY_SPEED_CV) -> float:
+                    speed_cv: float = 0.0) -> float:
     rates, ll = profile(probes, share, speed_cv)
     return float(rates[int(np.argmax(ll))])
 
@@ -176,31 +173,45 @@ def resampled(probes: Sequence[ProbeCount], rng: np.random.Generator) -> list[Pr
     return out
 
 
+def widened(rate_rps: float, low_rps: float, high_rps: float,
+            remeasure_cv: float = REMEASURE_CV) -> tuple[float, float]:
+    """(low, high) with each end's distance from the rate, in log rate, and Z_95 x `remeasure_cv` added in
+    quadrature: the counts' interval made one for the rate measured again (an infinite high stays infinite)."""
+    if remeasure_cv <= 0:
+        return low_rps, high_rps
+    run = Z_95 * remeasure_cv
+    low = rate_rps * math.exp(-math.hypot(math.log(rate_rps / low_rps), run))
+    high = rate_rps * math.exp(math.hypot(math.log(high_rps / rate_rps), run)) if math.isfinite(high_rps) else math.inf
+    return low, high
+
+
 def fit_rate_at_limit(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE, resamples: int = RESAMPLES,
-                      seed: int = 0, speed_cv: float = REPLAY_SPEED_CV) -> RateAtLimit | None:
-    """The rate at the limit (the counts' most likely root, without the replays' speed: see above) and its 95%
-    interval: the profile-likelihood intervals with and without each probe integrated over its replay's own speed
-    (`profile`) together, widened to the block bootstrap's 2.5%-97.5% range when every probe stored which requests
-    were over. None when no probe passed (no rate bounds it from below)."""
+                      seed: int = 0, speed_cv: float = 0.0,
+                      remeasure_cv: float = REMEASURE_CV) -> RateAtLimit | None:
+    """The rate at the limit (the counts' most likely root) and its 95% interval: the profile-likelihood interval,
+    widened to the block bootstrap's 2.5%-97.5% range when every probe stored which requests were over, then each end
+    by a re-measurement's `remeasure_cv` (`widened`; 0: the counts' own precision, as the search reads it while it
+    bisects). `speed_cv` > 0 also takes in the profile interval with each probe integrated over its replay's own
+    speed (the simulator's model; see above). None when no probe passed (no rate bounds it from below)."""
     used = used_in_fit(probes)
     if not used or all(p.over_limit / p.requests > share for p in used):
         return None
     total = sum(p.requests for p in used)
     if not any(p.over_limit / p.requests > share for p in used):  # nothing past the limit: a lower bound
         top = max(p.rate_rps for p in used)
-        return RateAtLimit(top, top, math.inf, total, len(used))
-    rates, ll = profile(used, share, speed_cv)
+        return RateAtLimit(top, widened(top, top, math.inf, remeasure_cv)[0], math.inf, total, len(used))
+    rates, ll = profile(used, share, 0.0)
     inside = rates[ll >= ll.max() - CHI2_1_95 / 2]
     best = float(rates[int(np.argmax(ll))])
     low, high = float(inside.min()), float(inside.max())
-    if speed_cv > 0:  # the rate and the interval without the speed; the speed's interval widens that one
-        rates, ll = profile(used, share, 0.0)
-        counted = rates[ll >= ll.max() - CHI2_1_95 / 2]
-        best = float(rates[int(np.argmax(ll))])
-        low, high = min(low, float(counted.min())), max(high, float(counted.max()))
+    if speed_cv > 0:  # the interval with each probe's own speed widens the counts' one; it does not move the rate
+        rates, ll = profile(used, share, speed_cv)
+        moving = rates[ll >= ll.max() - CHI2_1_95 / 2]
+        low, high = min(low, float(moving.min())), max(high, float(moving.max()))
     if resamples and all(p.over_indices is not None for p in used):
         rng = np.random.default_rng(seed)
         boot = [most_likely_rps(resampled(used, rng), share, 0.0) for _ in range(resamples)]
         b_low, b_high = (float(v) for v in np.quantile(boot, [0.025, 0.975]))
         low, high = min(low, b_low), max(high, b_high)
+    low, high = widened(best, low, high, remeasure_cv)
     return RateAtLimit(best, low, high, total, len(used))

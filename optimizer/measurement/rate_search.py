@@ -210,9 +210,9 @@ async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
             continue
         if hi <= lo * (1 + precision):
             break
-        # while searching, the counts' own precision: the profile interval without the bootstrap or the replays'
-        # speed (both widen it once, at the end; more probes cannot take the speed's share below ~1/sqrt(probes))
-        found = fit_rate_at_limit(probe_counts(result.points), resamples=0, speed_cv=0.0)
+        # while searching, the counts' own precision: the profile interval without the bootstrap or a re-measurement's
+        # share (both widen it once, at the end; no count of requests takes the re-measurement's share away)
+        found = fit_rate_at_limit(probe_counts(result.points), resamples=0, remeasure_cv=0.0)
         if found is not None and found.half_width <= precision:
             break
         rate = math.sqrt(lo * hi)

@@ -61,7 +61,7 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
             counts = fit_rate_at_limit([ProbeCount(p["offered_rate_rps"], p["requests"], p["over_limit"],
                                                    p.get("effective_fraction") or 1.0) for p in CURVE.of(t)
                                         if p.get("requests") and p.get("over_limit") is not None],
-                                       resamples=0, speed_cv=0.0)
+                                       resamples=0, remeasure_cv=0.0)
             assert r["failed_rate_rps"] / r["rate_rps"] <= 1.03 + 1e-6 \
                 or (counts is not None and counts.half_width <= 0.03 + 1e-6) \
                 or len(CURVE.of(t)) == RateSearchSpec().max_replays
