@@ -66,9 +66,9 @@ REMEASURE_CV = 0.04  # log-normal sigma of a run's rate measured again on this m
 Z_95 = 1.96  # two-sided 95% of the normal
 SPEED_NODES = np.linspace(-3.0, 3.0, 17)  # a probe's speed, in standard deviations: the integral's nodes
 SPEED_WEIGHTS = np.exp(-SPEED_NODES ** 2 / 2) / np.exp(-SPEED_NODES ** 2 / 2).sum()
-# stored with each fit (fits before 2026-12-05 placed the rate with the speed: a median 1.0% higher)
-# stored with each fit (fits before 2026-12-05 placed the rate with the per-probe speed: a median 1.0% higher; fits
-# before 2026-12-06 widened the interval by that per-probe speed, not by the run's)
+# stored with each fit (fits before 2026-12-05 01:40 UTC placed the rate with the per-probe speed: a median 1.0%
+# higher; fits from 2026-12-02 21:20 to 2026-12-05 09:30 UTC widened the interval by that per-probe speed, not by a
+# re-measurement's)
 FIT_METHOD = ("pooled logistic fit of the share over the limit: the rate, the counts' most likely root; 95% interval: "
               "profile likelihood widened to a block bootstrap over the workload's requests, each end then widened "
               "by a re-measurement's 4% (log-normal) in quadrature")

@@ -13,13 +13,27 @@ def rate_text(rate_rps: float | None) -> str:
     return "a burst" if rate_rps is None or not math.isfinite(rate_rps) else f"{rate_rps:.2f} req/s"
 
 
+def answered_text(result: dict) -> str:
+    """' of the 21 answered' where the probe at that rate stopped with requests still waiting for a first token
+    (their TTFT is past the limit but not known: the P99 is of the answered ones); '' otherwise."""
+    answered, sent = result.get("answered_at_rate"), result.get("requests_at_rate")
+    return f" of the {answered} answered" if answered is not None and sent and answered < sent else ""
+
+
+def count_text(result: dict) -> str:
+    """', 5 of 26 requests over the limit': the count that decided the probe at that rate (stored since
+    2026-12-05; '' for a trial stored before)."""
+    over, sent = result.get("over_limit_at_rate"), result.get("requests_at_rate")
+    return f", {over} of {sent} requests over the limit" if over is not None and sent else ""
+
+
 def why_infeasible(result: dict) -> str:
     """In words and in rates, what stopped a trial that met the limit at no rate: the rate it missed at, with its TTFT
     P99 there, and why it went no lower."""
     tried = result.get("requests")
     evidence = f" ({tried} requests)" if tried else ""
-    closest = (f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))} at "
-               f"{rate_text(result.get('rate_rps'))}")
+    closest = f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))}{answered_text(result)} at " \
+              f"{rate_text(result.get('rate_rps'))}{count_text(result)}"
     floor = result.get("floor_rps")
     if result.get("stopped_early") and floor:
         return (f"over the limit down to {floor:.2f} req/s, 0.9 x the best's lower bound ({closest}): it cannot beat "

@@ -329,17 +329,27 @@ def test_a_plan_with_the_error_split_widens_each_look_by_its_share():
     assert new.gain(new.configs[1]).low < old.gain(old.configs[1]).low
 
 
-def test_the_rounds_stop_once_the_gain_decides():
+def test_the_rounds_stop_once_the_gain_decides_within_five_points():
     # by hand: #1's gain over the defaults is +20% and +21% in rounds 1-2. The rounds are blocks of all three
     # configs: each moved by d = ln(round 2 / round 1) = 0, 0.00830, 0.05407 (mean 0.02079); over 2 rounds the
     # additive fit leaves (d - mean) / 2 in each, SSE = sum((d - mean)^2) / 2 = 0.000848, 2 degrees of freedom. At
     # 97.5% (t = 6.205) the half-width is 6.205 x sqrt(2 x 0.000848 / 2 / 2) = 0.1278 in log, around the mean log
-    # ratio (ln 1.20 + ln 1.21) / 2 = 0.1865: [+6.0%, +36.9%], above 0: better, decided
+    # ratio (ln 1.20 + ln 1.21) / 2 = 0.1865: [+6.0%, +36.9%], above 0 but +-15 points wide: round 3 narrows it
     study = _rounds_study({0: [100.0, 100.0], 1: [120.0, 121.0], 2: [90.0, 95.0]}, rounds=3)
     c = confirmation(study)
-    assert c.outcome.value == "better" and c.best.number == 1
+    assert c.outcome.value == "running" and c.best.number == 1
     assert math.isclose(c.gain(c.best).low, math.exp(0.18647 - 0.12776) - 1, abs_tol=1e-3)
     assert math.isclose(c.gain(c.best).high, math.exp(0.18647 + 0.12776) - 1, abs_tol=1e-3)
+    runs, dropping = confirm.next_runs(c)
+    assert sorted((t.number, r) for t, r in runs) == [(0, 2), (1, 2)]  # #2, a quarter behind #1, drops out
+    assert dropping == {2: 2}
+    # #2 at 90.0 and 90.5 instead: d = 0, 0.00830, 0.00554 (mean 0.00461), SSE = 1.786e-5, half-width 6.205 x
+    # sqrt(2 x 1.786e-5 / 2 / 2) = 0.01854: [+18.3%, +22.8%], above 0 and within +-5 points: better, decided
+    study = _rounds_study({0: [100.0, 100.0], 1: [120.0, 121.0], 2: [90.0, 90.5]}, rounds=3)
+    c = confirmation(study)
+    assert c.outcome.value == "better" and c.best.number == 1
+    assert math.isclose(c.gain(c.best).low, math.exp(0.18647 - 0.01854) - 1, abs_tol=1e-3)
+    assert math.isclose(c.gain(c.best).high, math.exp(0.18647 + 0.01854) - 1, abs_tol=1e-3)
     assert confirm.next_runs(c) == ([], {})  # no third round
 
 

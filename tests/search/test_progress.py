@@ -117,6 +117,15 @@ def test_a_trial_that_missed_says_so_in_rates_and_without_another_regimes_throug
     missed = why_infeasible({"feasible": False, "rate_rps": 2.5, "ttft_p99_ms": 180.0, "requests": 600})
     assert missed == "over the limit at every rate tried (TTFT P99 180ms at 2.50 req/s, the closest) (600 requests)"
     assert "at a burst" in why_infeasible({"feasible": False, "rate_rps": None, "ttft_p99_ms": 180.0})
+    # the demo of 2026-12-05 09:33, trial #15: its probe at 87.13 req/s stopped with 5 of 26 requests past the limit
+    # and still waiting for a first token; the P99 of the 21 answered, 139 ms, alone read as under the limit
+    cut = {"feasible": False, "stopped_early": True, "floor_rps": 87.13, "rate_rps": 87.13, "ttft_p99_ms": 139.4,
+           "requests": 78, "requests_at_rate": 26, "over_limit_at_rate": 5, "answered_at_rate": 21}
+    assert why_infeasible(cut) == ("over the limit down to 87.13 req/s, 0.9 x the best's lower bound (TTFT P99 139ms "
+                                   "of the 21 answered at 87.13 req/s, 5 of 26 requests over the limit): it cannot "
+                                   "beat the best, stopped early (78 requests)")
+    whole = {**cut, "ttft_p99_ms": 219.0, "answered_at_rate": 26}
+    assert "(TTFT P99 219ms at 87.13 req/s, 5 of 26 requests over the limit)" in why_infeasible(whole)
     burst = describe(_trial(3, feasible=True, rate_rps=None, ttft_p99_ms=90.0, output_throughput_tok_s=800.0))
     assert burst == "trial #3: a burst; 800.0 tok/s, TTFT P99 90ms at a burst [42s]"  # not "at 0.00 req/s"
 

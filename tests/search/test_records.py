@@ -27,4 +27,9 @@ def test_every_replay_is_stored_and_recomputes_the_stored_curve(tmp_path, config
             assert m.ttft.p99_ms == pytest.approx(point["ttft_p99_ms"])
             assert m.output_throughput_tok_s == pytest.approx(point["output_throughput_tok_s"])
             assert m.itl.p99_ms == pytest.approx(point["itl_p99_ms"])
+        # the trial's result names the counts of the probe at its rate (the line of a trial that missed prints them)
+        result = trial.user_attrs["result"]
+        at_rate = [(p["requests"], p["over_limit"], p["completed"]) for p in curve
+                   if p["offered_rate_rps"] == result["rate_rps"]]
+        assert (result["requests_at_rate"], result["over_limit_at_rate"], result["answered_at_rate"]) in at_rate
     store.close()
