@@ -131,7 +131,7 @@ def order_as_served_line(number: int, leader: dict[str, Any], base: dict[str, An
     how = ("apart beyond their 95% intervals, which hold one run, not the next: these runs alone do not rank them"
            if apart else "their 95% intervals overlap, so these runs alone do not rank them")
     return (f"as served the order is the other way round: #{number} held {rates[2]:.2f} req/s, vLLM's defaults "
-            f"({defaults_of}) {rates[3]:.2f} ({served:+.0%}; in process {inproc:+.0%}; one run each, {how}): the "
+            f"({defaults_of}) {rates[3]:.2f} ({served:+.1%}; in process {inproc:+.1%}; one run each, {how}): the "
             f"gain above is measured in process; before deploying for it behind `vllm serve`, measure both as served "
             f"again (`optimize --backend http` in a new study, or `optimize measure` against each deployment)")
 

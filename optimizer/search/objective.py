@@ -185,7 +185,8 @@ class Objective:
                    "request_throughput_rps": point.request_throughput_rps,
                    "ttft_p50_ms": point.ttft_p50_ms, "ttft_p99_ms": point.ttft_p99_ms,
                    "tpot_p99_ms": point.tpot_p99_ms, "requests_at_rate": point.requests,
-                   "over_limit_at_rate": point.over_limit, "answered_at_rate": point.completed}
+                   "over_limit_at_rate": point.over_limit, "answered_at_rate": point.completed,
+                   "behind_at_rate": point.requests is not None and point.completed > 0 and not point.sustained}
         RESULT.set(trial, summary)
         found = _limited_by(replays, engine_points, point)
         if found:

@@ -126,6 +126,10 @@ def test_a_trial_that_missed_says_so_in_rates_and_without_another_regimes_throug
                                    "beat the best, stopped early (78 requests)")
     whole = {**cut, "ttft_p99_ms": 219.0, "answered_at_rate": 26}
     assert "(TTFT P99 219ms at 87.13 req/s, 5 of 26 requests over the limit)" in why_infeasible(whole)
+    # the demo of 2026-12-05 10:18, trial #13: none of 53 over, but the backlog grew over the arrivals
+    behind = {**cut, "ttft_p99_ms": 143.0, "requests_at_rate": 53, "over_limit_at_rate": 0, "answered_at_rate": 53,
+              "behind_at_rate": True}
+    assert "(TTFT P99 143ms at 87.13 req/s, 0 of 53 requests over the limit, falling behind)" in why_infeasible(behind)
     burst = describe(_trial(3, feasible=True, rate_rps=None, ttft_p99_ms=90.0, output_throughput_tok_s=800.0))
     assert burst == "trial #3: a burst; 800.0 tok/s, TTFT P99 90ms at a burst [42s]"  # not "at 0.00 req/s"
 

@@ -32,4 +32,7 @@ def test_every_replay_is_stored_and_recomputes_the_stored_curve(tmp_path, config
         at_rate = [(p["requests"], p["over_limit"], p["completed"]) for p in curve
                    if p["offered_rate_rps"] == result["rate_rps"]]
         assert (result["requests_at_rate"], result["over_limit_at_rate"], result["answered_at_rate"]) in at_rate
+        assert result["behind_at_rate"] == (result["answered_at_rate"] > 0 and not next(
+            p["sustained"] for p in curve if p["offered_rate_rps"] == result["rate_rps"]
+            and p["requests"] == result["requests_at_rate"]))
     store.close()
