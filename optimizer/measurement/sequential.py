@@ -121,10 +121,10 @@ def outcome(gains: Sequence[Interval], leader_is_defaults: bool, rounds_done: in
     the defaults; each other candidate still measured when it is (none: nothing left to beat them)."""
     if rounds_done >= FIRST_LOOK_ROUND:
         if not leader_is_defaults and gains:
-            if decides(gains[0]) and gains[0].low <= 0:
+            gain = gains[0]
+            if decides(gain) and gain.low <= 0:
                 return Outcome.KEEP
-            if decides(gains[0]) and ((gains[0].high - gains[0].low) / 2 <= PRECISE_HALF_WIDTH
-                                      or rounds_done >= max_rounds):
+            if decides(gain) and ((gain.high - gain.low) / 2 <= PRECISE_HALF_WIDTH or rounds_done >= max_rounds):
                 return Outcome.BETTER
         elif leader_is_defaults and all(decides(g) for g in gains):
             return Outcome.KEEP
