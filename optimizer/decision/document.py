@@ -15,8 +15,9 @@ from optimizer.decision.decide import Decision, view
 from optimizer.decision.tables import check_format, format_output, json_text
 from optimizer.decision.views import (
     confirmation_lines, confirmation_records, confirmation_rows, defaults_as_run_text, front_rows, params_rows,
-    summary_lines, title, trial_reason, trial_row, verdict_line,
+    summary_lines, title, trial_reason, trial_row,
 )
+from optimizer.decision.verdict import verdict_line
 from optimizer.measurement.sequential import Outcome
 from optimizer.params.space import distance_to_default
 from optimizer.search.attrs import PRUNED_DETAIL

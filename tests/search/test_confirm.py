@@ -353,6 +353,25 @@ def test_the_rounds_stop_once_the_gain_decides_within_five_points():
     assert confirm.next_runs(c) == ([], {})  # no third round
 
 
+def test_a_confirmation_cut_short_above_0_says_better_so_far_and_how_to_go_on():
+    from optimizer.config.settings import StudyConfig
+    from optimizer.decision.verdict import verdict_line
+
+    config = StudyConfig(study_name="s", storage_url="sqlite:///s.db", ttft_p99_ms=150.0, budget=10, model="m")
+    # the two studies of the test above: +20.5% [+6.0%, +36.9%] after 2 of 3 rounds (a deadline or Ctrl-C ends it
+    # there), then the same gain within +-5 points
+    cut = decide(_rounds_study({0: [100.0, 100.0], 1: [120.0, 121.0], 2: [90.0, 95.0]}, rounds=3), config)
+    assert verdict_line(cut) == ("better so far than vLLM's defaults (vllm serve) by +20.5% output throughput "
+                                 "[+6.0%, +36.9%] after 2 rounds, not yet within +-5 points: run the same command "
+                                 "again to go on")
+    done = decide(_rounds_study({0: [100.0, 100.0], 1: [120.0, 121.0], 2: [90.0, 90.5]}, rounds=3), config)
+    assert verdict_line(done) == ("better than vLLM's defaults (vllm serve) by +20.5% output throughput "
+                                  "[+18.3%, +22.8%], 2 rounds: deploy the recommendation")
+    # cut short across 0: no direction yet
+    across = decide(_rounds_study({0: [100.0, 100.0], 1: [96.0, 110.0], 2: [70.0, 71.0]}, rounds=3), config)
+    assert verdict_line(across).startswith("not decided yet after 2 rounds (#1 +3.0% [")
+
+
 def test_a_candidate_clearly_behind_drops_out_of_the_next_round():
     # up to 4 rounds: 3 looks, each at 98.33%. After 3 rounds #1 is -4%, +10%, +4% against the defaults (undecided:
     # [-8.7%, +16.6%]); #2 trails #1 by about a third in every round: it drops out, and round 4 measures the

@@ -1,0 +1,48 @@
+"""The confirmation's verdict, the line a user reads last: which of the three outcomes the rounds reached, and how
+many rounds are behind it."""
+
+from __future__ import annotations
+
+from optimizer.decision.decide import Decision, view
+from optimizer.measurement.sequential import PRECISE_HALF_WIDTH, Outcome
+
+
+def verdict_line(d: Decision) -> str:
+    """The confirmation's verdict in one sentence, one of three (measurement/sequential.py): better than vLLM's
+    defaults by X% [a, b]; within +-Y% of them (or behind them), keep them; or undecided, with the interval. Each
+    says how many rounds are behind it; a confirmation cut short (a deadline, Ctrl-C) says how far it got. The gain
+    shown is the ratio of the medians, its interval the per-round one (`decision/numbers.py`), the one the rounds
+    stopped on."""
+    c = d.confirmation
+    assert c is not None and d.best is not None
+    rounds = len(c.full_rounds)
+    n = f"{rounds} round{'s' if rounds != 1 else ''}"
+    base, best = c.base, d.confirmed_of(d.best)
+    if base is None:
+        return f"vLLM's defaults were not measured again (they did not run): no gain to confirm ({n})"
+    compared = [best] if best is not None and best is not base else [x for x in c.active if x is not base]
+    gains = [(x, g) for x in compared if (g := d.gain(view(d, x.number))) is not None]
+    shown = ", ".join(f"#{x.number} {g.pct:+.1f}%" + (f" {g.interval_text()}" if g.known else "") for x, g in gains)
+    against = f"vLLM's defaults ({d.defaults_of})"
+    if c.outcome == Outcome.BETTER and gains:
+        g = gains[0][1]
+        return (f"better than {against} by {g.pct:+.1f}% output throughput"
+                + (f" {g.interval_text()}" if g.known else "") + f", {n}: deploy the recommendation")
+    if c.outcome == Outcome.KEEP:
+        if not compared:  # the search found no other config that met the limit: nothing to compare them with
+            return f"{against} are the only config measured again (no other met the limit), {n}: keep them"
+        known = [g for _, g in gains if g.known and g.low_pct is not None and g.high_pct is not None]
+        if known and all(g.high_pct < 0 for g in known):
+            return f"{against} are better than every candidate ({shown}), {n}: keep them"
+        y = max((max(abs(g.low_pct), abs(g.high_pct)) for g in known), default=0.0)
+        return f"within +-{y:.1f}% of {against} ({shown}), {n}: keep them"
+    if c.outcome == Outcome.UNDECIDED:
+        choice = ("keep the defaults" if best is base or best is None else
+                  f"deploy either: the defaults are the simpler choice, #{best.number} the better bet")
+        return (f"undecided after {n}: {shown or 'no interval'} against {against}: {choice} "
+                f"({d.more_rounds_advice})")
+    if gains and best is not base and gains[0][1].known and (gains[0][1].low_pct or 0.0) > 0:
+        g = gains[0][1]  # cut short (a deadline, Ctrl-C) above 0 but wider than the rounds stop at
+        return (f"better so far than {against} by {g.pct:+.1f}% output throughput {g.interval_text()} after {n}, "
+                f"not yet within +-{PRECISE_HALF_WIDTH * 100:g} points: run the same command again to go on")
+    return f"not decided yet after {n} ({shown or 'no interval'}): run the same command again to go on"
