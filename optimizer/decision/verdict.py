@@ -41,7 +41,7 @@ def verdict_line(d: Decision) -> str:
                   f"deploy either: the defaults are the simpler choice, #{best.number} the better bet")
         return (f"undecided after {n}: {shown or 'no interval'} against {against}: {choice} "
                 f"({d.more_rounds_advice})")
-    if gains and best is not base and gains[0][1].known and (gains[0][1].low_pct or 0.0) > 0:
+    if gains and best is not None and best is not base and gains[0][1].known and (gains[0][1].low_pct or 0.0) > 0:
         g = gains[0][1]  # cut short (a deadline, Ctrl-C) above 0 but wider than the rounds stop at
         return (f"better so far than {against} by {g.pct:+.1f}% output throughput {g.interval_text()} after {n}, "
                 f"not yet within +-{PRECISE_HALF_WIDTH * 100:g} points: run the same command again to go on")

@@ -27,12 +27,15 @@ A gain interval *decides* when it lies wholly above 0 (better), wholly below 0 (
 (no gain worth a change: `TIE_HALF_WIDTH`). The confirmation stops when:
 
 - the leader (the config with the highest median so far) is not vLLM's defaults, and its gain over the defaults
-  decides: `Outcome.BETTER` when the interval is above 0 and its half-width is at most 5 points
-  (`PRECISE_HALF_WIDTH`; a gain of +13.6% [+3.2%, +21.6%] after 4 of 6 rounds, as the README's run of 2026-12-05
-  09:33 stopped with, says "better" but not by how much to plan for: the planned rounds go on narrowing it, and the
-  repeated confidence intervals below stay valid whichever look the rounds stop at), else `Outcome.KEEP`;
+  decides: when it lies within +-3 points of 0 or below 0, `Outcome.KEEP`; when it lies above 0, `Outcome.BETTER`
+  once its half-width is at most 5 points or the planned rounds ran out, and until then the rounds go on
+  (`PRECISE_HALF_WIDTH`, stored in plans from 2026-12-05 on as `"precise_half_width"`; a gain of +13.6% [+3.2%,
+  +21.6%] after 4 of 6 rounds, as the README's run of 2026-12-05 09:33 stopped with, says "better" but not by how
+  much to plan for: the planned rounds go on narrowing it, and the repeated confidence intervals below stay valid
+  whichever look the rounds stop at; a plan stored before stops on any width, as it did);
 - the leader is vLLM's defaults, and every other candidate still measured decides against them: `Outcome.KEEP`;
-- else, when the planned rounds ran out: `Outcome.UNDECIDED`, with the interval as it stands.
+- else, when the planned rounds ran out: `Outcome.UNDECIDED`, with the interval as it stands (across 0 and wider
+  than +-3 points).
 
 A candidate clearly behind the leader (its interval of the gain over the leader wholly below 0) drops out: it is
 not measured in later rounds (`behind`).
@@ -60,7 +63,7 @@ class Outcome(str, Enum):
     """What the confirmation's rounds say of the recommendation against vLLM's defaults."""
 
     RUNNING = "running"  # not decided, and rounds are left
-    BETTER = "better"  # the recommendation's gain interval lies above 0
+    BETTER = "better"  # the recommendation's gain interval lies above 0 (within +-5 points, or the rounds ran out)
     KEEP = "keep"  # vLLM's defaults are as good as any candidate (within +-3 points) or better
     UNDECIDED = "undecided"  # the rounds ran out with an interval across 0, wider than +-3 points
 
@@ -116,15 +119,18 @@ def behind(difference: Interval) -> bool:
     return difference.known and difference.high < 0
 
 
-def outcome(gains: Sequence[Interval], leader_is_defaults: bool, rounds_done: int, max_rounds: int) -> Outcome:
+def outcome(gains: Sequence[Interval], leader_is_defaults: bool, rounds_done: int, max_rounds: int,
+            precise_half_width: float = PRECISE_HALF_WIDTH) -> Outcome:
     """What the rounds say so far. `gains` are gains over vLLM's defaults: the leader's alone when the leader is not
-    the defaults; each other candidate still measured when it is (none: nothing left to beat them)."""
+    the defaults; each other candidate still measured when it is (none: nothing left to beat them). A gain above 0
+    stops the rounds once its half-width is at most `precise_half_width` (a plan stored before the rule: infinity,
+    any width)."""
     if rounds_done >= FIRST_LOOK_ROUND:
         if not leader_is_defaults and gains:
             gain = gains[0]
             if decides(gain) and gain.low <= 0:
                 return Outcome.KEEP
-            if decides(gain) and ((gain.high - gain.low) / 2 <= PRECISE_HALF_WIDTH or rounds_done >= max_rounds):
+            if decides(gain) and ((gain.high - gain.low) / 2 <= precise_half_width or rounds_done >= max_rounds):
                 return Outcome.BETTER
         elif leader_is_defaults and all(decides(g) for g in gains):
             return Outcome.KEEP

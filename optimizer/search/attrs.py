@@ -95,8 +95,9 @@ TIMINGS: Attr[dict[str, float]] = Attr("timings", {}, "engine_start_s, replay_s,
 CURVE: Attr[list[Json]] = Attr("curve", [], "every replay in the order run: a CurvePoint dict, with 'engine' stats")
 RESULT: Attr[Json] = Attr("result", {}, "its answer: feasible, stopped_early, rate_rps, output_throughput_tok_s, "
                                         "request_throughput_rps, ttft_p50_ms, ttft_p99_ms, tpot_p99_ms, and the "
-                                        "counts of its probe at rate_rps: requests_at_rate, over_limit_at_rate, "
-                                        "answered_at_rate, behind_at_rate [, gpus]")
+                                        "counts of its probe at rate_rps (with --repeats, the repeats' "
+                                        "medians): requests_at_rate, over_limit_at_rate, answered_at_rate, "
+                                        "behind_at_rate [, gpus]")
 LIMITED_BY: Attr[str | None] = Attr("limited_by", None, "one line: what limited it at its chosen point")
 PRUNED_REASON: Attr[str | None] = Attr("pruned_reason", None, "why it cannot run: a core/failures.py class")
 PRUNED_DETAIL: Attr[str] = Attr("pruned_detail", "", "the message behind pruned_reason, at most 1000 characters")

@@ -23,7 +23,8 @@ measured again:
   round replays the draw the search chose its winner on (a winner is partly the luck of that draw);
 - after every round from the second on, the rounds look at their gain intervals (measurement/sequential.py, the 5%
   error spent over the looks the plan allows, group-sequentially, most of it kept for the last) and stop once they
-  decide: the recommendation's gain over vLLM's defaults lies above 0, below 0, or within +-3 points; a candidate
+  decide: the recommendation's gain over vLLM's defaults lies below 0 or within +-3 points, or above 0 and within
+  +-5 points (`PRECISE_HALF_WIDTH`, stored in the plan; above 0 but wider, the planned rounds go on); a candidate
   clearly behind the leader drops out of the later rounds; the next round is queued only when the one before has
   finished; a run's number is its pooled fit's throughput at the limit (search/confirmed.py::run_tok_s);
 - the recommendation is the config with the highest median over its rounds (search/confirmed.py::recommended);
@@ -55,7 +56,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.errors import UsageError
-from optimizer.measurement.sequential import GROUP_SEQUENTIAL, SPENDING_POWER, Outcome, look_confidence
+from optimizer.measurement.sequential import (GROUP_SEQUENTIAL, PRECISE_HALF_WIDTH, SPENDING_POWER, Outcome,
+                                              look_confidence)
 from optimizer.search.attrs import (
     CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
@@ -199,7 +201,7 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
             return None
         plan_attr = {"plan": key, "rounds": rounds, "candidates": [t.number for t in chosen],
                      "limit_ms": study_limit_ms(study), "spending": SPENDING_POWER, "looks": GROUP_SEQUENTIAL,
-                     "value": FIT_VALUE, "dropped": {}, "served": served}
+                     "value": FIT_VALUE, "dropped": {}, "served": served, "precise_half_width": PRECISE_HALF_WIDTH}
     c = confirmation(study, plan_attr)
     assert c is not None
     runs, dropping = next_runs(c)

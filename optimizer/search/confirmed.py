@@ -205,7 +205,8 @@ class Confirmation:
         best = self.best
         if best is None:
             return Outcome.RUNNING if self.rounds > 0 else Outcome.UNDECIDED
-        return outcome(self._deciding_gains(), best is self.base, len(self.full_rounds), self.rounds)
+        width = float(self.plan.get("precise_half_width", math.inf))  # plans stored before the rule: any width
+        return outcome(self._deciding_gains(), best is self.base, len(self.full_rounds), self.rounds, width)
 
     def rounds_to_decide(self) -> int | None:
         """How many more rounds would be expected to decide the outcome if the gains over vLLM's defaults and the

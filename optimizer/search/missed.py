@@ -14,8 +14,8 @@ def rate_text(rate_rps: float | None) -> str:
 
 
 def answered_text(result: dict) -> str:
-    """' of the 21 answered' where the probe at that rate stopped with requests still waiting for a first token
-    (their TTFT is past the limit but not known: the P99 is of the answered ones); '' otherwise."""
+    """' of the 21 answered' where the probe at that rate stopped with requests still waiting for a first token, or
+    some failed (their TTFT is not known: the P99 is of the answered ones); '' otherwise."""
     answered, sent = result.get("answered_at_rate"), result.get("requests_at_rate")
     return f" of the {answered} answered" if answered is not None and sent and answered < sent else ""
 
@@ -33,8 +33,8 @@ def why_infeasible(result: dict) -> str:
     P99 there, and why it went no lower."""
     tried = result.get("requests")
     evidence = f" ({tried} requests)" if tried else ""
-    closest = f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))}{answered_text(result)} at " \
-              f"{rate_text(result.get('rate_rps'))}{count_text(result)}"
+    closest = (f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))}{answered_text(result)} at "
+               f"{rate_text(result.get('rate_rps'))}{count_text(result)}")
     floor = result.get("floor_rps")
     if result.get("stopped_early") and floor:
         return (f"over the limit down to {floor:.2f} req/s, 0.9 x the best's lower bound ({closest}): it cannot beat "

@@ -305,7 +305,7 @@ def _rounds_study(values: dict[int, list[float | None]], rounds: int, dropped: d
         study.add_trial(create_trial(values=[100.0, 50.0], user_attrs={**BASELINE.item(n == 0),
                                                                        **RESULT.item({"feasible": True})}))
     STUDY_CONFIRMATION.set(study, {"plan": "3:2", "rounds": rounds, "candidates": [0, 1, 2], "limit_ms": 150.0,
-                                   "confidence": look_confidence(rounds),
+                                   "confidence": look_confidence(rounds), "precise_half_width": 0.05,
                                    "dropped": {str(k): v for k, v in (dropped or {}).items()}})
     for n, per_round in values.items():
         for r, v in enumerate(per_round):
@@ -351,6 +351,12 @@ def test_the_rounds_stop_once_the_gain_decides_within_five_points():
     assert math.isclose(c.gain(c.best).low, math.exp(0.18647 - 0.01854) - 1, abs_tol=1e-3)
     assert math.isclose(c.gain(c.best).high, math.exp(0.18647 + 0.01854) - 1, abs_tol=1e-3)
     assert confirm.next_runs(c) == ([], {})  # no third round
+    # a plan stored before the +-5 point rule stopped on the wide interval above 0, and still reads as it did
+    study = _rounds_study({0: [100.0, 100.0], 1: [120.0, 121.0], 2: [90.0, 95.0]}, rounds=3)
+    plan = dict(STUDY_CONFIRMATION.of(study))
+    del plan["precise_half_width"]
+    STUDY_CONFIRMATION.set(study, plan)
+    assert confirmation(study).outcome.value == "better" and confirmation(study).complete
 
 
 def test_a_confirmation_cut_short_above_0_says_better_so_far_and_how_to_go_on():

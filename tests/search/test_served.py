@@ -164,6 +164,11 @@ def test_runs_as_served_that_rank_the_pair_the_other_way_round_are_said_so():
     close = order_as_served_line(11, record(122.27, 95.40, 87.99, 116.31), record(105.82, 95.65, 88.38, 104.65),
                                  "vllm serve")
     assert "(-0.3%; in process +15.5%;" in close
+    # within a twentieth of a percent (95.62 against 95.65: -0.03%) one decimal would print "-0.0%": even
+    even = order_as_served_line(11, record(122.27, 95.62, 87.99, 116.31), record(105.82, 95.65, 88.38, 104.65),
+                                "vllm serve")
+    assert even is not None and even.startswith("as served they are even: #11 held 95.62 req/s")
+    assert "(even to a tenth of a percent; in process +15.5%;" in even and "-0.0%" not in even
     apart = order_as_served_line(15, record(107.44, 70.0, 65.0, 75.0), base, "vllm serve")
     # apart beyond the intervals is not a ranking either: claim-5's pair, -25% so, was -3%, -5% and +72% when its runs
     # as served were measured again in rounds (benchmarks/served_order.py)
