@@ -136,8 +136,9 @@ def used_in_fit(probes: Sequence[ProbeCount]) -> list[ProbeCount]:
 def profile(probes: Sequence[ProbeCount], share: float = EXCESS_SHARE, speed_cv: float = 0.0,
             slopes: np.ndarray = SLOPES_PER_UNIT) -> tuple[np.ndarray, np.ndarray]:
     """(rates, log likelihood): for each candidate rate at the limit on a grid, the log likelihood of the probes'
-    counts under the best slope in `slopes` (per SCALE unit). Each probe's count is binomial at its rate as the engine felt
-    it, rate x exp(N(0, speed_cv)) (its replay's own speed), integrated over that factor on SPEED_NODES."""
+    counts under the best slope in `slopes` (per SCALE unit). Each probe's count is binomial at its rate as the
+    engine felt it, rate x exp(N(0, speed_cv)) (its replay's own speed), integrated over that factor on
+    SPEED_NODES."""
     rates = np.array([p.rate_rps for p in probes])
     ref = float(np.exp(np.mean(np.log(rates))))
     x = np.log(rates / ref) / SCALE
