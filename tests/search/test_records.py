@@ -35,4 +35,8 @@ def test_every_replay_is_stored_and_recomputes_the_stored_curve(tmp_path, config
         assert result["behind_at_rate"] == (result["answered_at_rate"] > 0 and not next(
             p["sustained"] for p in curve if p["offered_rate_rps"] == result["rate_rps"]
             and p["requests"] == result["requests_at_rate"]))
+        # and they are the stored requests' own: the answered ones completed, the sent ones all stored
+        probe = [records for rate, records in replays
+                 if rate == result["rate_rps"] and len(records) == result["requests_at_rate"]]
+        assert probe and result["answered_at_rate"] in [sum(r.ok for r in records) for records in probe]
     store.close()

@@ -104,8 +104,9 @@ def test_an_impossible_limit_leaves_no_recommendation(tmp_path, config_only_mode
 
 
 def test_summary_names_gain_and_changes(tmp_path, config_only_model):
-    # max_num_seqs fixed at 64 (the baseline keeps it too): here a searched trial beats vLLM's defaults
-    config = make_config(tmp_path, config_only_model, budget=4, space=SpaceSpec(fixed={"max_num_seqs": 64}))
+    # max_num_seqs fixed at 64 (the baseline keeps it too): with the sampler's seed 2 a searched trial beats vLLM's
+    # defaults (whose first probes set the others' floors: which one wins moves with the fit, so it is asserted below)
+    config = make_config(tmp_path, config_only_model, budget=4, seed=2, space=SpaceSpec(fixed={"max_num_seqs": 64}))
     study = run_study(tmp_path, config)
     text = summary_text(study, config)
     lines = text.splitlines()
@@ -122,7 +123,10 @@ def test_summary_names_gain_and_changes(tmp_path, config_only_model):
     gain = (best.values[0] / baseline.values[0] - 1) * 100
     [gain_line] = [x for x in lines if x.startswith("gain over vLLM's defaults")]
     assert gain_line.startswith(f"gain over vLLM's defaults (vllm serve): {gain:+.1f}% output throughput")
-    assert "not proven better than vLLM's defaults" in gain_line  # a few percent is inside #0's rate resolution
+    # "not proven better" exactly when the gain is inside the noise and #0's rate resolution (by hand:
+    # tests/decision/test_report.py)
+    d = decide(study, config)
+    assert ("not proven better than vLLM's defaults" in gain_line) == (not d.beyond_noise(d.best, d.baseline))
     [changed_line] = [x for x in lines if x.startswith("changed from vLLM's defaults: ")]
     ours, theirs = best.user_attrs["engine_config"], baseline.user_attrs["engine_config"]
     # every tunable engine argument that differs, searched or resolved from them (no chunked prefill: no budget)
