@@ -14,7 +14,9 @@ engine's first run are told apart:
 Prints one row per config, backend and factor with the TTFT P99 of every run, by draw (^: the engine's first run at
 that factor), and the verdict the issue asks for: at
 the reported rate, TTFT P99 under the limit in every run ("holds"); at 1.15 x, over the limit or fallen behind in most
-runs ("breaks"). Each run draws its own requests (seed + 100 + run), never a draw the study measured.
+runs ("breaks"). Each run draws its own requests (seed + 100 + run), never a draw the study measured. In process each
+run's line also gives its TTFT P99 by fifths of the replay: a queue that builds rises fifth by fifth, a stall shows
+in one, and a machine slower as a whole lifts them all.
 
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/held.py --studies-dir DIR --study NAME [--runs 3]
         [--at provision|median|lowest]   (the rate: the one to provision for, the median over the rounds, the lowest)
@@ -88,10 +90,15 @@ async def in_process(base: dict[str, Any], deploy_as: str, params: dict[str, Any
                 m = summarize(records, rate * f)
                 out.setdefault(f, []).append((k, m.ttft.p99_ms, m.falls_behind))
                 # the same run cut at the study's probe cap: how much of a miss is the longer replay's queue
-                first = sorted(records, key=lambda r: r.sent_s)[:probe_cap]
+                sent = sorted(records, key=lambda r: r.sent_s)
+                first = sent[:probe_cap]
+                # by fifths of the replay: a queue that builds over it rises fifth by fifth, a stall shows in one
+                fifths = [summarize(sent[i * len(sent) // 5:(i + 1) * len(sent) // 5], rate * f).ttft.p99_ms
+                          for i in range(5)]
                 print(f"  in process {rate * f:.2f} req/s, draw {k}: TTFT P99 {m.ttft.p99_ms:.0f} ms"
                       f"{', fell behind' if m.falls_behind else ''}; its first {len(first)} requests: "
-                      f"{summarize(first, rate * f).ttft.p99_ms:.0f} ms", flush=True)
+                      f"{summarize(first, rate * f).ttft.p99_ms:.0f} ms; by fifths: "
+                      f"{', '.join(f'{x:.0f}' for x in fifths)} ms", flush=True)
     finally:
         await engine.shutdown()
     return out
