@@ -111,9 +111,12 @@ def served_lines(d: Decision) -> list[str]:
     return out + provision_lines(records)
 
 
+EVEN_BELOW = 0.0005  # a ratio this close to 1 prints as -0.0% or +0.0%: its sign says nothing
+
+
 def signed_pct(x: float) -> str:
     """'+12.3%', '-0.3%'; 'even' where a tenth of a percent does not tell the sign ('-0.0%' says nothing)."""
-    return f"{x:+.1%}" if abs(x) >= 0.0005 else "even to a tenth of a percent"
+    return f"{x:+.1%}" if abs(x) >= EVEN_BELOW else "even to a tenth of a percent"
 
 
 def order_as_served_line(number: int, leader: dict[str, Any], base: dict[str, Any], defaults_of: str) -> str | None:
@@ -135,7 +138,7 @@ def order_as_served_line(number: int, leader: dict[str, Any], base: dict[str, An
     apart = leader["served_low_rps"] > high[1] or base["served_low_rps"] > high[0]
     how = ("apart beyond their 95% intervals, which hold one run, not the next: these runs alone do not rank them"
            if apart else "their 95% intervals overlap, so these runs alone do not rank them")
-    head = "the order is the other way round" if abs(served) >= 0.0005 else "they are even"
+    head = "the order is the other way round" if abs(served) >= EVEN_BELOW else "they are even"
     return (f"as served {head}: #{number} held {rates[2]:.2f} req/s, vLLM's defaults ({defaults_of}) "
             f"{rates[3]:.2f} ({signed_pct(served)}; in process {signed_pct(inproc)}; one run each, {how}): the "
             f"gain above is measured in process; before deploying for it behind `vllm serve`, measure both as served "
