@@ -9,8 +9,8 @@ measured again:
 - the candidates are vLLM's defaults, the search's recommendation and its closest rival whose rate interval (its
   pooled fit) overlaps the recommendation's (for trials stored before: whose bracket, widened by the study's noise);
 - each run is a trial of its own (a fresh engine, the warm-up, then `search_rate` from its trial's bracket: probes
-  sized by evidence until the rate passed and the rate failed are within 3% or its fit's interval is within +-3%),
-  stored with a `confirm` attribute in the study's confirmation study NAME.confirmation (search/study.py
+  sized by evidence until the rate passed and the rate failed are within 3%, or within 6% and its fit's interval is
+  within +-3%), stored with a `confirm` attribute in the study's confirmation study NAME.confirmation (search/study.py
   `confirmation_study`), so that an interrupted confirmation resumes where it stopped, as trials do, and Optuna's own
   tools (`best_trials`, optuna-dashboard) see in NAME only the search's trials. Run 3 of it is named c3 (`run_name`:
   `optimize report --trial c3`, its engine log confirm-00003.log); studies made before kept their runs among their

@@ -12,7 +12,8 @@ from optimizer.measurement.evidence import FAIL, PASS, UNSETTLED
 from optimizer.measurement.metrics import Distribution, ReplayMetrics
 from optimizer.measurement.rate_fit import fit_rate_at_limit
 from optimizer.measurement.rate_search import (
-    BRACKET_STEP, INCUMBENT_FLOOR, CurvePoint, latency_is_flat, probe_counts, search_rate,
+    BRACKET_PRECISION, BRACKET_STEP, FIT_BRACKET, INCUMBENT_FLOOR, CurvePoint, bisected_enough, latency_is_flat,
+    probe_counts, search_rate,
 )
 
 
@@ -116,6 +117,36 @@ def test_each_probe_keeps_its_counts_for_the_fit():
     res = run(knee_engine(13.0, []), 10.0, max_replays=10)
     assert all(p.requests and p.over_limit is not None and p.verdict for p in res.points)
     assert res.fit.requests == sum(p.requests for p in res.points if p.offered_rate_rps <= res.fit.high_rps * 2)
+
+
+def test_the_fit_ends_a_bisection_only_once_passed_and_failed_are_within_six_percent_by_hand():
+    # a run of the README's study of 2026-12-05 (#11, round 2): none of 1000 over at 69.40 req/s, 79 of 804 at 77.59,
+    # 11.8% apart. The counts' own fit puts the rate at 76.5 within +-3%, on the curve's assumed shape alone (the
+    # config's other rounds found 69.3-72): the fit alone stopped there, the rule now bisects on
+    wide = [point(69.40, 1000, 0, PASS), point(77.59, 804, 79, FAIL)]
+    fit = fit_rate_at_limit(probe_counts(wide), resamples=0, remeasure_cv=0.0)
+    assert fit.half_width <= BRACKET_PRECISION and fit.rate_rps > 76.0
+    assert bisected_enough(wide, 69.40, 77.59, fit_bracket=math.inf)
+    assert not bisected_enough(wide, 69.40, 77.59)
+    # the middle, 73.38 (5.7% over the rate passed), fails with 40 of 1000 over: the fit, within +-1.6%, ends it
+    inside = [*wide, point(73.38, 1000, 40, FAIL)]
+    assert bisected_enough(inside, 69.40, 73.38)
+    assert 69.40 < fit_rate_at_limit(probe_counts(inside), resamples=0).rate_rps < 73.38
+    # within 3% no fit is needed; within 6% without counts to fit, the bisection goes on
+    assert bisected_enough([], 70.0, 70.0 * (1 + BRACKET_PRECISION))
+    assert not bisected_enough([], 70.0, 70.0 * (1 + FIT_BRACKET))
+
+
+def test_a_search_ends_with_passed_and_failed_within_six_percent_where_the_fit_alone_left_them_wider():
+    widths = {}
+    for fit_bracket in (math.inf, FIT_BRACKET):
+        for knee in (13.0, 30.0, 55.0):
+            for seed in range(3):
+                res = run(knee_engine(knee, [], seed=seed), 20.0, max_replays=12, fit_bracket=fit_bracket)
+                widths[fit_bracket, knee, seed] = res.failed_rate_rps / res.best.offered_rate_rps - 1
+                assert res.fit.contains(knee)
+    assert max(w for (b, *_), w in widths.items() if b == FIT_BRACKET) <= FIT_BRACKET
+    assert sum(w > FIT_BRACKET for (b, *_), w in widths.items() if b == math.inf) >= 3
 
 
 def tail_point(rate, requests, over, p99_ms):

@@ -1,0 +1,154 @@
+"""What does the bisection's stop rule do to a run's rate at the limit? Reads finished real studies (starts nothing)
+and replays, on every stored search trial and confirmation run, the stop rule of a bisection
+(`measurement/rate_search.py::bisected_enough`) over its probes in the order they ran, two ways:
+
+- **the fit alone** (`fit_bracket` inf, the rule before 2026-12-05): passed and failed within 3%, or the pooled
+  fit's counts' own interval within +-3%, however far apart passed and failed still are;
+- **now** (FIT_BRACKET): the fit's interval ends it only once passed and failed are within 6%.
+
+A run made under the rule now holds the probes the fit alone would have stopped at, as its first ones: its rate
+under the old rule is the fit of that prefix, and both rates come from one run (one engine, one draw, one minute of
+the machine). Per study and both ways: how many runs the fit alone stops earlier and what that saves (probes,
+requests, seconds of sending at their rates), the confirmation's residual spread of a run (log rate, config and
+round removed: fit_point.py::residual_sd) and the gain interval of the recommendation over vLLM's defaults from the
+rates (measurement/intervals.py::block_gain_interval at 95%). A run made under the fit alone that stopped on it is
+counted as such (what the rule now would have added is not in the study). Over all the studies given, the runs
+split by how far apart their rate passed and rate failed were when they stopped (within FIT_BRACKET or wider): how
+far each run's stored rate lies from its config's median over its rounds (root mean square, log rate).
+
+    .venv/bin/python benchmarks/stop_rule.py /tmp/demo21/studies/default [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import optuna  # noqa: E402
+from fit_point import FIELDS, residual_sd, stored_study  # noqa: E402
+
+from optimizer.measurement.intervals import block_gain_interval  # noqa: E402
+from optimizer.measurement.rate_fit import fit_rate_at_limit  # noqa: E402
+from optimizer.measurement.rate_search import FIT_BRACKET, CurvePoint, bisected_enough, probe_counts  # noqa: E402
+from optimizer.search.attrs import CONFIRM, CURVE, RESULT  # noqa: E402
+from optimizer.search.confirmed import confirmation  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Replayed:
+    """One stored run, its stop rule replayed: where each rule stops (the count of probes) and the rate it gives."""
+
+    probes: int  # probes the run made
+    old_stop: int  # probes the fit alone would have made (the run's own count when it never stops earlier)
+    new_stop: int | None  # probes the rule now makes (None: it would go on past the run's last probe)
+    old_rps: float | None
+    new_rps: float | None  # None: the rule now would have gone on
+    saved_requests: int
+    saved_s: float
+
+
+def points_of(trial) -> list[CurvePoint]:
+    return [CurvePoint(**{**{k: v for k, v in d.items() if k in FIELDS},
+                          "offered_rate_rps": d.get("offered_rate_rps") or math.inf}) for d in CURVE.of(trial)]
+
+
+def stop_at(points: list[CurvePoint], fit_bracket: float) -> int | None:
+    """How many of `points` a bisection under `fit_bracket` runs before it stops (None: not within them)."""
+    lo = hi = None
+    for i, p in enumerate(points):
+        if not math.isfinite(p.offered_rate_rps):
+            continue
+        if p.feasible:
+            lo = p.offered_rate_rps if lo is None else max(lo, p.offered_rate_rps)
+        else:
+            hi = p.offered_rate_rps if hi is None else min(hi, p.offered_rate_rps)
+        if lo is not None and hi is not None and bisected_enough(points[:i + 1], lo, hi, fit_bracket=fit_bracket):
+            return i + 1
+    return None
+
+
+def rate(points: list[CurvePoint]) -> float | None:
+    fit = fit_rate_at_limit(probe_counts(points), resamples=0)
+    return fit.rate_rps if fit is not None and math.isfinite(fit.high_rps) else None
+
+
+def replayed(trial) -> Replayed | None:
+    points = points_of(trial)
+    if not points:
+        return None
+    old = stop_at(points, math.inf) or len(points)
+    new = stop_at(points, FIT_BRACKET)
+    left = points[old:]
+    return Replayed(len(points), old, new, rate(points[:old]), rate(points[:new]) if new else None,
+                    sum(p.requests or 0 for p in left),
+                    sum((p.requests or 0) / p.offered_rate_rps for p in left if math.isfinite(p.offered_rate_rps)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("studies", nargs="+", help="DIR/NAME of a real study (its DIR/NAME.db)")
+    args = p.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    print("| study | runs and trials | the fit alone stops earlier | saved: probes, requests, s of sending | "
+          "confirmation runs | residual spread, the fit alone / now | gain, the fit alone | gain, now |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
+    by_width: dict[bool, list[float]] = {False: [], True: []}
+    for path in args.studies:
+        study = stored_study(Path(path))
+        c = confirmation(study)
+        runs = [] if c is None else [(x, r, t) for x in c.configs for r, t in x.runs.items()]
+        done = [rp for t in [*study.trials, *(t for _, _, t in runs)] if (rp := replayed(t)) is not None]
+        earlier = [rp for rp in done if rp.old_stop < rp.probes]
+        tables = {"old": {}, "new": {}}
+        for x, r, t in runs:
+            if CONFIRM.of(t).get("served") or (rp := replayed(t)) is None:
+                continue
+            tables["old"].setdefault(x.number, {})[r] = rp.old_rps
+            tables["new"].setdefault(x.number, {})[r] = rp.new_rps
+        spread, gain = {}, {}
+        for way, table in tables.items():
+            rounds = sorted(set.intersection(*(set(k for k, v in row.items() if v) for row in table.values())))
+            numbers = [n for n in table if all(table[n].get(r) for r in rounds)]
+            rows = [[table[n][r] for r in rounds] for n in numbers]
+            spread[way] = f"{residual_sd(rows):.3f}" if len(rows) > 1 and len(rounds) > 1 else "-"
+            best = None if c is None or c.best is None else c.best.number
+            if c is not None and best in numbers and c.base is not None and c.base.number in numbers \
+                    and best != c.base.number and len(rounds) > 1:
+                g = block_gain_interval(rows, numbers.index(c.base.number), numbers.index(best))
+                gain[way] = f"#{best} {g.point:+.1%} [{g.low:+.1%}, {g.high:+.1%}] (+-{(g.high - g.low) / 2:.1%})"
+            else:
+                gain[way] = "-"
+        n_runs = sum(1 for *_, t in runs if not CONFIRM.of(t).get("served"))
+        print(f"| {path} | {len(done)} | {len(earlier)} | {sum(rp.probes - rp.old_stop for rp in earlier)}, "
+              f"{sum(rp.saved_requests for rp in earlier)}, {sum(rp.saved_s for rp in earlier):.0f} | {n_runs} | "
+              f"{spread['old']} / {spread['new']} | {gain['old']} | {gain['new']} |")
+        for x in [] if c is None else c.configs:
+            stored = [(RESULT.of(t).get("rate_at_limit") or {}, RESULT.of(t)) for r, t in sorted(x.runs.items())
+                      if not CONFIRM.of(t).get("served")]
+            stored = [(fit["rate_rps"], res["failed_rate_rps"] / res["rate_rps"] - 1) for fit, res in stored
+                      if fit.get("rate_rps") and res.get("rate_rps") and res.get("failed_rate_rps")]
+            if stored:
+                mid = statistics.median(math.log(v) for v, _ in stored)
+                for v, width in stored:
+                    by_width[width > FIT_BRACKET * (1 + 1e-6)].append(math.log(v) - mid)
+        moved = [abs(math.log(rp.new_rps / rp.old_rps)) for rp in earlier if rp.old_rps and rp.new_rps]
+        if moved:
+            print(f"|  | where the fit alone stops earlier, its rate against the run's: median "
+                  f"{statistics.median(moved):.1%}, largest {max(moved):.1%} |  |  |  |  |  |  |")
+
+    print("\n| confirmation runs, stopped with passed and failed | runs | from their config's median (rms) |\n"
+          "| --- | --- | --- |")
+    for wide, devs in by_width.items():
+        rms = math.sqrt(sum(d * d for d in devs) / len(devs)) if devs else math.nan
+        print(f"| {'more than' if wide else 'at most'} {FIT_BRACKET:.0%} apart | {len(devs)} | {rms:.1%} |")
+
+
+if __name__ == "__main__":
+    main()
