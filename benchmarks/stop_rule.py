@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 from fit_point import FIELDS, residual_sd, stored_study  # noqa: E402
 
+from optimizer.config.settings import RateSearchSpec  # noqa: E402
 from optimizer.measurement.intervals import block_gain_interval  # noqa: E402
 from optimizer.measurement.rate_fit import fit_rate_at_limit  # noqa: E402
 from optimizer.measurement.rate_search import FIT_BRACKET, CurvePoint, bisected_enough, probe_counts  # noqa: E402
@@ -45,26 +46,27 @@ from optimizer.search.confirmed import confirmation  # noqa: E402
 class Replayed:
     """One stored run, its stop rule replayed: where each rule stops (the count of probes) and the rate it gives."""
 
-    probes: int  # probes the run made
+    probes: int  # probes the run made (sized by evidence: repeats and fixed-length replays are not probes)
     old_stop: int  # probes the fit alone would have made (the run's own count when it never stops earlier)
-    new_stop: int | None  # probes the rule now makes (None: it would go on past the run's last probe)
     old_rps: float | None
-    new_rps: float | None  # None: the rule now would have gone on
+    new_rps: float | None  # None: the rule now would have gone on past the run's last probe
     saved_requests: int
     saved_s: float
 
 
-def points_of(trial) -> list[CurvePoint]:
-    return [CurvePoint(**{**{k: v for k, v in d.items() if k in FIELDS},
-                          "offered_rate_rps": d.get("offered_rate_rps") or math.inf}) for d in CURVE.of(trial)]
+def probes_of(trial) -> list[CurvePoint]:
+    """The trial's probes sized by evidence, in the order they ran (a stored curve ends with any repeats at the best
+    rate, replays of a fixed length: no probe of the bisection)."""
+    points = [CurvePoint(**{**{k: v for k, v in d.items() if k in FIELDS},
+                            "offered_rate_rps": d.get("offered_rate_rps") or math.inf}) for d in CURVE.of(trial)]
+    return [p for p in points if p.requests is not None and math.isfinite(p.offered_rate_rps)]
 
 
 def stop_at(points: list[CurvePoint], fit_bracket: float) -> int | None:
-    """How many of `points` a bisection under `fit_bracket` runs before it stops (None: not within them)."""
+    """How many of `points` a bisection under `fit_bracket` runs before it stops, as `search_rate` checks it: after
+    each probe once a rate passed and a rate failed (None: not within them)."""
     lo = hi = None
     for i, p in enumerate(points):
-        if not math.isfinite(p.offered_rate_rps):
-            continue
         if p.feasible:
             lo = p.offered_rate_rps if lo is None else max(lo, p.offered_rate_rps)
         else:
@@ -79,16 +81,45 @@ def rate(points: list[CurvePoint]) -> float | None:
     return fit.rate_rps if fit is not None and math.isfinite(fit.high_rps) else None
 
 
-def replayed(trial) -> Replayed | None:
-    points = points_of(trial)
+def replayed(trial, max_replays: int = RateSearchSpec().max_replays) -> Replayed | None:
+    """Both rules on `trial`'s probes. A run that ended before either rule fired (no rate failed, the incumbent's
+    floor, a flat descent) or at its cap of probes ends there under both; a run that stopped on the fit alone with
+    passed and failed wider than FIT_BRACKET has no rate under the rule now (it would have gone on)."""
+    points = probes_of(trial)
     if not points:
         return None
-    old = stop_at(points, math.inf) or len(points)
+    old = stop_at(points, math.inf)
     new = stop_at(points, FIT_BRACKET)
+    if old is None or (new is None and len(points) >= max_replays):
+        old, new = old or len(points), new or len(points)
     left = points[old:]
-    return Replayed(len(points), old, new, rate(points[:old]), rate(points[:new]) if new else None,
-                    sum(p.requests or 0 for p in left),
-                    sum((p.requests or 0) / p.offered_rate_rps for p in left if math.isfinite(p.offered_rate_rps)))
+    return Replayed(len(points), old, rate(points[:old]), rate(points[:new]) if new else None,
+                    sum(p.requests or 0 for p in left), sum((p.requests or 0) / p.offered_rate_rps for p in left))
+
+
+def compared(c, replays: dict[tuple[int, int], Replayed]) -> tuple[str, str, str, str]:
+    """The residual spread and the gain of the leader (vLLM's defaults leading: the best other) over vLLM's defaults,
+    the fit alone's and the rule now's, on
+    the same rounds and configs: the full rounds in which the leader and the defaults have a rate both ways, and the
+    configs that have one in each of them."""
+    both = {(n, r): (rp.old_rps, rp.new_rps) for (n, r), rp in replays.items() if rp.old_rps and rp.new_rps}
+    base = c.base
+    others = [x for x in c.configs if x is not base]
+    if base is None or not others:
+        return "-", "-", "-", "-"
+    best = c.best if c.best is not base else max(others, key=lambda x: c.interval(x).median)  # the defaults led
+    rounds = [r for r in c.full_rounds if (best.number, r) in both and (base.number, r) in both]
+    numbers = [base.number, best.number] + [x.number for x in c.configs if x not in (base, best)
+                                            and all((x.number, r) in both for r in rounds)]
+    if len(rounds) < 2:
+        return "-", "-", "-", "-"
+    out = []
+    for way in (0, 1):
+        rows = [[both[n, r][way] for r in rounds] for n in numbers]
+        g = block_gain_interval(rows, 0, 1)
+        out += [f"{residual_sd(rows):.3f} ({len(rows)} x {len(rounds)})",
+                f"#{best.number} {g.median:+.1%} [{g.low:+.1%}, {g.high:+.1%}] (+-{(g.high - g.low) / 2:.1%})"]
+    return out[0], out[2], out[1], out[3]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,32 +134,15 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.studies:
         study = stored_study(Path(path))
         c = confirmation(study)
-        runs = [] if c is None else [(x, r, t) for x in c.configs for r, t in x.runs.items()]
-        done = [rp for t in [*study.trials, *(t for _, _, t in runs)] if (rp := replayed(t)) is not None]
+        runs = [] if c is None else [(x, r, t) for x in c.configs for r, t in x.runs.items()
+                                     if not CONFIRM.of(t).get("served")]
+        replays = {(x.number, r): rp for x, r, t in runs if (rp := replayed(t)) is not None}
+        done = [*replays.values(), *(rp for t in study.trials if (rp := replayed(t)) is not None)]
         earlier = [rp for rp in done if rp.old_stop < rp.probes]
-        tables = {"old": {}, "new": {}}
-        for x, r, t in runs:
-            if CONFIRM.of(t).get("served") or (rp := replayed(t)) is None:
-                continue
-            tables["old"].setdefault(x.number, {})[r] = rp.old_rps
-            tables["new"].setdefault(x.number, {})[r] = rp.new_rps
-        spread, gain = {}, {}
-        for way, table in tables.items():
-            rounds = sorted(set.intersection(*(set(k for k, v in row.items() if v) for row in table.values())))
-            numbers = [n for n in table if all(table[n].get(r) for r in rounds)]
-            rows = [[table[n][r] for r in rounds] for n in numbers]
-            spread[way] = f"{residual_sd(rows):.3f}" if len(rows) > 1 and len(rounds) > 1 else "-"
-            best = None if c is None or c.best is None else c.best.number
-            if c is not None and best in numbers and c.base is not None and c.base.number in numbers \
-                    and best != c.base.number and len(rounds) > 1:
-                g = block_gain_interval(rows, numbers.index(c.base.number), numbers.index(best))
-                gain[way] = f"#{best} {g.point:+.1%} [{g.low:+.1%}, {g.high:+.1%}] (+-{(g.high - g.low) / 2:.1%})"
-            else:
-                gain[way] = "-"
-        n_runs = sum(1 for *_, t in runs if not CONFIRM.of(t).get("served"))
+        old_spread, new_spread, old_gain, new_gain = ("-",) * 4 if c is None else compared(c, replays)
         print(f"| {path} | {len(done)} | {len(earlier)} | {sum(rp.probes - rp.old_stop for rp in earlier)}, "
-              f"{sum(rp.saved_requests for rp in earlier)}, {sum(rp.saved_s for rp in earlier):.0f} | {n_runs} | "
-              f"{spread['old']} / {spread['new']} | {gain['old']} | {gain['new']} |")
+              f"{sum(rp.saved_requests for rp in earlier)}, {sum(rp.saved_s for rp in earlier):.0f} | {len(runs)} | "
+              f"{old_spread} / {new_spread} | {old_gain} | {new_gain} |")
         for x in [] if c is None else c.configs:
             stored = [(RESULT.of(t).get("rate_at_limit") or {}, RESULT.of(t)) for r, t in sorted(x.runs.items())
                       if not CONFIRM.of(t).get("served")]

@@ -130,8 +130,8 @@ BRACKET_PRECISION = 0.03  # bisect until passed and failed are within 3%, or the
 # BRACKET_STEP). Inside a wider bracket the fit puts the root where the curve's assumed shape does, with no probe
 # near it: on the README's run of 2026-12-05 a run with 0 of 1000 over at 69.4 req/s and 10% over at 77.6 stopped
 # at 76.5, where the same config's other rounds found 69.3-72. Over 95 confirmation runs of six real studies, the 40
-# that stopped on the fit with passed and failed 12% or more apart lay 4.5% (root mean square) from their config's
-# median, the 55 within 6% 3.1%.
+# whose rate passed and rate failed were more than 6% apart when they stopped (11.8% or 25%: one halving of a step,
+# or none) lay 4.5% (root mean square) from their config's median, the 55 within 6% 3.1% (benchmarks/stop_rule.py).
 FIT_BRACKET = 0.06
 
 ProbeAt = Callable[[float], Awaitable[CurvePoint]]

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from optimizer.measurement import rate_fit
 from optimizer.measurement.rate_fit import ProbeCount, fit_rate_at_limit, profile, used_in_fit, widened
 
 
@@ -95,9 +96,26 @@ def test_a_probe_is_integrated_over_its_replays_speed():
     assert ll[int(np.argmin(np.abs(np.log(rates / (50.0 * math.exp(0.05))))))] == pytest.approx(0.0, abs=1e-3)
 
 
-def test_only_the_first_probe_mostly_over_enters():
+def test_only_the_first_probe_with_more_than_a_twentieth_over_enters():
     probes = [ProbeCount(60.0, 25, 25), ProbeCount(40.0, 500, 0), ProbeCount(50.0, 25, 20)]
     assert [p.rate_rps for p in used_in_fit(probes)] == [40.0, 50.0]
+    # 5 of 100 is not more than a twentieth: the probe above it still enters, and one with 6 of 100 is the last
+    probes = [ProbeCount(45.0, 100, 5), ProbeCount(40.0, 500, 0), ProbeCount(55.0, 100, 12), ProbeCount(50.0, 100, 6)]
+    assert [p.rate_rps for p in used_in_fit(probes)] == [40.0, 45.0, 50.0]
+
+
+def test_a_plateau_past_the_knee_does_not_carry_the_rate_under_the_probes_that_passed(monkeypatch):
+    # a run of the README's study of 2026-12-05 afternoon (#18, round 1): 3 and 4 of 1000 over at 72.57 and 76.74
+    # req/s, then 10-13% over from 78.91 to 85.79 and 37% at 95.92
+    probes = [ProbeCount(72.57, 1000, 3), ProbeCount(76.74, 1000, 4), ProbeCount(95.92, 800, 299),
+              ProbeCount(85.79, 1000, 129), ProbeCount(81.14, 1000, 111), ProbeCount(78.91, 1000, 99)]
+    assert [p.rate_rps for p in used_in_fit(probes)] == [72.57, 76.74, 78.91]
+    fit = fit_rate_at_limit(probes, resamples=0, remeasure_cv=0.0)
+    assert 76.0 < fit.rate_rps < 78.91
+    # cut at half the requests over (the rule before), the plateau flattens the slope: the root fell under both
+    # probes that passed
+    monkeypatch.setattr(rate_fit, "PAST_KNEE_SHARE", 0.5)
+    assert fit_rate_at_limit(probes, resamples=0, remeasure_cv=0.0).rate_rps < 72.57
 
 
 def test_covers_a_known_curve_in_at_least_90_percent_of_draws():

@@ -116,10 +116,13 @@ def test_failed_rate_is_the_lowest_miss_above_the_best():
 def test_each_probe_keeps_its_counts_for_the_fit():
     res = run(knee_engine(13.0, []), 10.0, max_replays=10)
     assert all(p.requests and p.over_limit is not None and p.verdict for p in res.points)
-    assert res.fit.requests == sum(p.requests for p in res.points if p.offered_rate_rps <= res.fit.high_rps * 2)
+    # the fit pools every probe up to the first one with more than 5% of its requests over, that one included
+    ordered = sorted(res.points, key=lambda p: p.offered_rate_rps)
+    last = next(i for i, p in enumerate(ordered) if p.over_limit > 0.05 * p.requests)
+    assert res.fit.requests == sum(p.requests for p in ordered[:last + 1]) < sum(p.requests for p in ordered)
 
 
-def test_the_fit_ends_a_bisection_only_once_passed_and_failed_are_within_six_percent_by_hand():
+def test_the_fit_ends_a_bisection_only_once_passed_and_failed_are_within_six_percent_on_a_real_runs_counts():
     # a run of the README's study of 2026-12-05 (#11, round 2): none of 1000 over at 69.40 req/s, 79 of 804 at 77.59,
     # 11.8% apart. The counts' own fit puts the rate at 76.5 within +-3%, on the curve's assumed shape alone (the
     # config's other rounds found 69.3-72): the fit alone stopped there, the rule now bisects on
@@ -142,7 +145,7 @@ def test_a_search_ends_with_passed_and_failed_within_six_percent_where_the_fit_a
     for fit_bracket in (math.inf, FIT_BRACKET):
         for knee in (13.0, 30.0, 55.0):
             for seed in range(3):
-                res = run(knee_engine(knee, [], seed=seed), 20.0, max_replays=12, fit_bracket=fit_bracket)
+                res = run(knee_engine(knee, [], seed=seed), 20.0, fit_bracket=fit_bracket)
                 widths[fit_bracket, knee, seed] = res.failed_rate_rps / res.best.offered_rate_rps - 1
                 assert res.fit.contains(knee)
     assert max(w for (b, *_), w in widths.items() if b == FIT_BRACKET) <= FIT_BRACKET
