@@ -104,9 +104,10 @@ def test_an_impossible_limit_leaves_no_recommendation(tmp_path, config_only_mode
 
 
 def test_summary_names_gain_and_changes(tmp_path, config_only_model):
-    # max_num_seqs fixed at 64 (the baseline keeps it too): with the sampler's seed 2 a searched trial beats vLLM's
-    # defaults (whose first probes set the others' floors: which one wins moves with the fit, so it is asserted below)
-    config = make_config(tmp_path, config_only_model, budget=4, seed=2, space=SpaceSpec(fixed={"max_num_seqs": 64}))
+    # max_num_seqs fixed at 16 (the baseline keeps it too): with the sampler's seed 2 a searched trial beats vLLM's
+    # defaults (whose first probes set the others' floors: which one wins moves with the fit, so it is asserted below;
+    # at 64, since the fit's cut at 5% over, the defaults beat every searched trial for seeds 2-17)
+    config = make_config(tmp_path, config_only_model, budget=4, seed=2, space=SpaceSpec(fixed={"max_num_seqs": 16}))
     study = run_study(tmp_path, config)
     text = summary_text(study, config)
     lines = text.splitlines()
