@@ -2,8 +2,8 @@
 and replays, on every stored search trial and confirmation run, the stop rule of a bisection
 (`measurement/rate_search.py::bisected_enough`) over its probes in the order they ran, two ways:
 
-- **the fit alone** (`fit_bracket` inf, the rule before 2026-12-05): passed and failed within 3%, or the pooled
-  fit's counts' own interval within +-3%, however far apart passed and failed still are;
+- **the fit alone** (`fit_bracket` inf, the rule before 2026-12-05 afternoon, commit 276a380): passed and failed
+  within 3%, or the pooled fit's counts' own interval within +-3%, however far apart passed and failed still are;
 - **now** (FIT_BRACKET): the fit's interval ends it only once passed and failed are within 6%.
 
 A run made under the rule now holds the probes the fit alone would have stopped at, as its first ones: its rate

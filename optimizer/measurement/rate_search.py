@@ -186,9 +186,10 @@ def bisected_enough(points: list[CurvePoint], passed_rps: float, failed_rps: flo
                     precision: float = BRACKET_PRECISION, fit_bracket: float = FIT_BRACKET) -> bool:
     """Pure: whether a bisection between the highest rate passed and the lowest rate failed may stop: they are within
     `precision` of each other, or within `fit_bracket` and the pooled fit of `points` has an interval within
-    +-`precision` (`fit_bracket` inf: the fit alone, the rule before 2026-12-05). While searching, the fit's is the
-    counts' own precision: the profile interval without the bootstrap or a re-measurement's share (both widen it
-    once, at the end; no count of requests takes the re-measurement's share away)."""
+    +-`precision` (`fit_bracket` inf: the fit alone, the rule before 2026-12-05 afternoon, commit 276a380). While
+    searching, the fit's is the counts' own precision: the profile interval without the bootstrap or a
+    re-measurement's share (both widen it once, at the end; no count of requests takes the re-measurement's share
+    away)."""
     if failed_rps <= passed_rps * (1 + precision):
         return True
     if failed_rps > passed_rps * (1 + fit_bracket):
