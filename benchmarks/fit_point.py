@@ -33,12 +33,16 @@ PAST = 0.05  # a probe with more than this share of its requests over is well pa
 FIELDS = {f.name for f in dataclasses.fields(CurvePoint)}
 
 
+def curve_points(trial) -> list[CurvePoint]:
+    """The trial's stored curve as `CurvePoint`s, in the order its replays ran (a burst's rate: inf)."""
+    return [CurvePoint(**{**{k: v for k, v in d.items() if k in FIELDS},
+                          "offered_rate_rps": d.get("offered_rate_rps") or math.inf}) for d in CURVE.of(trial)]
+
+
 def counts(trial) -> list[ProbeCount]:
     """The trial's probes as its fit counted them (`rate_search.probe_counts`: a probe that fell behind counts every
     request as over), from its stored curve."""
-    points = [CurvePoint(**{**{k: v for k, v in d.items() if k in FIELDS},
-                            "offered_rate_rps": d.get("offered_rate_rps") or math.inf}) for d in CURVE.of(trial)]
-    return probe_counts(points)
+    return probe_counts(curve_points(trial))
 
 
 def counts_root(probes: list[ProbeCount]) -> float | None:

@@ -32,13 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna  # noqa: E402
-from fit_point import FIELDS, residual_sd, stored_study  # noqa: E402
+from fit_point import curve_points, residual_sd, stored_study  # noqa: E402
 
 from optimizer.config.settings import RateSearchSpec  # noqa: E402
 from optimizer.measurement.intervals import block_gain_interval  # noqa: E402
 from optimizer.measurement.rate_fit import fit_rate_at_limit  # noqa: E402
 from optimizer.measurement.rate_search import FIT_BRACKET, CurvePoint, bisected_enough, probe_counts  # noqa: E402
-from optimizer.search.attrs import CONFIRM, CURVE, RESULT  # noqa: E402
+from optimizer.search.attrs import CONFIRM, RESULT  # noqa: E402
 from optimizer.search.confirmed import confirmation  # noqa: E402
 
 
@@ -57,9 +57,7 @@ class Replayed:
 def probes_of(trial) -> list[CurvePoint]:
     """The trial's probes sized by evidence, in the order they ran (a stored curve ends with any repeats at the best
     rate, replays of a fixed length: no probe of the bisection)."""
-    points = [CurvePoint(**{**{k: v for k, v in d.items() if k in FIELDS},
-                            "offered_rate_rps": d.get("offered_rate_rps") or math.inf}) for d in CURVE.of(trial)]
-    return [p for p in points if p.requests is not None and math.isfinite(p.offered_rate_rps)]
+    return [p for p in curve_points(trial) if p.requests is not None and math.isfinite(p.offered_rate_rps)]
 
 
 def stop_at(points: list[CurvePoint], fit_bracket: float) -> int | None:
