@@ -200,14 +200,17 @@ def bisected_enough(points: list[CurvePoint], passed_rps: float, failed_rps: flo
 
 async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
                       floor_rps: float | None = None, failed_rps: float | None = None,
-                      precision: float = BRACKET_PRECISION, fit_bracket: float = FIT_BRACKET) -> RateSearchResult:
+                      precision: float = BRACKET_PRECISION, fit_bracket: float = FIT_BRACKET,
+                      step: float = BRACKET_STEP) -> RateSearchResult:
     """The rate at the limit, from `start_rps`, in at most `spec.max_replays` probes; `probe_at(rate)` runs one.
 
     With `floor_rps` (0.9 x the incumbent's lower bound: search/incumbent.py), the descent probes the floor once and
     stops below it: a config that meets the limit only there cannot win, and the trial ends `stopped_early`. A
     descent whose TTFT P99 does not fall with the rate stops too (`latency_is_flat`), marked `flat`.
     `failed_rps`, when known (a confirmation run starts where its search trial was), is where the first step up
-    goes. The result's best point is the highest rate that passed; its fit pools every probe."""
+    goes. `step` is the factor of each step up or down until the limit is crossed: BRACKET_STEP from a guess, finer
+    from a prior as close as a confirmation's earlier rounds (search/confirm.py::prior_spec). The result's best point
+    is the highest rate that passed; its fit pools every probe."""
     result = RateSearchResult(floor_rps=floor_rps)
     lo: float | None = None  # the highest rate passed
     hi: float | None = None  # the lowest rate failed
@@ -226,11 +229,11 @@ async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
             if latency_is_flat(result.points):
                 result.flat = True
                 break
-            rate = rate / BRACKET_STEP if floor_rps is None else max(rate / BRACKET_STEP, floor_rps)
+            rate = rate / step if floor_rps is None else max(rate / step, floor_rps)
             continue
         if hi is None:  # everything passed so far: up, nothing caps it
             rate = failed_rps if failed_rps is not None and failed_rps > lo and len(result.points) == 1 \
-                else lo * BRACKET_STEP
+                else lo * step
             continue
         if bisected_enough(result.points, lo, hi, precision, fit_bracket):
             break

@@ -1,6 +1,6 @@
 """The confirmation: after the search, vLLM's defaults and the top candidates measured again, alternating, each on a
-fresh engine, in rounds until they decide (at most `--confirm N` rounds; by default as many as 45% of the budget
-holds).
+fresh engine, in rounds until they decide (at most `--confirm N` rounds; by default as many as 60% of the budget
+holds, up to 8).
 
 One whole trial of one config varies by 12-18% on a shared machine, mostly by the rung of the rate ladder it lands
 on: a study's "+18.7% over vLLM's defaults" was, measured again, no gain at all. So the number a user acts on is
@@ -33,12 +33,12 @@ measured again:
   replayed: a user deploys the server, and on a small machine the server, the engine and the client share its cores,
   so the rate as served can lie well below the rate in process. The report shows both, each named.
 
-The runs come out of the user's budget: `--budget 40` with up to 6 rounds of 3 configs and the 2 runs as served is
-20 search trials, up to 18 runs (rounds that decide early leave the rest unspent) and 2 served. By default the
-confirmation takes at most 45% of a trial budget (none when that holds fewer than 2 rounds): with engines started
-warm a run costs about two search trials' time, and an undecided gain after 3 rounds was +-12.6 points wide where 5
-narrow it to about half; at a run's spread of 3.4% (a Xeon demo's) 5 rounds give +-5.4 points and 6 +-4.8, at 5.1%
-(the same Xeon an hour later) 6 gave +-7; `--confirm N` asks for up to N rounds whatever the budget.
+The runs come out of the user's budget: `--budget 40` with up to 8 rounds of 3 configs and the 2 runs as served is
+14 search trials, up to 24 runs (rounds that decide early leave the rest unspent) and 2 served. By default the
+confirmation takes at most 60% of a trial budget and 8 rounds (none when that holds fewer than 2 rounds;
+`MAX_AUTO_ROUNDS` below says why 8); from its second round on a run starts at its config's rate so far
+(`prior_spec`), so it costs about what a search trial does; `--confirm N` asks for up to N rounds whatever the
+budget. (Before 2026-12-05 evening: 45% of the budget, 6 rounds at 40, each run from its search trial's bracket.)
 With a deadline (`--budget 8h`), the search stops early enough for the rounds, and a round that would end past the
 deadline is not started.
 """
@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.errors import UsageError
+from optimizer.measurement.rate_search import BRACKET_STEP
 from optimizer.measurement.sequential import (GROUP_SEQUENTIAL, PRECISE_HALF_WIDTH, SPENDING_POWER, Outcome,
                                               look_confidence)
 from optimizer.search.attrs import (
@@ -73,12 +74,21 @@ from optimizer.search.study import (
 
 DEFAULT_ROUNDS = 5  # with a deadline alone (the time decides how many fit)
 CONFIGS = 3  # vLLM's defaults, the recommendation and its closest rival: what each round plans for
-AUTO_SHARE = 0.45  # by default the confirmation takes at most this share of a trial budget: 6 rounds at 40
+# By default at most AUTO_SHARE of a trial budget and MAX_AUTO_ROUNDS rounds (8 at 40): over nine real studies on the
+# Xeon a run moved 4.2% once its round and config were out (rms, 61 df) where its own counts place it within ~1%, so
+# rounds narrow the gain: at that spread 6 rounds of 3 give +-6.0 points at the last look, 8 +-5.0 (10: +-4.4).
+AUTO_SHARE = 0.6
+MAX_AUTO_ROUNDS = 8
 MIN_AUTO_ROUNDS = 2  # fewer rounds give no interval: by default, then, none
 MIN_SEARCH_TRIALS = 2  # vLLM's defaults and one more: what a search keeps at the least
 ROUND_SEED_STEP = 1  # round r replays the workload of seed + ROUND_SEED_STEP + r
 RUN_OVER_TRIAL = 1.3  # a confirmation run against a median search trial: its bisection replays more
 SERVED_CONFIGS = 2  # measured through `vllm serve` after the rounds: vLLM's defaults and the leader
+# A run after its config's first round starts PRIOR_SPAN under its rates' median, first steps up as far over, then
+# by PRIOR_STEP: passed and failed 5.9% apart, within FIT_BRACKET. From the search trial's bracket, 9 of the 15
+# later runs of a README run (/tmp/demo22) failed at the start, stepped down 25% and bisected back up.
+PRIOR_SPAN = 1.029
+PRIOR_STEP = PRIOR_SPAN ** 2
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,8 @@ class Plan:
 
 def plan(budget: int | None, asked: int | None, served: bool = False) -> Plan:
     """Pure: the rounds a study confirms at most and the trials its search keeps. `asked` None is the default: as many
-    rounds as AUTO_SHARE of the budget holds (none below 2; with a deadline alone, DEFAULT_ROUNDS); a number is the
+    rounds as AUTO_SHARE of the budget holds, up to MAX_AUTO_ROUNDS (none below 2; with a deadline alone,
+    DEFAULT_ROUNDS); a number is the
     user's `--confirm N`. The rounds stop before that once they decide (measurement/sequential.py). With `served`, the
     rounds end with SERVED_CONFIGS runs through `vllm serve` (`enqueue`), which come out of the budget too."""
     if asked == 0:
@@ -109,7 +120,7 @@ def plan(budget: int | None, asked: int | None, served: bool = False) -> Plan:
         return Plan(rounds, None, f"confirmation: up to {rounds} rounds of up to {CONFIGS} configs after the search "
                                   f"until they decide{then}, planned into the deadline", extra)
     if asked is None:
-        rounds = int(AUTO_SHARE * budget) // CONFIGS
+        rounds = min(int(AUTO_SHARE * budget) // CONFIGS, MAX_AUTO_ROUNDS)
         if rounds < MIN_AUTO_ROUNDS:
             need = math.ceil(MIN_AUTO_ROUNDS * CONFIGS / AUTO_SHARE)
             return Plan(0, budget, f"confirmation: none: a budget of {budget} trials leaves no room for "
@@ -212,8 +223,10 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     assert home is not None
     for trial, r in runs:
         seed = None if workload_seed is None else round_seed(workload_seed, r)
-        home.enqueue_trial({}, user_attrs=run_attrs(key, trial, r, plan_attr["limit_ms"], engine_args, seed),
-                           skip_if_exists=False)
+        x = next(x for x in c.configs if x.trial.number == trial.number)
+        prior = [x.rate_rps(k) or 0.0 for k in sorted(x.runs) if k < r]
+        home.enqueue_trial({}, user_attrs=run_attrs(key, trial, r, plan_attr["limit_ms"], engine_args, seed,
+                                                    prior_rps=prior), skip_if_exists=False)
     if not runs:
         seed = None if workload_seed is None else round_seed(workload_seed, c.rounds)  # a draw no round replays
         for x in c.served_missing:
@@ -245,24 +258,38 @@ def next_runs(c: Confirmation) -> tuple[list[tuple[FrozenTrial, int]], dict[int,
     return [(order[(k + r) % len(order)].trial, r) for k in range(len(order))], dropping
 
 
+def prior_spec(rates_rps: Sequence[float]) -> dict[str, float] | None:
+    """Pure: where a run starts after earlier rounds put its config at `rates_rps` (rates at the limit; 0 or inf:
+    nothing there): PRIOR_SPAN under their median, its first step up PRIOR_SPAN over, then steps of PRIOR_STEP. None
+    when no rate is known."""
+    known = [r for r in rates_rps if 0 < r < math.inf]
+    if not known:
+        return None
+    median_rps = statistics.median(known)
+    return {"start_rps": median_rps / PRIOR_SPAN, "failed_rps": median_rps * PRIOR_SPAN, "step": PRIOR_STEP}
+
+
 def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limit_ms: float, engine_args: dict[str, Any],
-              workload_seed: int | None = None, served: bool = False) -> dict[str, Any]:
-    """The user attributes of one queued run of `trial`: its engine arguments, where its bisection starts (JSON has
-    no infinity, so a burst start is stored as None), the seed of the workload it replays (None: the study's), that
-    it is stored in the confirmation study and, for a run through `vllm serve` (`served`), `served: true` (the
-    objective starts a server for it)."""
-    spec = {k: (None if isinstance(v, float) and math.isinf(v) else v)
-            for k, v in run_spec(trial, limit_ms, engine_args).items()}
+              workload_seed: int | None = None, served: bool = False,
+              prior_rps: Sequence[float] = ()) -> dict[str, Any]:
+    """The user attributes of one queued run of `trial`: its engine arguments, where its bisection starts (from its
+    earlier rounds' rates `prior_rps` when there are any, `prior_spec`; else its search trial's bracket, `run_spec`;
+    JSON has no infinity, so a burst start is stored as None), the seed of the workload it replays (None: the
+    study's), that it is stored in the confirmation study and, for a run through `vllm serve` (`served`), `served:
+    true` (the objective starts a server for it)."""
+    spec = prior_spec(prior_rps) or {k: (None if isinstance(v, float) and math.isinf(v) else v)
+                                     for k, v in run_spec(trial, limit_ms, engine_args).items()}
     return CONFIRM.item({"plan": plan_key, "of": trial.number, "round": round_, "params": ENGINE_PARAMS.of(trial),
                          "workload_seed": workload_seed, CONFIRM_APART: True, **spec,
                          **({"served": True} if served else {})})
 
 
-def start_rates(confirm: dict[str, Any]) -> tuple[float, float | None]:
-    """A run's stored starting rate (None: a burst, in trials stored before) and failed rate, as `search_rate` takes
-    them."""
+def start_rates(confirm: dict[str, Any]) -> tuple[float, float | None, float]:
+    """A run's stored starting rate (None: a burst, in trials stored before), failed rate and step, as `search_rate`
+    takes them (runs queued before `prior_spec` have no step: BRACKET_STEP's)."""
     start = confirm.get("start_rps")
-    return (math.inf if start is None else float(start)), confirm.get("failed_rps")
+    return (math.inf if start is None else float(start)), confirm.get("failed_rps"), \
+        float(confirm.get("step", BRACKET_STEP))
 
 
 def run_estimate_s(study: optuna.Study) -> float | None:

@@ -108,12 +108,12 @@ class TrialReplays:
             await self.warm_up_under_load(fixed_rate)
             return await measure_fixed_load(self.replay_at, fixed_rate, limit, search, repeats)
         if confirm is not None:
-            start_rps, failed_rps = start_rates(confirm)
+            start_rps, failed_rps, step = start_rates(confirm)
             guess = None
             if not math.isfinite(start_rps):
                 guess = start_rps = await self.first_guess()
             await self.warm_up_under_load(start_rps)
-            result = await search_rate(self.probe_at, search, start_rps, failed_rps=failed_rps)
+            result = await search_rate(self.probe_at, search, start_rps, failed_rps=failed_rps, step=step)
             result.first_guess_rps = guess
             return result
         if incumbent_rate_rps is not None and math.isfinite(incumbent_rate_rps):

@@ -152,6 +152,27 @@ def test_a_search_ends_with_passed_and_failed_within_six_percent_where_the_fit_a
     assert sum(w > FIT_BRACKET for (b, *_), w in widths.items() if b == math.inf) >= 3
 
 
+def test_from_a_prior_it_steps_finely_and_ends_in_fewer_probes_than_from_a_bracket():
+    # a confirmation run after its config's first round: its rate moved 10% either way since (the machine), and it
+    # starts just under the earlier rounds' rate, its first step up just over, then steps of 5.9%
+    # (search/confirm.py::prior_spec), where a run from its search trial's bracket (passed 55, failed 5.7% over)
+    # steps down 25% when the start fails and bisects back up
+    probes = {}
+    for how, start, kw in (("bracket", 55.0, {"failed_rps": 55.0 * 1.057}),
+                           ("prior", 55.0 / 1.029, {"failed_rps": 55.0 * 1.029, "step": 1.029 ** 2})):
+        for shift in (0.9, 0.94, 0.97, 1.0, 1.03, 1.06, 1.1):
+            for seed in range(4):
+                calls = []
+                res = run(knee_engine(55.0 * shift, calls, seed=seed), start, **kw)
+                assert res.fit.contains(55.0 * shift)
+                assert res.failed_rate_rps <= res.best.offered_rate_rps * (1 + FIT_BRACKET)
+                probes[how, shift, seed] = len(calls)
+                if how == "prior" and not res.points[0].feasible:  # it failed at the start: down 5.9%, not 25%
+                    assert calls[1] == pytest.approx(calls[0] / 1.029 ** 2)
+    by = {how: sum(n for (h, *_), n in probes.items() if h == how) for how in ("bracket", "prior")}
+    assert by["prior"] <= 0.8 * by["bracket"]  # 75 against 103 probes in all, by hand
+
+
 def tail_point(rate, requests, over, p99_ms):
     """A failed probe whose TTFT P99 is `p99_ms`, with `over` of its `requests` over the limit."""
     p = point(rate, requests, over, FAIL)

@@ -25,7 +25,7 @@ def test_a_dozen_simulated_trials_find_a_feasible_config_better_than_vllm_defaul
     # a seeded draw: ten found one in the CPU space before its memory range was lowered (0.15-0.5 -> 0.1-0.3), the
     # same seed needs eleven since
     config = StudyConfig(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", ttft_p99_ms=150.0, budget=12,
-                         model=str(config_only_model), dummy_weights=True, device="cpu",
+                         confirm=0, model=str(config_only_model), dummy_weights=True, device="cpu",
                          workload=WorkloadSpec(**CPU_DEMO_WORKLOAD))
     prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=SimEngine, memory_probe=lambda: None)
     study = run(prepared, quiet=True)

@@ -33,9 +33,9 @@ class ServedSim(SimEngine):
 
 def test_plan_counts_the_served_runs_in_the_budget():
     p = confirm.plan(40, None, served=True)
-    assert (p.rounds, p.search_budget, p.served, p.runs) == (6, 20, 2, 20)
-    assert "20 search trials" in p.line and "2 runs through `vllm serve`" in p.line
-    assert confirm.plan(40, None).search_budget == 22  # without: as before
+    assert (p.rounds, p.search_budget, p.served, p.runs) == (8, 14, 2, 26)
+    assert "14 search trials" in p.line and "2 runs through `vllm serve`" in p.line
+    assert confirm.plan(40, None).search_budget == 16  # without: as before
     assert confirm.plan(40, 0, served=True).runs == 0  # no confirmation, no runs as served
 
 
