@@ -65,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 1; the baseline always runs 3: their spread is the study's noise level)")
     p.add_argument("--confirm", metavar="N", help="after the search, measure vLLM's defaults, the recommendation and "
                    "its closest rival again in N alternating rounds, each on a fresh engine with the rate bisected to "
-                   "within 3%%, and choose from those numbers, with 95%% intervals (default: as many as 60%% of a "
-                   "trial budget holds, up to 8: 8 at 40; they stop once they decide; the runs come out of --budget; 0: none)")
+                   "within 3%%, and choose from those numbers, with 95%% intervals (default: as many as 65%% of a "
+                   "trial budget holds with the runs as served, up to 8: 8 at 40; they stop once they decide; the "
+                   "runs come out of --budget; 0: none)")
     p.add_argument("--served", action=argparse.BooleanOptionalAction, default=None,
                    help="after the confirmation, measure vLLM's defaults and the leader again through `vllm serve` "
                    "over HTTP, as deployed, and show both rates at the limit (default on; two runs out of --budget; "

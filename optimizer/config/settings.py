@@ -92,8 +92,8 @@ class StudyConfig(StrictModel):
     )
     trial_timeout_s: float = Field(1800, gt=0, description="Wall-clock limit of one trial.")
     confirm: int | None = Field(None, ge=0, description="Confirmation rounds after the search (search/confirm.py): "
-                                                        "None is the default (as many as 60% of a trial budget "
-                                                        "holds, up to 8: 8 at 40); 0: none.")
+                                                        "None is the default (as many as 65% of a trial budget "
+                                                        "holds with the runs as served, up to 8: 8 at 40); 0: none.")
     served: bool = Field(True, description="After the confirmation, vLLM's defaults and the leader are measured "
                                            "again through `vllm serve` over HTTP (search/confirm.py), beside the "
                                            "in-process numbers; a study with backend 'http' measures as served "

@@ -1,8 +1,9 @@
 """Inside one trial: the rate at which TTFT P99 meets the limit, bracketed by probes sized by evidence.
 
 What people do by hand with `vllm bench serve`, without its blind spots: from a first guess (the incumbent's rate,
-or the pace of a short burst), Poisson probes step up while they pass and down while they fail, by BRACKET_STEP,
-until the limit is crossed; nothing caps the search from above. Then the bracket is bisected (geometric middle)
+or the pace of a short burst; a confirmation run's earlier rounds), Poisson probes step up while they pass and down
+while they fail, by BRACKET_STEP (from a prior, finer steps that widen to it), until the limit is crossed; nothing
+caps the search from above. Then the bracket is bisected (geometric middle)
 until the rate passed and the rate failed are within `precision` of each other, or, once they are within
 FIT_BRACKET, the pooled fit's interval is (optimizer/measurement/rate_fit.py; `bisected_enough`). Each probe sends
 requests until its verdict at the limit is settled (optimizer/measurement/evidence.py): a few dozen far from the
@@ -198,6 +199,12 @@ def bisected_enough(points: list[CurvePoint], passed_rps: float, failed_rps: flo
     return found is not None and found.half_width <= precision
 
 
+def widened(step: float) -> float:
+    """Pure: a step widened after steps that did not cross the limit: squared, up to BRACKET_STEP (a step of
+    BRACKET_STEP or more stays as it is). From a prior's 5.9%: 12.1%, then 25%."""
+    return step if step >= BRACKET_STEP else min(step * step, BRACKET_STEP)
+
+
 async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
                       floor_rps: float | None = None, failed_rps: float | None = None,
                       precision: float = BRACKET_PRECISION, fit_bracket: float = FIT_BRACKET,
@@ -207,10 +214,12 @@ async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
     With `floor_rps` (0.9 x the incumbent's lower bound: search/incumbent.py), the descent probes the floor once and
     stops below it: a config that meets the limit only there cannot win, and the trial ends `stopped_early`. A
     descent whose TTFT P99 does not fall with the rate stops too (`latency_is_flat`), marked `flat`.
-    `failed_rps`, when known (a confirmation run starts where its search trial was), is where the first step up
-    goes. `step` is the factor of each step up or down until the limit is crossed: BRACKET_STEP from a guess, finer
-    from a prior as close as a confirmation's earlier rounds (search/confirm.py::prior_spec). The result's best point
-    is the highest rate that passed; its fit pools every probe."""
+    `failed_rps`, when known (a confirmation run's: its search trial's failed rate, or just over its prior), is where
+    the first step up goes. `step` is the factor of the first step up or down: BRACKET_STEP from a guess, finer from a
+    prior as close as a confirmation's earlier rounds (search/confirm.py::prior_spec); from the third probe on each
+    step the same way squares it, up to BRACKET_STEP (`widened`), so a rate that moved far since the prior is still
+    reached within the probes, and a tail that does not fall with the load is still told (`latency_is_flat`). The
+    result's best point is the highest rate that passed; its fit pools every probe."""
     result = RateSearchResult(floor_rps=floor_rps)
     lo: float | None = None  # the highest rate passed
     hi: float | None = None  # the lowest rate failed
@@ -230,10 +239,12 @@ async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
                 result.flat = True
                 break
             rate = rate / step if floor_rps is None else max(rate / step, floor_rps)
+            step = widened(step) if len(result.points) >= 2 else step
             continue
         if hi is None:  # everything passed so far: up, nothing caps it
             rate = failed_rps if failed_rps is not None and failed_rps > lo and len(result.points) == 1 \
                 else lo * step
+            step = widened(step) if len(result.points) >= 2 else step
             continue
         if bisected_enough(result.points, lo, hi, precision, fit_bracket):
             break

@@ -66,7 +66,8 @@ SIM_GOODPUT_TOK_S: Attr[float | None] = Attr("sim_goodput_tok_s", None, "a pre-s
 RUN: Attr[bool] = Attr("run", False, "benchmarks/repeatability.py: one of its repeated runs")
 AB: Attr[str | None] = Attr("ab", None, "benchmarks/ab_gain.py: which side of the A/B ('defaults', 'recommended')")
 CONFIRM: Attr[Json | None] = Attr("confirm", None, "a confirmation run, not a search trial: {plan, of (the trial it "
-                                                   "measures again), round, apart (stored in the study NAME."
+                                                   "measures again), round, workload_seed, start_rps, failed_rps, "
+                                                   "step (where its search starts), apart (stored in the study NAME."
                                                    "confirmation)} (search/confirm.py)")
 CONFIRM_APART = "apart"  # the key, in a run's CONFIRM, that says the run is stored in the study NAME.confirmation
 

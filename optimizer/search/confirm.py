@@ -1,6 +1,6 @@
 """The confirmation: after the search, vLLM's defaults and the top candidates measured again, alternating, each on a
-fresh engine, in rounds until they decide (at most `--confirm N` rounds; by default as many as 60% of the budget
-holds, up to 8).
+fresh engine, in rounds until they decide (at most `--confirm N` rounds; by default as many as 65% of the budget
+holds with the runs as served, up to 8).
 
 One whole trial of one config varies by 12-18% on a shared machine, mostly by the rung of the rate ladder it lands
 on: a study's "+18.7% over vLLM's defaults" was, measured again, no gain at all. So the number a user acts on is
@@ -8,13 +8,14 @@ measured again:
 
 - the candidates are vLLM's defaults, the search's recommendation and its closest rival whose rate interval (its
   pooled fit) overlaps the recommendation's (for trials stored before: whose bracket, widened by the study's noise);
-- each run is a trial of its own (a fresh engine, the warm-up, then `search_rate` from its trial's bracket: probes
-  sized by evidence until the rate passed and the rate failed are within 3%, or within 6% and its fit's interval is
-  within +-3%), stored with a `confirm` attribute in the study's confirmation study NAME.confirmation (search/study.py
-  `confirmation_study`), so that an interrupted confirmation resumes where it stopped, as trials do, and Optuna's own
-  tools (`best_trials`, optuna-dashboard) see in NAME only the search's trials. Run 3 of it is named c3 (`run_name`:
-  `optimize report --trial c3`, its engine log confirm-00003.log); studies made before kept their runs among their
-  trials, and still report them (search/study.py `confirmation_runs`);
+- each run is a trial of its own (a fresh engine, the warm-up, then `search_rate` from its trial's bracket, or from the
+  second round on from its config's rate so far, `prior_spec`: probes sized by evidence until the rate passed and the
+  rate failed are within 3%, or within 6% and its fit's interval is within +-3%), stored with a `confirm` attribute in
+  the study's confirmation study NAME.confirmation (search/study.py `confirmation_study`), so that an interrupted
+  confirmation resumes where it stopped, as trials do, and Optuna's own tools (`best_trials`, optuna-dashboard) see in
+  NAME only the search's trials. Run 3 of it is named c3 (`run_name`: `optimize report --trial c3`, its engine log
+  confirm-00003.log); studies made before kept their runs among their trials, and still report them (search/study.py
+  `confirmation_runs`);
 - the rounds alternate the order of the configs (round 2 starts with the second), so a slow minute of the
   machine hits each alike, and a round's runs of two configs are taken next to each other: the gain is measured
   per round (optimizer/measurement/intervals.py);
@@ -33,14 +34,11 @@ measured again:
   replayed: a user deploys the server, and on a small machine the server, the engine and the client share its cores,
   so the rate as served can lie well below the rate in process. The report shows both, each named.
 
-The runs come out of the user's budget: `--budget 40` with up to 8 rounds of 3 configs and the 2 runs as served is
-14 search trials, up to 24 runs (rounds that decide early leave the rest unspent) and 2 served. By default the
-confirmation takes at most 60% of a trial budget and 8 rounds (none when that holds fewer than 2 rounds;
-`MAX_AUTO_ROUNDS` below says why 8); from its second round on a run starts at its config's rate so far
-(`prior_spec`), so it costs about what a search trial does; `--confirm N` asks for up to N rounds whatever the
-budget. (Before 2026-12-05 evening: 45% of the budget, 6 rounds at 40, each run from its search trial's bracket.)
-With a deadline (`--budget 8h`), the search stops early enough for the rounds, and a round that would end past the
-deadline is not started.
+The runs come out of the user's budget: `--budget 40` is 14 search trials, up to 24 runs (8 rounds of 3 configs;
+rounds that decide early leave the rest unspent) and 2 served: by default at most AUTO_SHARE of a trial budget,
+served runs included, and MAX_AUTO_ROUNDS rounds (none below 2 rounds); `--confirm N` asks for up to N rounds
+whatever the budget (45% and 6 rounds at 40 before 2026-12-05 evening). With a deadline (`--budget 8h`), the search
+stops early enough for the rounds, and a round that would end past the deadline is not started.
 """
 
 from __future__ import annotations
@@ -74,19 +72,18 @@ from optimizer.search.study import (
 
 DEFAULT_ROUNDS = 5  # with a deadline alone (the time decides how many fit)
 CONFIGS = 3  # vLLM's defaults, the recommendation and its closest rival: what each round plans for
-# By default at most AUTO_SHARE of a trial budget and MAX_AUTO_ROUNDS rounds (8 at 40): over nine real studies on the
-# Xeon a run moved 4.2% once its round and config were out (rms, 61 df) where its own counts place it within ~1%, so
-# rounds narrow the gain: at that spread 6 rounds of 3 give +-6.0 points at the last look, 8 +-5.0 (10: +-4.4).
-AUTO_SHARE = 0.6
+# By default at most AUTO_SHARE of a trial budget, served runs included, and MAX_AUTO_ROUNDS rounds (8 at 40): over
+# nine real studies on a Xeon a run moved 4.2% once its round and config were out (rms, 61 df) where its own counts
+# place it within ~1%, so rounds narrow the gain: at that spread 6 rounds of 3 give +-6.0 points, 8 +-5.0.
+AUTO_SHARE = 0.65
 MAX_AUTO_ROUNDS = 8
 MIN_AUTO_ROUNDS = 2  # fewer rounds give no interval: by default, then, none
 MIN_SEARCH_TRIALS = 2  # vLLM's defaults and one more: what a search keeps at the least
 ROUND_SEED_STEP = 1  # round r replays the workload of seed + ROUND_SEED_STEP + r
 RUN_OVER_TRIAL = 1.3  # a confirmation run against a median search trial: its bisection replays more
 SERVED_CONFIGS = 2  # measured through `vllm serve` after the rounds: vLLM's defaults and the leader
-# A run after its config's first round starts PRIOR_SPAN under its rates' median, first steps up as far over, then
-# by PRIOR_STEP: passed and failed 5.9% apart, within FIT_BRACKET. From the search trial's bracket, 9 of the 15
-# later runs of a README run (/tmp/demo22) failed at the start, stepped down 25% and bisected back up.
+# A run after its config's first round starts PRIOR_SPAN under its rates' median, first steps up as far over, then by
+# PRIOR_STEP (5.9%, within FIT_BRACKET); from the search trial's bracket, a third of later runs failed at the start.
 PRIOR_SPAN = 1.029
 PRIOR_STEP = PRIOR_SPAN ** 2
 
@@ -107,10 +104,10 @@ class Plan:
 
 def plan(budget: int | None, asked: int | None, served: bool = False) -> Plan:
     """Pure: the rounds a study confirms at most and the trials its search keeps. `asked` None is the default: as many
-    rounds as AUTO_SHARE of the budget holds, up to MAX_AUTO_ROUNDS (none below 2; with a deadline alone,
-    DEFAULT_ROUNDS); a number is the
-    user's `--confirm N`. The rounds stop before that once they decide (measurement/sequential.py). With `served`, the
-    rounds end with SERVED_CONFIGS runs through `vllm serve` (`enqueue`), which come out of the budget too."""
+    rounds as AUTO_SHARE of the budget holds with the runs as served, up to MAX_AUTO_ROUNDS (none below 2; with a
+    deadline alone, DEFAULT_ROUNDS); a number is the user's `--confirm N`. The rounds stop before that once they
+    decide (measurement/sequential.py). With `served`, the rounds end with SERVED_CONFIGS runs through `vllm serve`
+    (`enqueue`), which come out of the budget too."""
     if asked == 0:
         return Plan(0, budget, "confirmation: off (--confirm 0)")
     rounds = DEFAULT_ROUNDS if asked is None else asked
@@ -120,9 +117,9 @@ def plan(budget: int | None, asked: int | None, served: bool = False) -> Plan:
         return Plan(rounds, None, f"confirmation: up to {rounds} rounds of up to {CONFIGS} configs after the search "
                                   f"until they decide{then}, planned into the deadline", extra)
     if asked is None:
-        rounds = min(int(AUTO_SHARE * budget) // CONFIGS, MAX_AUTO_ROUNDS)
+        rounds = min((int(AUTO_SHARE * budget + 1e-9) - extra) // CONFIGS, MAX_AUTO_ROUNDS)
         if rounds < MIN_AUTO_ROUNDS:
-            need = math.ceil(MIN_AUTO_ROUNDS * CONFIGS / AUTO_SHARE)
+            need = math.ceil((MIN_AUTO_ROUNDS * CONFIGS + extra) / AUTO_SHARE)
             return Plan(0, budget, f"confirmation: none: a budget of {budget} trials leaves no room for "
                                    f"{MIN_AUTO_ROUNDS} rounds (give --budget {need} or more, or --confirm N)")
     search = budget - rounds * CONFIGS - extra
@@ -189,9 +186,10 @@ def round_seed(workload_seed: int, round_: int) -> int:
 
 
 def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
-            workload_seed: int | None = None, served: bool = False) -> dict[str, Any] | None:
+            workload_seed: int | None = None, served: bool = False, asked: bool = True) -> dict[str, Any] | None:
     """Plan the confirmation of the finished search (once: a plan for the same search trials is kept; asked for more
-    rounds than it has, a rerun with a larger `--confirm N`, it may run up to those) and queue what it needs next:
+    rounds than it has by a rerun's `--confirm N` (`asked`), it may run up to those; a default's rounds keep the
+    plan's, so that a plan made under another default keeps its budget) and queue what it needs next:
     the runs of the last round that are missing (an interrupted run is run again), else the next round, unless the
     rounds have decided or ran out (`Confirmation.outcome`). A config clearly behind the leader drops out before the
     next round (`Confirmation.behind`). Each round's order is rotated by one and each round replays its own workload
@@ -201,7 +199,8 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     key = plan_key(study)
     stored = STUDY_CONFIRMATION.of(study)
     if stored and stored.get("plan") == key:
-        plan_attr = {**stored, "rounds": max(rounds, int(stored.get("rounds", 0)))}
+        plan_attr = {**stored, "rounds": max(rounds, int(stored.get("rounds", 0))) if asked
+                     else int(stored.get("rounds", rounds))}
         if not stored.get("spending"):  # a plan stored before the error was split unequally over the looks
             plan_attr["confidence"] = look_confidence(plan_attr["rounds"])
         # a plan made without runs as served (before them, or --no-served) gets none on a resume: its budget had none
@@ -321,10 +320,11 @@ def waiting(study: optuna.Study) -> list[FrozenTrial]:
 def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: int, engine_args: dict[str, Any],
         say: Callable[..., None], on_run: Callable[[optuna.Study, FrozenTrial], None] | None = None,
         deadline_unix_s: float | None = None, now_unix_s: Callable[[], float] = time.time,
-        workload_seed: int | None = None, served: bool = False) -> str:
+        workload_seed: int | None = None, served: bool = False, asked: bool = True) -> str:
     """Plan the confirmation (once) and run its rounds until they decide or run out (`enqueue` queues each round
-    when the one before has finished), then, with `served`, the runs through `vllm serve`, in the study's
-    confirmation study; says when a config drops out. Returns a line when it stopped short (else '')."""
+    when the one before has finished; `asked`: the rounds are the user's `--confirm N`, not the default), then, with
+    `served`, the runs through `vllm serve`, in the study's confirmation study; says when a config drops out. Returns
+    a line when it stopped short (else '')."""
     if rounds <= 0:
         return ""
     said = []
@@ -351,7 +351,7 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
         queue = waiting(study)
         if not queue:
             before = (STUDY_CONFIRMATION.of(study) or {}).get("dropped") or {}
-            plan_attr = enqueue(study, rounds, engine_args, workload_seed, served)
+            plan_attr = enqueue(study, rounds, engine_args, workload_seed, served, asked)
             if plan_attr is None:
                 return "" if planned else "confirmation: nothing to confirm: no trial meets the limit"
             planned = True

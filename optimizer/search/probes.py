@@ -1,5 +1,6 @@
 """One trial's replays on its engine: the warm-up, probes sized by evidence, and the rate search from where the
-study stands (the incumbent's rate, the candidate's bracket for a confirmation run, or a first guess)."""
+study stands (the incumbent's rate, the candidate's bracket or its earlier rounds' rate for a confirmation run, or a
+first guess)."""
 
 from __future__ import annotations
 
@@ -98,8 +99,8 @@ class TrialReplays:
     async def measure(self, incumbent_rate_rps: float | None, repeats: int = 1,
                       confirm: dict[str, Any] | None = None) -> RateSearchResult:
         """The warm-up, then the trial's measurement: at a load the workload fixes, replays there; for a confirmation
-        run, the rate at the limit from its candidate's bracket; otherwise from the incumbent's rate (stopping below
-        its floor) or a first guess."""
+        run, the rate at the limit from where its plan put it (`start_rates`); otherwise from the incumbent's rate
+        (stopping below its floor) or a first guess."""
         workload, search, limit = self.workload, self.config.search, self.config.ttft_p99_ms
         if workload.warmup:
             await replay(self.engine, workload.warmup, [0.0] * len(workload.warmup), self.clock)

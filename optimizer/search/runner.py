@@ -247,7 +247,7 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
         if rounds:
             line = confirm.run(study, prepared.objective, rounds, config.engine_args, say, on_run=on_run,
                                deadline_unix_s=config.deadline_unix_s, workload_seed=config.workload.seed,
-                               served=serves)
+                               served=serves, asked=config.confirm is not None)
             if line:
                 say(line)
         tally.confirmed()

@@ -12,8 +12,8 @@ from optimizer.measurement.evidence import FAIL, PASS, UNSETTLED
 from optimizer.measurement.metrics import Distribution, ReplayMetrics
 from optimizer.measurement.rate_fit import fit_rate_at_limit
 from optimizer.measurement.rate_search import (
-    BRACKET_PRECISION, BRACKET_STEP, FIT_BRACKET, INCUMBENT_FLOOR, CurvePoint, bisected_enough, latency_is_flat,
-    probe_counts, search_rate,
+    BRACKET_PRECISION, BRACKET_STEP, FIT_BRACKET, FLAT_DESCENT, INCUMBENT_FLOOR, CurvePoint, bisected_enough,
+    latency_is_flat, probe_counts, search_rate, widened,
 )
 
 
@@ -160,17 +160,23 @@ def test_from_a_prior_it_steps_finely_and_ends_in_fewer_probes_than_from_a_brack
     probes = {}
     for how, start, kw in (("bracket", 55.0, {"failed_rps": 55.0 * 1.057}),
                            ("prior", 55.0 / 1.029, {"failed_rps": 55.0 * 1.029, "step": 1.029 ** 2})):
-        for shift in (0.9, 0.94, 0.97, 1.0, 1.03, 1.06, 1.1):
+        for shift in (0.6, 0.9, 0.94, 0.97, 1.0, 1.03, 1.06, 1.1, 1.5):
             for seed in range(4):
                 calls = []
-                res = run(knee_engine(55.0 * shift, calls, seed=seed), start, **kw)
-                assert res.fit.contains(55.0 * shift)
+                res = run(knee_engine(55.0 * shift, calls, seed=seed), start, max_replays=8, **kw)
+                assert res.fit.contains(55.0 * shift)  # moved by 40% or 50%, still found within 8 probes
                 assert res.failed_rate_rps <= res.best.offered_rate_rps * (1 + FIT_BRACKET)
                 probes[how, shift, seed] = len(calls)
                 if how == "prior" and not res.points[0].feasible:  # it failed at the start: down 5.9%, not 25%
                     assert calls[1] == pytest.approx(calls[0] / 1.029 ** 2)
-    by = {how: sum(n for (h, *_), n in probes.items() if h == how) for how in ("bracket", "prior")}
-    assert by["prior"] <= 0.8 * by["bracket"]  # 75 against 103 probes in all, by hand
+    near = {how: sum(n for (h, shift, _), n in probes.items() if h == how and 0.85 < shift < 1.15)
+            for how in ("bracket", "prior")}
+    assert near["prior"] <= 0.8 * near["bracket"]  # within 10%: 78 against 103 probes in all, by hand
+
+
+def test_a_fine_step_widens_to_the_bracket_step_and_no_further():
+    assert widened(1.029 ** 2) == pytest.approx(1.029 ** 4) and widened(1.029 ** 4) == BRACKET_STEP
+    assert widened(BRACKET_STEP) == BRACKET_STEP and widened(2.0) == 2.0
 
 
 def tail_point(rate, requests, over, p99_ms):
@@ -200,6 +206,9 @@ def test_a_descent_whose_tail_stays_stops_after_two_steps_and_says_why():
 
     res = asyncio.run(search_rate(stalls, RateSearchSpec(max_replays=8), 25.0))
     assert res.flat and res.best is None and calls == [25.0, 20.0, pytest.approx(16.0)]  # not 8 probes
+    calls.clear()  # from a prior's 5.9% the steps widen (5.9%, 5.9%, 12.1%, 25%): told apart within 5 probes
+    res = asyncio.run(search_rate(stalls, RateSearchSpec(max_replays=8), 25.0, step=1.029 ** 2))
+    assert res.flat and len(calls) == 5 and calls[0] / calls[-1] >= FLAT_DESCENT
     steep = []  # the same descent through a queue that drains: it goes on until something passes
     res = run(knee_engine(13.0, steep), 25.0, max_replays=8)
     assert not res.flat and res.best is not None

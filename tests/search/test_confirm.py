@@ -29,10 +29,14 @@ from tests.support.fakes import SimEngine, make_config, run_study
 def test_plan_takes_the_runs_out_of_the_budget():
     p = confirm.plan(40, None)
     assert (p.rounds, p.search_budget, p.runs) == (8, 16, 24) and "16 search trials" in p.line
-    assert confirm.plan(24, None).rounds == 4  # 60% of 24 is 14 runs: 4 rounds of 3
-    assert confirm.plan(100, None).rounds == confirm.MAX_AUTO_ROUNDS == 8  # 60 runs would be 20 rounds
-    small = confirm.plan(9, None)  # 60% is 5 runs: fewer than 2 rounds, so none, and it says how to get them
+    assert confirm.plan(24, None).rounds == 5  # 65% of 24 is 15 runs: 5 rounds of 3
+    assert confirm.plan(100, None).rounds == confirm.MAX_AUTO_ROUNDS == 8  # 65 runs would be 21 rounds
+    small = confirm.plan(9, None)  # 65% is 5 runs: fewer than 2 rounds, so none, and it says how to get them
     assert (small.rounds, small.search_budget) == (0, 9) and "--budget 10" in small.line
+    # the 2 runs as served count in the share: 12 holds 7 runs, 2 served and 1 round; 13 holds 2 rounds
+    served = confirm.plan(12, None, served=True)
+    assert served.rounds == 0 and "--budget 13" in served.line
+    assert (confirm.plan(13, None, served=True).rounds, confirm.plan(13, None, served=True).search_budget) == (2, 5)
     assert confirm.plan(20, 3).search_budget == 11  # asked for: taken whatever the share
     assert confirm.plan(40, 0) == confirm.Plan(0, 40, "confirmation: off (--confirm 0)")
     assert confirm.plan(None, None).search_budget is None  # a deadline alone: the time is planned instead
@@ -413,6 +417,18 @@ def test_a_candidate_clearly_behind_drops_out_of_the_next_round():
     runs, dropping = confirm.next_runs(c)
     assert dropping == {2: 3}
     assert sorted((t.number, r) for t, r in runs) == [(0, 3), (1, 3)]
+
+
+def test_a_rerun_under_another_default_keeps_its_plans_rounds():
+    # a plan of 6 rounds (the default at --budget 40 before 2026-12-05 evening), undecided after them: the same
+    # command under today's default of 8 queues nothing and keeps the plan (an explicit --confirm 8 would add two
+    # rounds: test_a_rerun_with_more_rounds_adds_them_to_the_finished_plan)
+    study = _rounds_study({0: [100.0] * 6, 1: [96.0, 110.0, 104.0, 99.0, 103.0, 97.0],
+                           2: [95.0, 108.0, 101.0, 97.0, 104.0, 99.0]}, rounds=6)
+    assert confirmation(study).outcome.value == "undecided"
+    plan_attr = confirm.enqueue(study, 8, {}, asked=False)
+    assert plan_attr["rounds"] == 6 and STUDY_CONFIRMATION.of(study)["rounds"] == 6
+    assert confirm.waiting(study) == []
 
 
 def test_a_missing_run_of_the_last_round_is_run_again_before_the_next_round():

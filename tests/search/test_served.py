@@ -35,7 +35,7 @@ def test_plan_counts_the_served_runs_in_the_budget():
     p = confirm.plan(40, None, served=True)
     assert (p.rounds, p.search_budget, p.served, p.runs) == (8, 14, 2, 26)
     assert "14 search trials" in p.line and "2 runs through `vllm serve`" in p.line
-    assert confirm.plan(40, None).search_budget == 16  # without: as before
+    assert confirm.plan(40, None).search_budget == 16  # without them: 8 rounds all the same (the cap)
     assert confirm.plan(40, 0, served=True).runs == 0  # no confirmation, no runs as served
 
 

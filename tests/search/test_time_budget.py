@@ -118,7 +118,7 @@ def test_the_probe_chooses_a_smaller_demo_on_a_slow_machine(tmp_path, model_cach
 
 
 def test_the_run_starts_with_the_probes_estimate_of_the_whole_study(tmp_path, model_cache):
-    """One estimate at the start, and the progress display's is the same: 12 search trials and 12 confirmation runs
+    """One estimate at the start, and the progress display's is the same: 9 search trials and 15 confirmation runs
     (--budget 24) at the probe's estimate per trial add up to the probe's estimate of the study."""
     config = StudyConfig(study_name="demo", storage_url=f"sqlite:///{tmp_path}/demo.db", ttft_p99_ms=150.0,
                          budget=24, model=DEFAULT_MODEL_NAME, model_is_default=True, demo_probe=True, device="cpu",
@@ -131,5 +131,5 @@ def test_the_run_starts_with_the_probes_estimate_of_the_whole_study(tmp_path, mo
     status = run_status(prepared, tally)
     estimated_s = STUDY_DEMO_SCALE.of(prepared.study)["scale"]["estimated_s"]
     assert (status.done, status.total) == (0, 24) and status.left_s(status.at_s) == pytest.approx(estimated_s)
-    assert start_estimate(status, tally) == (f"estimated time: ~{clock_text(estimated_s)} for 12 search trials and "
-                                             f"12 confirmation runs")
+    assert start_estimate(status, tally) == (f"estimated time: ~{clock_text(estimated_s)} for 9 search trials and "
+                                             f"15 confirmation runs")
