@@ -253,7 +253,7 @@ def run_study(ns: argparse.Namespace) -> int:
 
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
     config, stored = resolve_config(ns)
-    from optimizer.search.confirm import plan
+    from optimizer.search.split import plan
 
     # a --confirm the budget cannot hold fails here, before anything is written
     plan(config.budget, config.confirm, config.serves_after)

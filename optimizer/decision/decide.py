@@ -28,7 +28,7 @@ from optimizer.measurement.rerank import Answer, pareto_front, rank_curve, recom
 from optimizer.measurement.sequential import FIRST_LOOK_ROUND, PROJECTED_ROUNDS, Outcome
 from optimizer.params.deploy import label as deploy_label
 from optimizer.search.attrs import CURVE
-from optimizer.search.confirm import more_rounds_command
+from optimizer.search.split import more_rounds_command
 from optimizer.search.confirmed import Confirmation, confirmation
 from optimizer.search.score import compared_per_gpu, noise_cv, rank_trials, tied_with
 from optimizer.search.study import FINISHED, confirmation_runs, run_name, search_trials

@@ -34,11 +34,10 @@ measured again:
   replayed: a user deploys the server, and on a small machine the server, the engine and the client share its cores,
   so the rate as served can lie well below the rate in process. The report shows both, each named.
 
-The runs come out of the user's budget: `--budget 40` is 14 search trials, up to 24 runs (8 rounds of 3 configs;
-rounds that decide early leave the rest unspent) and 2 served: by default at most AUTO_SHARE of a trial budget,
-served runs included, and MAX_AUTO_ROUNDS rounds (none below 2 rounds); `--confirm N` asks for up to N rounds
-whatever the budget (45% and 6 rounds at 40 before 2026-12-05 evening). With a deadline (`--budget 8h`), the search
-stops early enough for the rounds, and a round that would end past the deadline is not started.
+The runs come out of the user's budget (search/split.py): `--budget 40` is 14 search trials, up to 24 runs (8 rounds
+of 3 configs, or 12 of 2 where no rival overlaps; rounds that decide early leave the rest unspent) and 2 served;
+`--confirm N` asks for up to N rounds whatever the budget. With a deadline (`--budget 8h`), the search stops early
+enough for the rounds, and a round that would end past the deadline is not started.
 """
 
 from __future__ import annotations
@@ -47,13 +46,11 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer.core.errors import UsageError
 from optimizer.measurement.rate_search import BRACKET_STEP
 from optimizer.measurement.sequential import (GROUP_SEQUENTIAL, PRECISE_HALF_WIDTH, SPENDING_POWER, Outcome,
                                               look_confidence)
@@ -66,80 +63,17 @@ from optimizer.search.score import (
     baseline, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first, study_limit_ms,
     tied_with,
 )
+from optimizer.search.split import CONFIGS, rounds_for
 from optimizer.search.study import (
     confirmation_runs, confirmation_study, is_confirmation, run_name, search_trials, wait_while_running,
 )
 
-DEFAULT_ROUNDS = 5  # with a deadline alone (the time decides how many fit)
-CONFIGS = 3  # vLLM's defaults, the recommendation and its closest rival: what each round plans for
-# By default at most AUTO_SHARE of a trial budget, served runs included, and MAX_AUTO_ROUNDS rounds (8 at 40): over
-# nine real studies on a Xeon a run moved 4.2% once its round and config were out (rms, 61 df) where its own counts
-# place it within ~1%, so rounds narrow the gain: at that spread 6 rounds of 3 give +-6.0 points, 8 +-5.0.
-AUTO_SHARE = 0.65
-MAX_AUTO_ROUNDS = 8
-MIN_AUTO_ROUNDS = 2  # fewer rounds give no interval: by default, then, none
-MIN_SEARCH_TRIALS = 2  # vLLM's defaults and one more: what a search keeps at the least
 ROUND_SEED_STEP = 1  # round r replays the workload of seed + ROUND_SEED_STEP + r
 RUN_OVER_TRIAL = 1.3  # a confirmation run against a median search trial: its bisection replays more
-SERVED_CONFIGS = 2  # measured through `vllm serve` after the rounds: vLLM's defaults and the leader
 # A run after its config's first round starts PRIOR_SPAN under its rates' median, first steps up as far over, then by
 # PRIOR_STEP (5.9%, within FIT_BRACKET); from the search trial's bracket, a third of later runs failed at the start.
 PRIOR_SPAN = 1.029
 PRIOR_STEP = PRIOR_SPAN ** 2
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How a budget splits between the search and the confirmation, and the line that says so."""
-
-    rounds: int
-    search_budget: int | None  # trials the search runs (None: the deadline decides)
-    line: str
-    served: int = 0  # runs through `vllm serve` after the rounds (SERVED_CONFIGS, or 0: none)
-
-    @property
-    def runs(self) -> int:
-        return self.rounds * CONFIGS + self.served
-
-
-def plan(budget: int | None, asked: int | None, served: bool = False) -> Plan:
-    """Pure: the rounds a study confirms at most and the trials its search keeps. `asked` None is the default: as many
-    rounds as AUTO_SHARE of the budget holds with the runs as served, up to MAX_AUTO_ROUNDS (none below 2; with a
-    deadline alone, DEFAULT_ROUNDS); a number is the user's `--confirm N`. The rounds stop before that once they
-    decide (measurement/sequential.py). With `served`, the rounds end with SERVED_CONFIGS runs through `vllm serve`
-    (`enqueue`), which come out of the budget too."""
-    if asked == 0:
-        return Plan(0, budget, "confirmation: off (--confirm 0)")
-    rounds = DEFAULT_ROUNDS if asked is None else asked
-    extra = SERVED_CONFIGS if served else 0
-    then = f", then {extra} runs through `vllm serve`" if extra else ""
-    if budget is None:
-        return Plan(rounds, None, f"confirmation: up to {rounds} rounds of up to {CONFIGS} configs after the search "
-                                  f"until they decide{then}, planned into the deadline", extra)
-    if asked is None:
-        rounds = min((int(AUTO_SHARE * budget + 1e-9) - extra) // CONFIGS, MAX_AUTO_ROUNDS)
-        if rounds < MIN_AUTO_ROUNDS:
-            need = math.ceil((MIN_AUTO_ROUNDS * CONFIGS + extra) / AUTO_SHARE)
-            return Plan(0, budget, f"confirmation: none: a budget of {budget} trials leaves no room for "
-                                   f"{MIN_AUTO_ROUNDS} rounds (give --budget {need} or more, or --confirm N)")
-    search = budget - rounds * CONFIGS - extra
-    if search < MIN_SEARCH_TRIALS:
-        raise UsageError(f"--confirm {rounds} takes {rounds * CONFIGS + extra} of the {budget} trials of --budget "
-                         f"and leaves the search fewer than {MIN_SEARCH_TRIALS}: give --budget "
-                         f"{rounds * CONFIGS + extra + MIN_SEARCH_TRIALS} or more, or fewer --confirm rounds")
-    runs = f"up to {rounds * CONFIGS} confirmation runs" + (
-        f" and {extra} runs through `vllm serve` (vLLM's defaults and the leader, as deployed)" if extra else "")
-    return Plan(rounds, search, f"confirmation: up to {rounds} rounds of up to {CONFIGS} configs, until they decide, "
-                                f"come out of the budget of {budget}: {search} search trials, then {runs}", extra)
-
-
-def more_rounds_command(study_name: str, budget: int | None, rounds: int, added: int = 1) -> str:
-    """Pure: the command that gives a confirmed study `added` more rounds on a rerun: the plan's rounds raised and
-    the budget by the runs they take, so that the search keeps its trials (`plan`). With a deadline alone there is
-    no trial budget to raise."""
-    more = f"--confirm {rounds + added}"
-    raised = more if budget is None else f"--budget {budget + added * CONFIGS} {more}"
-    return f"optimize --study {study_name} {raised}"
 
 
 def candidates(study: optuna.Study) -> list[FrozenTrial]:
@@ -209,7 +143,8 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
         chosen = candidates(study)
         if not chosen:
             return None
-        plan_attr = {"plan": key, "rounds": rounds, "candidates": [t.number for t in chosen],
+        plan_attr = {"plan": key, "rounds": rounds if asked else rounds_for(rounds, len(chosen)),
+                     "candidates": [t.number for t in chosen],
                      "limit_ms": study_limit_ms(study), "spending": SPENDING_POWER, "looks": GROUP_SEQUENTIAL,
                      "value": FIT_VALUE, "dropped": {}, "served": served, "precise_half_width": PRECISE_HALF_WIDTH}
     c = confirmation(study, plan_attr)

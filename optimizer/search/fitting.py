@@ -76,7 +76,7 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
         return config, None
     finally:
         record.unlink(missing_ok=True)
-    from optimizer.search.confirm import plan
+    from optimizer.search.split import plan
 
     budget = config.budget or 40
     runs = plan(config.budget, config.confirm, config.serves_after).runs if config.budget is not None else 0

@@ -319,7 +319,7 @@ class Tally:
             dropped = stored.get("dropped") or {}  # a candidate clearly behind ran only the rounds before it dropped
             planned = sum(int(dropped.get(str(n), stored["rounds"])) for n in stored["candidates"])
             if stored.get("served"):  # the runs through `vllm serve` after the rounds
-                from optimizer.search.confirm import SERVED_CONFIGS
+                from optimizer.search.split import SERVED_CONFIGS
 
                 planned += SERVED_CONFIGS
             self.runs_planned = max(planned, self.runs_done)

@@ -198,10 +198,11 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
     Unless `quiet`, one progress display covers both (search/progress.py): it prints every trial's and run's line,
     and the lines said meanwhile, under one estimate of the time left, which the run's first line states."""
     from optimizer.search import confirm
+    from optimizer.search.split import CONFIGS, plan
 
     config, study = prepared.config, prepared.study
     serves = prepared.objective.served_factory is not None
-    split = confirm.plan(config.budget, config.confirm, serves)
+    split = plan(config.budget, config.confirm, serves)
     say(split.line)
     estimate = trial_estimate(prepared)
     tally = Tally(split.search_budget, split.runs)
@@ -241,7 +242,7 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
             rounds = confirm.rounds_in_time(split.rounds, config.deadline_unix_s, confirm.run_estimate_s(study))
             if rounds < split.rounds:
                 say(f"confirmation: {rounds} of {split.rounds} rounds fit before the deadline")
-        tally.confirm(rounds * confirm.CONFIGS + (split.served if rounds else 0))
+        tally.confirm(rounds * CONFIGS + (split.served if rounds else 0))
         if progress is not None:
             progress.update(status())
         if rounds:

@@ -10,7 +10,7 @@ from optimizer.cli.run import resolve_config
 from optimizer.decision.decide import decide
 from optimizer.decision.views import summary_lines
 from optimizer.search.attrs import STUDY_CONFIRMATION
-from optimizer.search.confirm import CONFIGS, plan
+from optimizer.search.split import CONFIGS, plan
 from optimizer.search.confirmed import confirmation
 from optimizer.search.study import finished_count
 from tests.cli.test_help import _parser_for

@@ -12,7 +12,7 @@ from optimizer.decision.decide import decide
 from optimizer.decision.report import summary_text
 from optimizer.decision.document import render
 from optimizer.measurement.rate_search import FIT_BRACKET
-from optimizer.search import confirm
+from optimizer.search import confirm, split
 from optimizer.search.attrs import BASELINE, CONFIRM, CURVE, LOG_FILE, RESULT, RETRY_OF, STUDY_CONFIRMATION
 from optimizer.search.incumbent import fair_incumbent_rate, single_run_lower_rps
 from optimizer.search.objective import Objective
@@ -27,21 +27,21 @@ from tests.support.fakes import SimEngine, make_config, run_study
 
 
 def test_plan_takes_the_runs_out_of_the_budget():
-    p = confirm.plan(40, None)
+    p = split.plan(40, None)
     assert (p.rounds, p.search_budget, p.runs) == (8, 16, 24) and "16 search trials" in p.line
-    assert confirm.plan(24, None).rounds == 5  # 65% of 24 is 15 runs: 5 rounds of 3
-    assert confirm.plan(100, None).rounds == confirm.MAX_AUTO_ROUNDS == 8  # 65 runs would be 21 rounds
-    small = confirm.plan(9, None)  # 65% is 5 runs: fewer than 2 rounds, so none, and it says how to get them
+    assert split.plan(24, None).rounds == 5  # 65% of 24 is 15 runs: 5 rounds of 3
+    assert split.plan(100, None).rounds == split.MAX_AUTO_ROUNDS == 8  # 65 runs would be 21 rounds
+    small = split.plan(9, None)  # 65% is 5 runs: fewer than 2 rounds, so none, and it says how to get them
     assert (small.rounds, small.search_budget) == (0, 9) and "--budget 10" in small.line
     # the 2 runs as served count in the share: 12 holds 7 runs, 2 served and 1 round; 13 holds 2 rounds
-    served = confirm.plan(12, None, served=True)
+    served = split.plan(12, None, served=True)
     assert served.rounds == 0 and "--budget 13" in served.line
-    assert (confirm.plan(13, None, served=True).rounds, confirm.plan(13, None, served=True).search_budget) == (2, 5)
-    assert confirm.plan(20, 3).search_budget == 11  # asked for: taken whatever the share
-    assert confirm.plan(40, 0) == confirm.Plan(0, 40, "confirmation: off (--confirm 0)")
-    assert confirm.plan(None, None).search_budget is None  # a deadline alone: the time is planned instead
+    assert (split.plan(13, None, served=True).rounds, split.plan(13, None, served=True).search_budget) == (2, 5)
+    assert split.plan(20, 3).search_budget == 11  # asked for: taken whatever the share
+    assert split.plan(40, 0) == split.Plan(0, 40, "confirmation: off (--confirm 0)")
+    assert split.plan(None, None).search_budget is None  # a deadline alone: the time is planned instead
     with pytest.raises(UsageError, match="--budget 11 or more"):
-        confirm.plan(10, 3)
+        split.plan(10, 3)
 
 
 def test_rounds_that_fit_before_a_deadline():
@@ -61,12 +61,12 @@ def test_rounds_alternate_on_fresh_engines_after_the_search(confirmed):
     runs = confirmation_study(study).trials  # in the study NAME.confirmation, not among the search's trials
     search = study.trials
     assert not any(is_confirmation(t) for t in search) and all(is_confirmation(t) for t in runs)
-    assert finished_count(study) == len(search) == 12 - 2 * confirm.CONFIGS
+    assert finished_count(study) == len(search) == 12 - 2 * split.CONFIGS
     assert min(t.datetime_start for t in runs) > max(t.datetime_complete for t in search)  # after the search
     assert [t.number for t in confirmation_runs(study)] == [t.number for t in runs]
     plan = STUDY_CONFIRMATION.of(study)
     chosen = plan["candidates"]
-    assert plan["rounds"] == 2 and chosen[0] == 0 and 2 <= len(chosen) <= confirm.CONFIGS  # the defaults first
+    assert plan["rounds"] == 2 and chosen[0] == 0 and 2 <= len(chosen) <= split.CONFIGS  # the defaults first
     assert plan["looks"] == "group-sequential" and plan["value"] == "rate-at-limit"  # a new plan's rules
     order = [(CONFIRM.of(t)["round"], CONFIRM.of(t)["of"]) for t in runs]
     assert order == [(0, n) for n in chosen] + [(1, n) for n in chosen[1:] + chosen[:1]]  # round 2 rotated by one
@@ -134,6 +134,17 @@ def test_a_run_after_the_first_round_starts_at_its_configs_median_rate_so_far():
     assert confirm.prior_spec([]) is None and confirm.prior_spec([0.0, math.inf]) is None
     assert confirm.start_rates({"start_rps": 70.0, "failed_rps": 72.0}) == (70.0, 72.0, 1.25)  # a run queued before
     assert confirm.start_rates({"start_rps": None, "failed_rps": None}) == (math.inf, None, 1.25)
+
+
+def test_a_default_plan_of_two_configs_spends_the_same_runs_on_more_rounds(tmp_path, config_only_model):
+    assert split.rounds_for(8, 3) == 8 and split.rounds_for(8, 2) == 12 and split.rounds_for(2, 2) == 3
+    assert split.rounds_for(8, 1) == 12  # vLLM's defaults alone: as two (the plan compares nothing)
+    config = make_config(tmp_path, config_only_model, budget=10)  # the default: 2 rounds of 3 (6 runs), 4 trials
+    assert split.plan(10, None).rounds == 2
+    study = run_study(tmp_path, config)
+    plan = STUDY_CONFIRMATION.of(study)
+    assert plan["rounds"] == 2 * split.CONFIGS // max(len(plan["candidates"]), 2)  # 3 of 2 or 2 of 3
+    assert len(confirmation_study(study).trials) <= 2 * split.CONFIGS  # the runs of the plan: never more
 
 
 def test_round_seeds_are_new_draws_one_per_round():

@@ -10,7 +10,7 @@ from optimizer.decision.decide import decide
 from optimizer.decision.document import render, report_document
 from optimizer.decision.served import served_record
 from optimizer.engines.sim.noise import scaled
-from optimizer.search import confirm
+from optimizer.search import confirm, split
 from optimizer.search.attrs import CONFIRM
 from optimizer.search.runner import prepare, run
 from optimizer.search.confirmed import confirmation
@@ -32,11 +32,11 @@ class ServedSim(SimEngine):
 
 
 def test_plan_counts_the_served_runs_in_the_budget():
-    p = confirm.plan(40, None, served=True)
+    p = split.plan(40, None, served=True)
     assert (p.rounds, p.search_budget, p.served, p.runs) == (8, 14, 2, 26)
     assert "14 search trials" in p.line and "2 runs through `vllm serve`" in p.line
-    assert confirm.plan(40, None).search_budget == 16  # without them: 8 rounds all the same (the cap)
-    assert confirm.plan(40, 0, served=True).runs == 0  # no confirmation, no runs as served
+    assert split.plan(40, None).search_budget == 16  # without them: 8 rounds all the same (the cap)
+    assert split.plan(40, 0, served=True).runs == 0  # no confirmation, no runs as served
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +52,13 @@ def served_study(tmp_path_factory):
 
 def test_the_rounds_end_with_the_defaults_and_the_leader_as_served(served_study):
     config, study, _ = served_study
-    assert finished_count(study) == 14 - 2 * confirm.CONFIGS - confirm.SERVED_CONFIGS
+    assert finished_count(study) == 14 - 2 * split.CONFIGS - split.SERVED_CONFIGS
     c = confirmation(study)
     assert c is not None and c.complete
     runs = confirmation_runs(study)  # in the study NAME.confirmation
     served = [t for t in runs if CONFIRM.of(t).get("served")]
     # the last runs, one per config served, after every round, each on the served engine
-    assert runs[-len(served):] == served and ServedSim.made == len(served) == confirm.SERVED_CONFIGS
+    assert runs[-len(served):] == served and ServedSim.made == len(served) == split.SERVED_CONFIGS
     assert sorted(CONFIRM.of(t)["of"] for t in served) == sorted(x.number for x in c.served_configs)
     assert c.base in c.served_configs and c.served_missing == []
     # one draw for both, a draw no round replayed

@@ -13,7 +13,7 @@ from optimizer.engines.sim.steptime import StepTimeModel
 from optimizer.engines.simulated import SimulatedEngine
 from optimizer.search.attrs import STUDY_DEMO_SCALE
 from optimizer.search.progress import clock_text
-from optimizer.search.confirm import plan
+from optimizer.search.split import plan
 from optimizer.search.progress import Tally
 from optimizer.search.runner import budget_text, prepare, run_status, start_estimate
 from optimizer.search.study import open_study, run_to_budget, storage_for, time_left_for
