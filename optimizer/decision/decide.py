@@ -28,7 +28,7 @@ from optimizer.measurement.rerank import Answer, pareto_front, rank_curve, recom
 from optimizer.measurement.sequential import FIRST_LOOK_ROUND, PROJECTED_ROUNDS, Outcome
 from optimizer.params.deploy import label as deploy_label
 from optimizer.search.attrs import CURVE
-from optimizer.search.split import more_rounds_command
+from optimizer.search.split import Plan, more_rounds_command, plan
 from optimizer.search.confirmed import Confirmation, confirmation
 from optimizer.search.score import compared_per_gpu, noise_cv, rank_trials, tied_with
 from optimizer.search.study import FINISHED, confirmation_runs, run_name, search_trials
@@ -55,7 +55,7 @@ class Decision:
     confirmation: Confirmation | None = None  # the configs measured again after the search (at the study's limit)
     # where the baseline is not quite vLLM's defaults: argument -> (value, why), e.g. this machine's fallback
     defaults_as_run: dict[str, tuple[Any, str]] = field(default_factory=dict)
-    more_rounds: str = ""  # the command that adds a confirmation round (search/confirm.py `more_rounds_command`)
+    more_rounds: str = ""  # the command that adds a confirmation round (search/split.py `more_rounds_command`)
     rounds_needed: int | None = None  # rounds that would be expected to decide an undecided confirmation (None: more)
     rounds_projected: bool = False  # whether `rounds_needed` was projected at all (it needs two full rounds)
 
@@ -162,6 +162,14 @@ class Decision:
                       key=lambda v: (-v.ranked.output_throughput_tok_s, v.ranked.ttft_p99_ms, v.number))
 
 
+def budget_split(config: StudyConfig) -> Plan | None:
+    """The study's split of its budget (search/split.py `plan`); None where its stored settings give none."""
+    try:
+        return plan(config.budget, config.confirm, config.serves_after)
+    except UsageError:
+        return None
+
+
 def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = None,
            other_limits_ms: dict[str, float] | None = None) -> Decision:
     """Rank every finished trial of `study` for `limit_ms` (default: the limit the study searched with) and any
@@ -176,6 +184,7 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     best_n = recommend(ranked)
     own_limit = math.isclose(limit, config.ttft_p99_ms) and not other
     confirmed = confirmation(study) if own_limit else None  # measured at the study's limit only
+    split = budget_split(config)
     if confirmed is not None and confirmed.recommended is not None and confirmed.recommended.number in by_number:
         best_n = confirmed.recommended.number  # chosen from the confirmed numbers (search/confirmed.py::recommended)
     best = by_number[best_n] if best_n is not None else None
@@ -187,7 +196,9 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
                         arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as),
                         confirmation=confirmed,
                         defaults_as_run=defaults_as_run(base.trial, config) if base is not None else {},
-                        more_rounds=more_rounds_command(config.study_name, config.budget, confirmed.rounds)
+                        more_rounds=more_rounds_command(config.study_name, config.budget, confirmed.rounds,
+                                                        search_budget=split and split.search_budget,
+                                                        served=split.served if split else 0)
                         if confirmed is not None else "",
                         rounds_needed=confirmed.rounds_to_decide() if undecided else None,
                         rounds_projected=undecided and len(confirmed.full_rounds) >= FIRST_LOOK_ROUND)

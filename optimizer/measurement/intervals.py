@@ -157,7 +157,8 @@ def block_gain_interval(rows: Sequence[Sequence[float]], a: int, b: int, confide
     half = t_quantile(confidence, df) * math.sqrt(2 * sse / df / rounds)
     d = config_mean[b] - config_mean[a]
     gains = [y / x - 1 for x, y in zip(rows[a], rows[b])]
-    return Interval(median(gains), math.exp(d - half) - 1, math.exp(d + half) - 1, rounds)
+    # an early look's t is in the thousands (99.98% on 1 degree of freedom): keep its bound finite, not an overflow
+    return Interval(median(gains), math.exp(max(d - half, -700.0)) - 1, math.exp(min(d + half, 700.0)) - 1, rounds)
 
 
 def lower_prediction_factor(rows: Sequence[Sequence[float]], runs: int, coverage: float = 0.95) -> float | None:

@@ -63,7 +63,7 @@ from optimizer.search.score import (
     baseline, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first, study_limit_ms,
     tied_with,
 )
-from optimizer.search.split import CONFIGS, rounds_for
+from optimizer.search.split import CONFIGS, SPLIT_RULE, rounds_for
 from optimizer.search.study import (
     confirmation_runs, confirmation_study, is_confirmation, run_name, search_trials, wait_while_running,
 )
@@ -122,8 +122,8 @@ def round_seed(workload_seed: int, round_: int) -> int:
 def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
             workload_seed: int | None = None, served: bool = False, asked: bool = True) -> dict[str, Any] | None:
     """Plan the confirmation of the finished search (once: a plan for the same search trials is kept; asked for more
-    rounds than it has by a rerun's `--confirm N` (`asked`), it may run up to those; a default's rounds keep the
-    plan's, so that a plan made under another default keeps its budget) and queue what it needs next:
+    rounds than it has by a rerun's `--confirm N` (`asked`), it may run up to those; a default's rounds grow a plan
+    made by the same SPLIT_RULE, as after a deadline, and keep one made under another) and queue what it needs next:
     the runs of the last round that are missing (an interrupted run is run again), else the next round, unless the
     rounds have decided or ran out (`Confirmation.outcome`). A config clearly behind the leader drops out before the
     next round (`Confirmation.behind`). Each round's order is rotated by one and each round replays its own workload
@@ -133,8 +133,10 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     key = plan_key(study)
     stored = STUDY_CONFIRMATION.of(study)
     if stored and stored.get("plan") == key:
-        plan_attr = {**stored, "rounds": max(rounds, int(stored.get("rounds", 0))) if asked
-                     else int(stored.get("rounds", rounds))}
+        kept = int(stored.get("rounds", rounds))  # a default's rounds grow only within the rule the plan was made by
+        grown = rounds if asked else rounds_for(rounds, len(stored.get("candidates") or [])) \
+            if stored.get("split") == SPLIT_RULE else kept
+        plan_attr = {**stored, "rounds": max(grown, kept)}
         if not stored.get("spending"):  # a plan stored before the error was split unequally over the looks
             plan_attr["confidence"] = look_confidence(plan_attr["rounds"])
         # a plan made without runs as served (before them, or --no-served) gets none on a resume: its budget had none
@@ -144,7 +146,7 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
         if not chosen:
             return None
         plan_attr = {"plan": key, "rounds": rounds if asked else rounds_for(rounds, len(chosen)),
-                     "candidates": [t.number for t in chosen],
+                     "candidates": [t.number for t in chosen], **({} if asked else {"split": SPLIT_RULE}),
                      "limit_ms": study_limit_ms(study), "spending": SPENDING_POWER, "looks": GROUP_SEQUENTIAL,
                      "value": FIT_VALUE, "dropped": {}, "served": served, "precise_half_width": PRECISE_HALF_WIDTH}
     c = confirmation(study, plan_attr)

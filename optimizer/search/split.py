@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from optimizer.core.errors import UsageError
 
 DEFAULT_ROUNDS = 5  # with a deadline alone (the time decides how many fit)
+SPLIT_RULE = "65% with the served runs, up to 8 rounds"  # stored in a default plan: a rerun under another keeps it
 CONFIGS = 3  # vLLM's defaults, the recommendation and its closest rival: what each round plans for
 # By default at most AUTO_SHARE of a trial budget, served runs included, and MAX_AUTO_ROUNDS rounds (8 at 40): over
 # nine real studies on a Xeon a run moved 4.2% once its round and config were out (rms, 61 df) where its own counts
@@ -66,17 +67,24 @@ def plan(budget: int | None, asked: int | None, served: bool = False) -> Plan:
                          f"{rounds * CONFIGS + extra + MIN_SEARCH_TRIALS} or more, or fewer --confirm rounds")
     runs = f"up to {rounds * CONFIGS} confirmation runs" + (
         f" and {extra} runs through `vllm serve` (vLLM's defaults and the leader, as deployed)" if extra else "")
-    return Plan(rounds, search, f"confirmation: up to {rounds} rounds of up to {CONFIGS} configs, until they decide, "
+    shape = f"of up to {CONFIGS} configs" if asked is not None else \
+        f"of {CONFIGS} configs (or {rounds_for(rounds, 2)} of 2)"
+    return Plan(rounds, search, f"confirmation: up to {rounds} rounds {shape}, until they decide, "
                                 f"come out of the budget of {budget}: {search} search trials, then {runs}", extra)
 
 
-def more_rounds_command(study_name: str, budget: int | None, rounds: int, added: int = 1) -> str:
+def more_rounds_command(study_name: str, budget: int | None, rounds: int, added: int = 1,
+                        search_budget: int | None = None, served: int = 0) -> str:
     """Pure: the command that gives a confirmed study `added` more rounds on a rerun: the plan's rounds raised and
-    the budget by the runs they take, so that the search keeps its trials (`plan`). With a deadline alone there is
-    no trial budget to raise."""
+    the budget to what `plan` charges for them (CONFIGS runs a round, and `served`) beside the search's
+    `search_budget` trials, so that the search keeps them (a plan of 2 configs has more rounds than its budget's
+    rounds of 3: `rounds_for`). Without `search_budget`, the budget raised by the added rounds' runs. With a deadline
+    alone there is no trial budget to raise."""
     more = f"--confirm {rounds + added}"
-    raised = more if budget is None else f"--budget {budget + added * CONFIGS} {more}"
-    return f"optimize --study {study_name} {raised}"
+    if budget is None:
+        return f"optimize --study {study_name} {more}"
+    raised = budget + added * CONFIGS if search_budget is None else search_budget + (rounds + added) * CONFIGS + served
+    return f"optimize --study {study_name} --budget {raised} {more}"
 
 
 def rounds_for(rounds: int, candidates: int) -> int:

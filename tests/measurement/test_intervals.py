@@ -74,6 +74,14 @@ def test_a_gain_pools_the_spread_of_every_config_in_the_rounds():
         block_gain_interval([[1.0, 2.0], [1.0]], 0, 1)
 
 
+def test_an_early_looks_gain_interval_stays_finite_where_its_t_is_in_the_thousands():
+    # the look after round 2 of a plan of 12 rounds of 2 configs is at 99.977% on 1 degree of freedom (t ~ 2750):
+    # two rounds whose gains differ by 0.6 in log put the bound past exp(700); it is held there, not an overflow
+    rows = [[1.0, 1.0], [math.exp(0.3), math.exp(-0.3)]]
+    g = block_gain_interval(rows, 0, 1, confidence=1 - 0.05 * (2 / 12) ** 3)
+    assert g.low == pytest.approx(math.exp(-700.0) - 1) and math.isfinite(g.high) and g.high > 1e300
+
+
 def test_overlap_decides_ties():
     a, b, c = Interval(10, 9, 11, 3), Interval(10.5, 10.8, 12, 3), Interval(13, 12.5, 14, 3)
     assert a.overlaps(b) and b.overlaps(a) and not a.overlaps(c)

@@ -136,15 +136,30 @@ def test_a_run_after_the_first_round_starts_at_its_configs_median_rate_so_far():
     assert confirm.start_rates({"start_rps": None, "failed_rps": None}) == (math.inf, None, 1.25)
 
 
-def test_a_default_plan_of_two_configs_spends_the_same_runs_on_more_rounds(tmp_path, config_only_model):
+def test_a_default_plan_of_two_configs_spends_the_same_runs_on_more_rounds(monkeypatch):
     assert split.rounds_for(8, 3) == 8 and split.rounds_for(8, 2) == 12 and split.rounds_for(2, 2) == 3
     assert split.rounds_for(8, 1) == 12  # vLLM's defaults alone: as two (the plan compares nothing)
-    config = make_config(tmp_path, config_only_model, budget=10)  # the default: 2 rounds of 3 (6 runs), 4 trials
-    assert split.plan(10, None).rounds == 2
-    study = run_study(tmp_path, config)
-    plan = STUDY_CONFIRMATION.of(study)
-    assert plan["rounds"] == 2 * split.CONFIGS // max(len(plan["candidates"]), 2)  # 3 of 2 or 2 of 3
-    assert len(confirmation_study(study).trials) <= 2 * split.CONFIGS  # the runs of the plan: never more
+    assert "up to 8 rounds of 3 configs (or 12 of 2)" in split.plan(40, None, served=True).line
+    study = _rounds_study({}, rounds=8)
+    STUDY_CONFIRMATION.set(study, {})  # no plan yet; the search found vLLM's defaults and one config to confirm
+    monkeypatch.setattr(confirm, "candidates", lambda s: s.trials[:2])
+    monkeypatch.setattr(confirm, "run_spec", lambda *a: {"start_rps": 10.0, "failed_rps": None})
+    assert confirm.enqueue(study, 8, {}, asked=False)["rounds"] == 12  # the default: 24 runs, in rounds of 2
+    assert [CONFIRM.of(t)["of"] for t in confirm.waiting(study)] == [0, 1]  # the first round's
+    assert STUDY_CONFIRMATION.of(study)["split"] == split.SPLIT_RULE
+    STUDY_CONFIRMATION.set(study, {})
+    assert confirm.enqueue(study, 8, {}, asked=True)["rounds"] == 8  # --confirm 8: 8 rounds, whatever the configs
+
+
+def test_the_command_that_adds_a_round_keeps_the_search_whatever_the_plans_rounds():
+    # 8 rounds of 3 at --budget 40 (14 search trials, 2 served): one more is 3 more trials; 12 rounds of 2 were
+    # charged as 8 of 3, and 13 rounds are charged as 13 of 3, so the budget rises to keep the 14 trials
+    three = split.more_rounds_command("s", 40, 8, search_budget=14, served=2)
+    two = split.more_rounds_command("s", 40, 12, search_budget=14, served=2)
+    assert three == "optimize --study s --budget 43 --confirm 9"
+    assert two == "optimize --study s --budget 55 --confirm 13"
+    assert split.plan(43, 9, served=True).search_budget == split.plan(55, 13, served=True).search_budget == 14
+    assert split.more_rounds_command("s", None, 5) == "optimize --study s --confirm 6"  # a deadline alone
 
 
 def test_round_seeds_are_new_draws_one_per_round():
