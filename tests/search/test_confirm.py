@@ -144,6 +144,7 @@ def test_a_default_plan_of_two_configs_spends_the_same_runs_on_more_rounds(monke
     STUDY_CONFIRMATION.set(study, {})  # no plan yet; the search found vLLM's defaults and one config to confirm
     monkeypatch.setattr(confirm, "candidates", lambda s: s.trials[:2])
     monkeypatch.setattr(confirm, "run_spec", lambda *a: {"start_rps": 10.0, "failed_rps": None})
+    monkeypatch.setattr(confirm, "study_limit_ms", lambda s: 150.0)  # a study optimize made stores its limit
     assert confirm.enqueue(study, 8, {}, asked=False)["rounds"] == 12  # the default: 24 runs, in rounds of 2
     assert [CONFIRM.of(t)["of"] for t in confirm.waiting(study)] == [0, 1]  # the first round's
     assert STUDY_CONFIRMATION.of(study)["split"] == split.SPLIT_RULE
