@@ -197,7 +197,7 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
                         confirmation=confirmed,
                         defaults_as_run=defaults_as_run(base.trial, config) if base is not None else {},
                         more_rounds=more_rounds_command(config.study_name, config.budget, confirmed.rounds,
-                                                        search_budget=split and split.search_budget,
+                                                        search_budget=split.search_budget if split else None,
                                                         served=split.served if split else 0)
                         if confirmed is not None else "",
                         rounds_needed=confirmed.rounds_to_decide() if undecided else None,
