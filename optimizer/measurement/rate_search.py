@@ -239,16 +239,16 @@ async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
                 result.flat = True
                 break
             rate = rate / step if floor_rps is None else max(rate / step, floor_rps)
-            step = widened(step) if len(result.points) >= 2 else step
-            continue
-        if hi is None:  # everything passed so far: up, nothing caps it
+        elif hi is None:  # everything passed so far: up, nothing caps it
             rate = failed_rps if failed_rps is not None and failed_rps > lo and len(result.points) == 1 \
                 else lo * step
-            step = widened(step) if len(result.points) >= 2 else step
-            continue
-        if bisected_enough(result.points, lo, hi, precision, fit_bracket):
+        elif bisected_enough(result.points, lo, hi, precision, fit_bracket):
             break
-        rate = math.sqrt(lo * hi)
+        else:
+            rate = math.sqrt(lo * hi)
+            continue
+        if len(result.points) >= 2:  # a step that did not cross the limit: the next one the same way is wider
+            step = widened(step)
     passed = [p for p in result.points if p.feasible]
     result.best = max(passed, key=lambda p: p.offered_rate_rps, default=None)
     result.fit = fit_rate_at_limit(probe_counts(result.points))

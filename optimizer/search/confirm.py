@@ -57,7 +57,7 @@ from optimizer.measurement.sequential import (GROUP_SEQUENTIAL, PRECISE_HALF_WID
 from optimizer.search.attrs import (
     CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
-from optimizer.search.confirmed import FIT_VALUE, Confirmation, confirmation
+from optimizer.search.confirmed import FIT_VALUE, Confirmation, Confirmed, confirmation
 from optimizer.search.missed import why_infeasible
 from optimizer.search.score import (
     baseline, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first, study_limit_ms,
@@ -157,11 +157,10 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     STUDY_CONFIRMATION.set(study, plan_attr)
     home = confirmation_study(study, create=True)
     assert home is not None
-    for trial, r in runs:
+    for x, r in runs:
         seed = None if workload_seed is None else round_seed(workload_seed, r)
-        x = next(x for x in c.configs if x.trial.number == trial.number)
         prior = [x.rate_rps(k) or 0.0 for k in sorted(x.runs) if k < r]
-        home.enqueue_trial({}, user_attrs=run_attrs(key, trial, r, plan_attr["limit_ms"], engine_args, seed,
+        home.enqueue_trial({}, user_attrs=run_attrs(key, x.trial, r, plan_attr["limit_ms"], engine_args, seed,
                                                     prior_rps=prior), skip_if_exists=False)
     if not runs:
         seed = None if workload_seed is None else round_seed(workload_seed, c.rounds)  # a draw no round replays
@@ -177,21 +176,21 @@ def plan_key(study: optuna.Study) -> str:
     return f"{len(finished)}:{finished[-1] if finished else -1}"
 
 
-def next_runs(c: Confirmation) -> tuple[list[tuple[FrozenTrial, int]], dict[int, int]]:
-    """What the confirmation runs next, as (search trial, round) in the order to run them: the runs of its latest
+def next_runs(c: Confirmation) -> tuple[list[tuple[Confirmed, int]], dict[int, int]]:
+    """What the confirmation runs next, as (config, round) in the order to run them: the runs of its latest
     round still missing (an interrupted run), else the next round's, its order rotated by the round, else none when
     the rounds decided or ran out. With the next round come the configs that drop out at it (number -> round):
     those clearly behind the leader."""
     last = c.rounds_started[-1] if c.rounds_started else -1
     missing = [x for x in c.configs if c.measured_in(x, last) and last not in x.runs] if last >= 0 else []
     if missing:
-        return [(x.trial, last) for x in missing], {}
+        return [(x, last) for x in missing], {}
     if c.outcome != Outcome.RUNNING or last + 1 >= c.rounds:
         return [], {}
     r = last + 1
     dropping = {x.number: r for x in c.behind()}
     order = [x for x in c.configs if c.measured_in(x, r) and x.number not in dropping]
-    return [(order[(k + r) % len(order)].trial, r) for k in range(len(order))], dropping
+    return [(order[(k + r) % len(order)], r) for k in range(len(order))], dropping
 
 
 def prior_spec(rates_rps: Sequence[float]) -> dict[str, float] | None:
