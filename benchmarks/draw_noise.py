@@ -24,7 +24,7 @@ import optuna  # noqa: E402
 
 from optimizer.measurement.noise import coefficient_of_variation  # noqa: E402
 from optimizer.search import confirm  # noqa: E402
-from optimizer.search.attrs import CONFIRM  # noqa: E402
+from optimizer.search.attrs import CONFIRM, RESULT  # noqa: E402
 from optimizer.search.score import baseline, goodput  # noqa: E402
 from optimizer.search.study import DIRECTIONS  # noqa: E402
 
@@ -40,6 +40,8 @@ def main() -> None:
     p.add_argument("--studies-dir", default="studies")
     p.add_argument("--trial", type=int, default=None, help="the config to measure (default: vLLM's defaults)")
     p.add_argument("--runs", type=int, default=4, help="runs per group")
+    p.add_argument("--prior-rps", type=float, default=None,
+                   help="start each run's search here, as a later round starts at its config's rate so far")
     args = p.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     d = Path(args.studies_dir)
@@ -56,17 +58,23 @@ def main() -> None:
     for k in range(args.runs):
         for group, seed in (("same", seed0), ("new", seed0 + 1 + k)):
             study.enqueue_trial({}, user_attrs=confirm.run_attrs(group, chosen, k, config.ttft_p99_ms,
-                                                                 config.engine_args, seed))
+                                                                 config.engine_args, seed,
+                                                                 prior_rps=[args.prior_rps] if args.prior_rps else ()))
     t0 = time.perf_counter()
     study.optimize(scratch, n_trials=2 * args.runs, gc_after_trial=False)
     groups: dict[str, list[float]] = {"same": [], "new": []}
+    rates: dict[str, list[float]] = {"same": [], "new": []}
     for t in study.trials:
         groups[CONFIRM.of(t)["plan"]].append(goodput(t))
+        rates[CONFIRM.of(t)["plan"]].append(float((RESULT.of(t).get("rate_at_limit") or {}).get("rate_rps") or 0.0))
     print(f"trial #{chosen.number} of {args.study}, {config.workload.num_requests} requests per replay, "
           f"{args.runs} runs a group, alternating ({time.perf_counter() - t0:.0f} s)")
     for name, label in (("same", "one draw (the machine alone)"), ("new", "a new draw each run")):
         v = groups[name]
         print(f"  {label:<30} CV {coefficient_of_variation(v) * 100:5.1f}%   tok/s: {', '.join(f'{x:.0f}' for x in v)}")
+        r = rates[name]
+        print(f"  {'':<30} CV {coefficient_of_variation(r) * 100:5.1f}%   rate at the limit, req/s: "
+              f"{', '.join(f'{x:.1f}' for x in r)}")
 
 
 if __name__ == "__main__":

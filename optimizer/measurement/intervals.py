@@ -130,7 +130,7 @@ def gain_interval(pairs: Sequence[tuple[float, float]], confidence: float = 0.95
     return interval([b / a - 1 for a, b in pairs if a > 0], floor=-1.0, confidence=confidence)
 
 
-def block_gain_interval(rows: Sequence[Sequence[float]], a: int, b: int, confidence: float = 0.95) -> Interval:
+def block_gain_interval(rows: Sequence[Sequence[float | None]], a: int, b: int, confidence: float = 0.95) -> Interval:
     """Row `b`'s relative gain over row `a`, each row one config measured once in each of the same rounds
     (`rows[i][r]`), so that a round is a block.
 
@@ -140,25 +140,56 @@ def block_gain_interval(rows: Sequence[Sequence[float]], a: int, b: int, confide
     freedom. The configs measured beside the two say how much a run moves once its round's shift is taken out; with
     two rows it is the t interval of their per-round log ratios. A row with a value that is not positive (a run that
     met the limit nowhere: no log) is left out of the fit; when it is `a` or `b`, their pairs alone decide
-    (`gain_interval`)."""
+    (`gain_interval`). A row beside the two may miss rounds (None: a config that dropped out, not measured since):
+    its rounds still count, the fit then by least squares over the values there are (`additive_residual`), on as
+    many degrees of freedom as values less the configs and rounds it fits."""
     rounds = len(rows[a])
     if any(len(row) != rounds for row in rows):
         raise ValueError("every row needs one value per round")
-    fitted = [i for i, row in enumerate(rows) if all(v > 0 for v in row)]
+    if None in rows[a] or None in rows[b]:
+        raise ValueError("the two rows compared need a value in every round")
+    fitted = [i for i, row in enumerate(rows) if all(v > 0 for v in row if v is not None)
+              and sum(v is not None for v in row) >= 2]
     if a not in fitted or b not in fitted or rounds < 2:
         return gain_interval(list(zip(rows[a], rows[b])), confidence=confidence)
-    logs = {i: [math.log(v) for v in rows[i]] for i in fitted}
-    configs = len(fitted)
-    config_mean = {i: sum(row) / rounds for i, row in logs.items()}
-    round_mean = [sum(logs[i][r] for i in fitted) / configs for r in range(rounds)]
-    grand = sum(round_mean) / rounds
-    sse = sum((logs[i][r] - config_mean[i] - round_mean[r] + grand) ** 2 for i in fitted for r in range(rounds))
-    df = (configs - 1) * (rounds - 1)
+    logs = {i: [None if v is None else math.log(v) for v in rows[i]] for i in fitted}
+    sse, df = additive_residual(list(logs.values()))
     half = t_quantile(confidence, df) * math.sqrt(2 * sse / df / rounds)
-    d = config_mean[b] - config_mean[a]
+    d = sum(y - x for x, y in zip(logs[a], logs[b])) / rounds
     gains = [y / x - 1 for x, y in zip(rows[a], rows[b])]
     # an early look's t is in the thousands (99.98% on 1 degree of freedom): keep its bound finite, not an overflow
     return Interval(median(gains), math.exp(max(d - half, -700.0)) - 1, math.exp(min(d + half, 700.0)) - 1, rounds)
+
+
+def additive_residual(rows: Sequence[Sequence[float | None]], sweeps: int = 1000,
+                      tolerance: float = 1e-12) -> tuple[float, int]:
+    """Pure: the residual sum of squares of the additive fit value = row + column, by least squares over the values
+    present (None: missing), and its degrees of freedom: values less rows less columns plus one. A full table is
+    the two-way formula; one with holes is fitted by alternating means (Gauss-Seidel on the normal equations, which
+    converges for a table whose rows are linked by shared columns, as rounds are by the configs measured in all)."""
+    columns = len(rows[0])
+    present = [(i, r, v) for i, row in enumerate(rows) for r, v in enumerate(row) if v is not None]
+    if len(present) == len(rows) * columns:
+        row_mean = [sum(row) / columns for row in rows]
+        column_mean = [sum(row[r] for row in rows) / len(rows) for r in range(columns)]
+        grand = sum(column_mean) / columns
+        sse = sum((v - row_mean[i] - column_mean[r] + grand) ** 2 for i, r, v in present)
+    else:
+        row_fx, column_fx = [0.0] * len(rows), [0.0] * columns
+        for _ in range(sweeps):
+            moved = 0.0
+            for i, row in enumerate(rows):
+                cells = [(v - column_fx[r]) for r, v in enumerate(row) if v is not None]
+                new = sum(cells) / len(cells)
+                moved, row_fx[i] = max(moved, abs(new - row_fx[i])), new
+            for r in range(columns):
+                cells = [(row[r] - row_fx[i]) for i, row in enumerate(rows) if row[r] is not None]
+                new = sum(cells) / len(cells)
+                moved, column_fx[r] = max(moved, abs(new - column_fx[r])), new
+            if moved < tolerance:
+                break
+        sse = sum((v - row_fx[i] - column_fx[r]) ** 2 for i, r, v in present)
+    return sse, len(present) - len(rows) - columns + 1
 
 
 def lower_prediction_factor(rows: Sequence[Sequence[float]], runs: int, coverage: float = 0.95) -> float | None:

@@ -38,7 +38,11 @@ A gain interval *decides* when it lies wholly above 0 (better), wholly below 0 (
   than +-3 points).
 
 A candidate clearly behind the leader (its interval of the gain over the leader wholly below 0) drops out: it is
-not measured in later rounds (`behind`).
+not measured in later rounds (`behind`). Its rounds before stay in the residual spread the gain's interval pools
+(intervals.py::block_gain_interval, least squares over the runs there are), and in a plan made by default the runs it
+leaves go to more rounds of the configs still measured (search/split.py::rounds_after_drop). A plan that grows so
+keeps the error its looks had spent by then and spends the rest over the looks after, along the larger plan's
+curve (`spent`): the looks of both plans together spend ALPHA.
 """
 
 from __future__ import annotations
@@ -78,31 +82,53 @@ def look_confidence(max_rounds: int) -> float:
     return 1 - ALPHA / looks(max_rounds)
 
 
-def look_alpha(max_rounds: int, round_: int, power: float = SPENDING_POWER) -> float:
+def spent(max_rounds: int, round_: int, power: float = SPENDING_POWER,
+          grown: Sequence[tuple[int, int]] = ()) -> float:
+    """Pure: the error spent by the looks up to the one after round `round_` of a plan of up to `max_rounds` rounds:
+    ALPHA * (r / R) ** `power`. A plan whose rounds grew while it ran (`grown`: each growth as (the full rounds done
+    then, the rounds planned before it), in order) keeps what its looks had spent by each growth and spends the rest
+    of ALPHA over the looks after it along the same curve of the larger plan: the looks already taken keep their
+    boundaries, and the looks of all the plans together still spend ALPHA."""
+    starts = [0, *(done for done, _ in grown)]
+    plans = [*(before for _, before in grown), max_rounds]
+    used = 0.0
+    for i, (start, rounds) in enumerate(zip(starts, plans)):
+        end = starts[i + 1] if i + 1 < len(starts) else math.inf
+        frac = (min(round_, end) / rounds) ** power
+        first = (start / rounds) ** power
+        value = used + (ALPHA - used) * (frac - first) / (1 - first) if first < 1 else used
+        if round_ <= end:
+            return min(value, ALPHA)
+        used = min(value, ALPHA)
+    return used
+
+
+def look_alpha(max_rounds: int, round_: int, power: float = SPENDING_POWER,
+               grown: Sequence[tuple[int, int]] = ()) -> float:
     """Pure: the error allowed to the look after round `round_` of a plan of up to `max_rounds` rounds: the increment
-    of ALPHA * (r / R) ** `power` from the look before (the first look: all of it up to round 2). Rounds are clamped
-    to the looks the plan has, so the shares of rounds 2..R add up to ALPHA."""
+    of `spent` (ALPHA * (r / R) ** `power`; a plan that grew, `grown`: see `spent`) from the look before (the first
+    look: all of it up to round 2). Rounds are clamped to the looks the plan has, so the shares of rounds 2..R add up
+    to ALPHA."""
     last = max(max_rounds, FIRST_LOOK_ROUND)
     r = min(max(round_, FIRST_LOOK_ROUND), last)
-
-    def spent(k: int) -> float:
-        return ALPHA * (k / last) ** power
-
-    return spent(r) - (spent(r - 1) if r > FIRST_LOOK_ROUND else 0.0)
+    return spent(last, r, power, grown) - (spent(last, r - 1, power, grown) if r > FIRST_LOOK_ROUND else 0.0)
 
 
 def look_confidence_at(max_rounds: int, round_: int, power: float = SPENDING_POWER,
-                       group_sequential: bool = True, configs: int = 3) -> float:
+                       group_sequential: bool = True, configs: int = 3,
+                       grown: Sequence[tuple[int, int]] = ()) -> float:
     """Pure: the two-sided confidence of the interval shown at the look after round `round_` of a plan of up to
-    `max_rounds` rounds of `configs` configs. Group-sequential: Student's t's coverage at that look's boundary on its
-    (configs - 1)(round_ - 1) degrees of freedom, the boundaries spending `look_alpha`'s shares exactly in the block
-    design (measurement/boundaries.py); else 1 - the share itself (Bonferroni)."""
+    `max_rounds` rounds of `configs` configs (`grown`: how its rounds grew while it ran, `spent`). Group-sequential:
+    Student's t's coverage at that look's boundary on its (configs - 1)(round_ - 1) degrees of freedom, the
+    boundaries spending `look_alpha`'s shares exactly in the block design (measurement/boundaries.py); else 1 - the
+    share itself (Bonferroni)."""
     last = max(max_rounds, FIRST_LOOK_ROUND)
     r = min(max(round_, FIRST_LOOK_ROUND), last)
+    grown = tuple((int(done), int(before)) for done, before in grown)
     if not group_sequential or r == FIRST_LOOK_ROUND:  # the first look has none before it: its share alone
-        return 1 - look_alpha(max_rounds, round_, power)
+        return 1 - look_alpha(max_rounds, round_, power, grown)
     configs = max(configs, 2)
-    shares = tuple(look_alpha(last, k, power) for k in range(FIRST_LOOK_ROUND, last + 1))
+    shares = tuple(look_alpha(last, k, power, grown) for k in range(FIRST_LOOK_ROUND, last + 1))
     bound = spending_boundaries(configs, shares)[r - FIRST_LOOK_ROUND]
     return t_within(bound, (configs - 1) * (r - 1))
 

@@ -63,7 +63,7 @@ from optimizer.search.score import (
     baseline, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first, study_limit_ms,
     tied_with,
 )
-from optimizer.search.split import CONFIGS, SPLIT_RULE, rounds_for
+from optimizer.search.split import CONFIGS, SPLIT_RULE, rounds_after_drop, rounds_for
 from optimizer.search.study import (
     confirmation_runs, confirmation_study, is_confirmation, run_name, search_trials, wait_while_running,
 )
@@ -154,6 +154,12 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     runs, dropping = next_runs(c)
     if dropping:
         plan_attr["dropped"] = {**plan_attr.get("dropped", {}), **{str(n): r for n, r in dropping.items()}}
+        if plan_attr.get("split") == SPLIT_RULE and runs:  # a default plan: what they leave goes to more rounds
+            done, planned = runs[0][1], int(plan_attr["rounds"])
+            grown = rounds_after_drop(planned, done, len(runs) + len(dropping), len(runs))
+            if grown > planned:  # the looks so far keep the error they spent (sequential.py::spent)
+                plan_attr["grown"] = [*plan_attr.get("grown", []), [done, planned]]
+                plan_attr["rounds"] = grown
     STUDY_CONFIRMATION.set(study, plan_attr)
     home = confirmation_study(study, create=True)
     assert home is not None
@@ -286,14 +292,19 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
                     f"run again with a larger --budget to measure them first")
         queue = waiting(study)
         if not queue:
-            before = (STUDY_CONFIRMATION.of(study) or {}).get("dropped") or {}
+            stored = STUDY_CONFIRMATION.of(study) or {}
+            before, grown_before = stored.get("dropped") or {}, len(stored.get("grown") or ())
             plan_attr = enqueue(study, rounds, engine_args, workload_seed, served, asked)
             if plan_attr is None:
                 return "" if planned else "confirmation: nothing to confirm: no trial meets the limit"
             planned = True
             for number, r in (plan_attr.get("dropped") or {}).items():
                 if number not in before:
-                    say(f"confirmation: trial #{number} drops out after round {r}: clearly behind the leader")
+                    grew = len(plan_attr.get("grown") or ()) > grown_before
+                    more = int(plan_attr["rounds"]) - int(plan_attr["grown"][-1][1]) if grew else 0
+                    say(f"confirmation: trial #{number} drops out after round {r}: clearly behind the leader"
+                        + (f"; its runs go to {more} more rounds of the others (up to {plan_attr['rounds']})"
+                           if more > 0 else ""))
             queue = waiting(study)
             if not queue:
                 return ""

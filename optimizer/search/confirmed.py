@@ -111,7 +111,8 @@ class Confirmation:
         """Of every interval shown: the current look's (measurement/sequential.py; plans before: as stored)."""
         if self.plan.get("spending"):  # group-sequential (plans from 2026-12-04 on) or Bonferroni shares
             return look_confidence_at(self.rounds, len(self.full_rounds), float(self.plan["spending"]),
-                                      self.plan.get("looks") == GROUP_SEQUENTIAL, len(self.plan["candidates"]))
+                                      self.plan.get("looks") == GROUP_SEQUENTIAL, len(self.plan["candidates"]),
+                                      [tuple(g) for g in self.plan.get("grown") or ()])
         return float(self.plan.get("confidence", 0.95))
 
     @property
@@ -186,8 +187,8 @@ class Confirmation:
         out what moved both), its interval pooling the spread of every config measured in those rounds."""
         rounds = [r for r in self.full_rounds if other.value_tok_s(r) is not None and c.value_tok_s(r) is not None]
         beside = [x for x in self.configs if x is not c and x is not other]
-        table = [[x.value_tok_s(r) for r in rounds] for x in (other, c, *beside)]
-        return block_gain_interval([row for row in table if None not in row], 0, 1, confidence=self.confidence)
+        table = [[x.value_tok_s(r) for r in rounds] for x in (other, c, *beside)]  # a config that dropped out:
+        return block_gain_interval(table, 0, 1, confidence=self.confidence)  # its rounds before still in the spread
 
     def _deciding_gains(self) -> list[Interval]:
         """The gains over vLLM's defaults the outcome rests on: the leader's, or when the defaults lead, every other

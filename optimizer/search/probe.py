@@ -49,7 +49,11 @@ PREFILL_SHARE_OF_LIMIT = 0.2
 # taken as the burst's. Measured on the demo with warm engine starts (docs/machines.md#timing), in those units: a
 # search trial's replays 0.54 and 0.83 probes at the cap (two runs), a confirmation run's 1.7 and 2.1; counted here
 # as 1 and 2.5, so that the estimate stays above the run (it was 1.5 and 3, 1.5-1.7x the run's length, before).
-# The baseline, which brackets from a first guess, about 3 more.
+# Since later rounds start at their config's rate so far (search/confirm.py::prior_spec), a run's replays and warm-up
+# took 41.3 s on average (demo24, 2026-12-05), of which the warm-up is estimated at 6.0 s and a probe at the cap at
+# 20.1 s: 1.76 probes. A run now bisects once more (measurement/rate_search.py::RUN_FIT_BRACKET), a probe near the
+# limit of ~800-1000 requests, ~0.6 more: 2.4, still counted as 2.5. The baseline, which brackets from a first guess,
+# about 3 more.
 REPLAYS_PER_TRIAL = 1.0
 KNEE_FRACTION_OF_CEILING = 1.0
 BASELINE_EXTRA_REPLAYS = 3

@@ -14,7 +14,8 @@ from optimizer.measurement.engine import Engine, ReportsEngineStats
 from optimizer.measurement.evidence import FAIL, ProbeRule
 from optimizer.measurement.limits import summarize_engine
 from optimizer.measurement.metrics import RequestRecord, ReplayMetrics, summarize
-from optimizer.measurement.rate_search import INCUMBENT_FLOOR, CurvePoint, RateSearchResult, search_rate
+from optimizer.measurement.rate_search import (INCUMBENT_FLOOR, RUN_FIT_BRACKET, CurvePoint, RateSearchResult,
+                                                search_rate)
 from optimizer.measurement.replay import WITHDRAWN, replay, replay_closed_loop
 from optimizer.measurement.workload import Workload, fixed_load_rate
 from optimizer.search.confirm import start_rates
@@ -114,7 +115,8 @@ class TrialReplays:
             if not math.isfinite(start_rps):
                 guess = start_rps = await self.first_guess()
             await self.warm_up_under_load(start_rps)
-            result = await search_rate(self.probe_at, search, start_rps, failed_rps=failed_rps, step=step)
+            result = await search_rate(self.probe_at, search, start_rps, failed_rps=failed_rps, step=step,
+                                       fit_bracket=RUN_FIT_BRACKET)
             result.first_guess_rps = guess
             return result
         if incumbent_rate_rps is not None and math.isfinite(incumbent_rate_rps):

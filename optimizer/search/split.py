@@ -93,3 +93,13 @@ def rounds_for(rounds: int, candidates: int) -> int:
     rounds of the pair; at a 4.2% spread the gain's half-width is +-4.3 points after 12 rounds of 2, +-5.0 after 8
     of 3)."""
     return rounds * CONFIGS // max(candidates, 2)
+
+
+def rounds_after_drop(rounds: int, done: int, before: int, after: int) -> int:
+    """Pure: a default plan's rounds once configs drop out after `done` full rounds: the runs it had left for the
+    `before` configs measured so far, (rounds - done) x before, in rounds of the `after` still measured (8 rounds of 3
+    with one dropping out after round 4: 10). The budget's runs are spent as planned, on the configs that still
+    decide the outcome."""
+    if after <= 0 or done >= rounds or after >= before:
+        return rounds
+    return done + (rounds - done) * before // after

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from optimizer.measurement.intervals import (
-    Interval, block_gain_interval, brackets_overlap, gain_interval, geometric_mean, interval, lower_prediction_factor,
-    rate_bracket_tok_s, relative_gain, t_975,
+    Interval, additive_residual, block_gain_interval, brackets_overlap, gain_interval, geometric_mean, interval,
+    lower_prediction_factor, rate_bracket_tok_s, relative_gain, t_975,
 )
 
 
@@ -72,6 +72,30 @@ def test_a_gain_pools_the_spread_of_every_config_in_the_rounds():
         gain_interval([(1.0, 1.1), (1.0, 1.2)])
     with pytest.raises(ValueError):
         block_gain_interval([[1.0, 2.0], [1.0]], 0, 1)
+
+
+def test_a_config_that_dropped_out_keeps_its_rounds_in_the_spread():
+    # 3 configs, 4 rounds, in log; the third dropped out after round 3. Yates' missing value of a complete block
+    # design (the value the least-squares fit puts there): (C x its config's total + R x its round's total - the
+    # grand total) / ((C - 1)(R - 1)), here (3 x 0.1 + 4 x 0.15 - 0.7) / 6 = 0.2 / 6. Filled in, the two-way fit of
+    # the full table leaves the same residual sum of squares, on one degree of freedom fewer: 6 - 1 = 5
+    logs = [[0.0, 0.2, -0.1, 0.05], [0.1, 0.25, 0.0, 0.1], [0.05, 0.2, -0.15, None]]
+    assert sum(logs[2][:3]) == pytest.approx(0.1) and logs[0][3] + logs[1][3] == pytest.approx(0.15)
+    assert sum(v for row in logs for v in row if v is not None) == pytest.approx(0.7)
+    filled = [logs[0], logs[1], [*logs[2][:3], (3 * 0.1 + 4 * 0.15 - 0.7) / 6]]
+    full_sse, full_df = additive_residual(filled)
+    sse, df = additive_residual(logs)
+    assert (df, full_df) == (5, 6) and sse == pytest.approx(full_sse, abs=1e-12)
+    # the gain's interval uses it: d is the pair's mean log ratio, the spread the fit's, t on 5 degrees of freedom
+    rows = [[None if v is None else math.exp(v) for v in row] for row in logs]
+    g = block_gain_interval(rows, 0, 1)
+    half = 2.571 * math.sqrt(2 * sse / 5 / 4)
+    assert g.low == pytest.approx(math.exp(0.3 / 4 - half) - 1, abs=1e-4)
+    assert g.high == pytest.approx(math.exp(0.3 / 4 + half) - 1, abs=1e-4)
+    # the rule before left the third config out: the pair alone, on 3 degrees of freedom (t = 3.182)
+    assert g != block_gain_interval(rows[:2], 0, 1)
+    with pytest.raises(ValueError):  # the two compared need every round
+        block_gain_interval([rows[0], rows[2]], 0, 1)
 
 
 def test_an_early_looks_gain_interval_stays_finite_where_its_t_is_in_the_thousands():

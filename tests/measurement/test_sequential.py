@@ -6,7 +6,7 @@ import pytest
 
 from optimizer.measurement.intervals import Interval, gain_interval
 from optimizer.measurement.sequential import (ALPHA, Outcome, behind, decides, look_alpha, look_confidence, looks,
-                                              outcome)
+                                              outcome, spent)
 
 
 def iv(low: float, high: float, n: int = 3) -> Interval:
@@ -31,6 +31,53 @@ def test_the_error_is_split_over_the_looks_most_of_it_kept_for_the_last():
         assert math.isclose(sum(shares), ALPHA)  # the union bound: 95% whichever look stops the rounds
         assert shares == sorted(shares)  # each later look keeps more of the error than the one before
     assert look_alpha(5, 9) == look_alpha(5, 5) and look_alpha(5, 1) == look_alpha(5, 2)  # clamped to the looks
+
+
+def test_a_plan_that_grew_keeps_what_its_looks_spent_and_spends_the_rest_after():
+    # 8 rounds planned, grown to 9 after 6 (a config dropped out, its runs went to another round). By hand: the looks
+    # up to round 6 spent 0.05 x (r / 8)^3, 0.0210938 by round 6; the rest, 0.0289063, is spent over rounds 7-9
+    # along (r / 9)^3 from (6 / 9)^3: by round 7, 0.0210938 + 0.0289063 x ((7/9)^3 - (6/9)^3) / (1 - (6/9)^3)
+    grown = ((6, 8),)
+    for r in range(2, 7):
+        assert spent(9, r, grown=grown) == pytest.approx(0.05 * (r / 8) ** 3)
+    s6 = 0.05 * (6 / 8) ** 3
+    assert spent(9, 7, grown=grown) == pytest.approx(s6 + (0.05 - s6) * ((7 / 9) ** 3 - (6 / 9) ** 3)
+                                                      / (1 - (6 / 9) ** 3))
+    assert spent(9, 9, grown=grown) == pytest.approx(ALPHA)
+    shares = [look_alpha(9, r, grown=grown) for r in range(2, 10)]
+    assert math.isclose(sum(shares), ALPHA)  # all the looks of both plans together: still 5%
+    assert shares[:5] == pytest.approx([look_alpha(8, r) for r in range(2, 7)])  # the looks taken keep their shares
+    # grown twice (after 3 of 5 to 6, then after 5 of 6 to 7): each growth keeps what was spent by then
+    twice = ((3, 5), (5, 6))
+    assert spent(7, 3, grown=twice) == pytest.approx(0.05 * (3 / 5) ** 3)
+    s5 = spent(6, 5, grown=((3, 5),))
+    assert spent(7, 5, grown=twice) == pytest.approx(s5) and spent(7, 7, grown=twice) == pytest.approx(ALPHA)
+    assert spent(5, 4) == pytest.approx(0.05 * (4 / 5) ** 3)  # a plan that never grew: as before
+
+
+def test_the_intervals_of_a_plan_grown_after_a_drop_cover_at_every_look_together():
+    """3 configs planned for 4 rounds; the third drops out after round 2 and its runs go to 2 more rounds of the other
+    two (6 rounds, split.py::rounds_after_drop), its first 2 rounds kept in the spread: the gain intervals of all
+    five looks still cover the true gain together in about 95% of the studies."""
+    import random
+
+    from optimizer.measurement.intervals import block_gain_interval
+    from optimizer.measurement.sequential import look_confidence_at
+
+    rng = random.Random(5)
+    true_gain, studies, grown = 0.05, 2000, ((2, 4),)
+    missed = 0
+    for _ in range(studies):
+        shifts = [rng.gauss(0.0, 0.05) for _ in range(6)]
+        rows = [[math.exp(math.log(50.0) + shifts[r] + rng.gauss(0.0, 0.04)) for r in range(6)],
+                [math.exp(math.log(50.0 * (1 + true_gain)) + shifts[r] + rng.gauss(0.0, 0.04)) for r in range(6)],
+                [math.exp(math.log(48.0) + shifts[r] + rng.gauss(0.0, 0.04)) if r < 2 else None for r in range(6)]]
+        for r in range(2, 7):
+            confidence = look_confidence_at(6 if r > 2 else 4, r, configs=3, grown=grown if r > 2 else ())
+            if not (g := block_gain_interval([row[:r] for row in rows], 0, 1, confidence)).low <= true_gain <= g.high:
+                missed += 1
+                break
+    assert 0.035 <= missed / studies <= 0.065  # ~0.05: 3 standard errors of 2000 studies either side
 
 
 def test_a_gain_interval_decides_above_below_or_within_three_points():

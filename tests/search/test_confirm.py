@@ -446,6 +446,31 @@ def test_a_candidate_clearly_behind_drops_out_of_the_next_round():
     assert sorted((t.number, r) for t, r in runs) == [(0, 3), (1, 3)]
 
 
+def test_a_default_plan_spends_a_drop_outs_runs_on_more_rounds():
+    # the study above, planned by default for 6 rounds of 3: #2 drops out after 3, and the 3 x 3 runs it leaves go to
+    # rounds of the two still measured: 3 + 9 // 2 = 7 rounds (split.rounds_after_drop), the growth stored so that
+    # the looks taken keep the error they spent (sequential.py::spent)
+    values = {0: [100.0, 100.0, 100.0], 1: [96.0, 110.0, 104.0], 2: [70.0, 71.0, 70.0]}
+    study = _rounds_study(values, rounds=6)
+    STUDY_CONFIRMATION.set(study, {**STUDY_CONFIRMATION.of(study), "split": split.SPLIT_RULE, "spending": 3,
+                                   "looks": "group-sequential"})
+    plan_attr = confirm.enqueue(study, 6, {}, asked=False)
+    assert plan_attr["dropped"] == {"2": 3}
+    assert plan_attr["rounds"] == 7 and plan_attr["grown"] == [[3, 6]]
+    assert STUDY_CONFIRMATION.of(study)["rounds"] == 7
+    assert sorted((CONFIRM.of(t)["of"], CONFIRM.of(t)["round"]) for t in confirm.waiting(study)) == [(0, 3), (1, 3)]
+    c = confirmation(study)
+    assert c.rounds == 7 and c.plan["grown"] == [[3, 6]]
+    # the runs are the budget's: 3 rounds of 3 and 4 of 2 are 17 of the 18 planned
+    assert 3 * 3 + (7 - 3) * 2 <= 6 * 3
+    # a plan the user asked for (--confirm 6) keeps its rounds
+    asked = _rounds_study(values, rounds=6)
+    assert confirm.enqueue(asked, 6, {}, asked=True)["rounds"] == 6
+    assert "grown" not in STUDY_CONFIRMATION.of(asked)
+    assert split.rounds_after_drop(8, 4, 3, 2) == 10 and split.rounds_after_drop(8, 6, 3, 2) == 9
+    assert split.rounds_after_drop(8, 8, 3, 2) == 8 and split.rounds_after_drop(8, 4, 2, 2) == 8
+
+
 def test_a_rerun_under_another_default_keeps_its_plans_rounds():
     # a plan of 6 rounds (the default at --budget 40 before 2026-12-05 evening), undecided after them: the same
     # command under today's default of 8 queues nothing and keeps the plan (an explicit --confirm 8 would add two
