@@ -4,7 +4,9 @@ and replays, on every stored search trial and confirmation run, the stop rule of
 
 - **the fit alone** (`fit_bracket` inf, the rule before 2026-12-05 afternoon, commit 276a380): passed and failed
   within 3%, or the pooled fit's counts' own interval within +-3%, however far apart passed and failed still are;
-- **now** (FIT_BRACKET): the fit's interval ends it only once passed and failed are within 6%.
+- **now** (FIT_BRACKET): the fit's interval ends it only once passed and failed are within 6% (a search trial's rule;
+  a confirmation run stored from 2026-12-05 night on bisects to 3% whatever its fit says, RUN_FIT_BRACKET, and
+  replays here as if it were a search trial).
 
 A run made under the rule now holds the probes the fit alone would have stopped at, as its first ones: its rate
 under the old rule is the fit of that prefix, and both rates come from one run (one engine, one draw, one minute of

@@ -68,9 +68,8 @@ def trial_counts(d: Decision) -> str:
     if c is None:
         return out + ("; confirmation runs not shown: they measured the study's own limit" if d.reranked else
                       "; no confirmation runs")
-    planned = c.rounds * len(c.configs)
-    return (out + f"; {c.runs_done} confirmation runs of {planned} planned ({c.rounds} rounds of {len(c.configs)} "
-                  f"configs, {len(c.full_rounds)} full)")
+    return (out + f"; {c.runs_done} confirmation runs of {c.runs_planned} planned ({c.shape}, "
+                  f"{len(c.full_rounds)} full)")
 
 
 def length_mix_text(spec: WorkloadSpec) -> str:

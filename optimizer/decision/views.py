@@ -233,7 +233,7 @@ def confirmation_lines(d: Decision) -> list[str]:
     out += served_lines(d)
     if not c.complete:
         out.append(f"note: the confirmation stopped before it decided ({c.runs_done} runs of up to "
-                   f"{c.rounds * len(c.configs)}): run the same command again to go on")
+                   f"{c.runs_planned}): run the same command again to go on")
     return out
 
 

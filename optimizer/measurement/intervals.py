@@ -11,7 +11,8 @@ slow minute of a shared machine hits both). Every config of the confirmation is 
 the rounds are blocks of a randomized complete block design: `block_gain_interval` fits log throughput as config +
 round over all of them and gives the gain's interval from the residual spread of every config, with (C - 1)(R - 1)
 degrees of freedom instead of the R - 1 of one pair's ratios (`gain_interval`): with 3 configs and 3 rounds, 4
-instead of 2, which at the confirmation's 97.5% is a t of 3.50 instead of 6.21. The gain a report shows beside two
+instead of 2, which at the confirmation's 97.5% is a t of 3.50 instead of 6.21. A config that dropped out of the
+later rounds keeps its rounds before in that fit (least squares over the runs there are, `additive_residual`). The gain a report shows beside two
 medians is their ratio (`relative_gain`), so that it follows from the numbers next to it and ranks the configs as
 their medians do; the per-round interval says how sure that ranking is.
 
@@ -141,8 +142,8 @@ def block_gain_interval(rows: Sequence[Sequence[float | None]], a: int, b: int, 
     two rows it is the t interval of their per-round log ratios. A row with a value that is not positive (a run that
     met the limit nowhere: no log) is left out of the fit; when it is `a` or `b`, their pairs alone decide
     (`gain_interval`). A row beside the two may miss rounds (None: a config that dropped out, not measured since):
-    its rounds still count, the fit then by least squares over the values there are (`additive_residual`), on as
-    many degrees of freedom as values less the configs and rounds it fits."""
+    its rounds still count, the fit then by least squares over the values there are (`additive_residual`), on
+    values - configs - rounds + 1 degrees of freedom."""
     rounds = len(rows[a])
     if any(len(row) != rounds for row in rows):
         raise ValueError("every row needs one value per round")

@@ -18,7 +18,7 @@ How a look's share becomes its interval's confidence (`look_confidence_at`):
   their rounds, so a look after another crosses less often than alone). These are repeated confidence intervals:
   all the looks' intervals cover the true gain at once with probability 95%. With 3 configs and 5 rounds: 99.7%,
   99.2%, 98.2% and 96.4% at rounds 2-5; with 3 rounds, 98.5% and 96.1%. The plan's configs count; one that drops
-  out later leaves the boundaries as planned.
+  out later leaves them as planned, and a default plan's rounds then grow (`spent`).
 - **Bonferroni with unequal shares** (plans stored before, `"spending"` alone): each look's interval at
   1 - its share, the union bound; the shares add up to ALPHA. With 5 rounds: 99.7%, 99.2%, 98.5%, 97.6%.
 - Plans stored before the split kept one confidence for every look (1 - 0.05 / (R - 1)) and still do.
@@ -87,8 +87,9 @@ def spent(max_rounds: int, round_: int, power: float = SPENDING_POWER,
     """Pure: the error spent by the looks up to the one after round `round_` of a plan of up to `max_rounds` rounds:
     ALPHA * (r / R) ** `power`. A plan whose rounds grew while it ran (`grown`: each growth as (the full rounds done
     then, the rounds planned before it), in order) keeps what its looks had spent by each growth and spends the rest
-    of ALPHA over the looks after it along the same curve of the larger plan: the looks already taken keep their
-    boundaries, and the looks of all the plans together still spend ALPHA."""
+    of ALPHA over the looks after it along the same curve of the larger plan: the looks already taken keep the error
+    they spent (their boundaries move by the simulation's noise alone, measurement/boundaries.py), and the looks of
+    all the plans together still spend ALPHA."""
     starts = [0, *(done for done, _ in grown)]
     plans = [*(before for _, before in grown), max_rounds]
     used = 0.0

@@ -1,6 +1,6 @@
 """The confirmation: after the search, vLLM's defaults and the top candidates measured again, alternating, each on a
 fresh engine, in rounds until they decide (at most `--confirm N` rounds; by default as many as 65% of the budget
-holds with the runs as served, up to 8).
+holds with the runs as served, up to 8, and more of the configs left when one drops out).
 
 One whole trial of one config varies by 12-18% on a shared machine, mostly by the rung of the rate ladder it lands
 on: a study's "+18.7% over vLLM's defaults" was, measured again, no gain at all. So the number a user acts on is
@@ -10,7 +10,8 @@ measured again:
   pooled fit) overlaps the recommendation's (for trials stored before: whose bracket, widened by the study's noise);
 - each run is a trial of its own (a fresh engine, the warm-up, then `search_rate` from its trial's bracket, or from the
   second round on from its config's rate so far, `prior_spec`: probes sized by evidence until the rate passed and the
-  rate failed are within 3%, or within 6% and its fit's interval is within +-3%), stored with a `confirm` attribute in
+  rate failed are within 3% whatever its fit says, measurement/rate_search.py::RUN_FIT_BRACKET), stored with a
+  `confirm` attribute in
   the study's confirmation study NAME.confirmation (search/study.py `confirmation_study`), so that an interrupted
   confirmation resumes where it stopped, as trials do, and Optuna's own tools (`best_trials`, optuna-dashboard) see in
   NAME only the search's trials. Run 3 of it is named c3 (`run_name`: `optimize report --trial c3`, its engine log
@@ -57,7 +58,7 @@ from optimizer.measurement.sequential import (GROUP_SEQUENTIAL, PRECISE_HALF_WID
 from optimizer.search.attrs import (
     CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
-from optimizer.search.confirmed import FIT_VALUE, Confirmation, Confirmed, confirmation
+from optimizer.search.confirmed import FIT_VALUE, SPREAD_ALL_RUNS, Confirmation, Confirmed, confirmation
 from optimizer.search.missed import why_infeasible
 from optimizer.search.score import (
     baseline, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first, study_limit_ms,
@@ -71,7 +72,8 @@ from optimizer.search.study import (
 ROUND_SEED_STEP = 1  # round r replays the workload of seed + ROUND_SEED_STEP + r
 RUN_OVER_TRIAL = 1.3  # a confirmation run against a median search trial: its bisection replays more
 # A run after its config's first round starts PRIOR_SPAN under its rates' median, first steps up as far over, then by
-# PRIOR_STEP (5.9%, within FIT_BRACKET); from the search trial's bracket, a third of later runs failed at the start.
+# PRIOR_STEP (5.9%: one bisection takes a crossing within 3%); from the search trial's bracket, a third of later runs
+# failed at the start.
 PRIOR_SPAN = 1.029
 PRIOR_STEP = PRIOR_SPAN ** 2
 
@@ -134,9 +136,15 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     stored = STUDY_CONFIRMATION.of(study)
     if stored and stored.get("plan") == key:
         kept = int(stored.get("rounds", rounds))  # a default's rounds grow only within the rule the plan was made by
-        grown = rounds if asked else rounds_for(rounds, len(stored.get("candidates") or [])) \
+        raised = rounds if asked else rounds_for(rounds, len(stored.get("candidates") or [])) \
             if stored.get("split") == SPLIT_RULE else kept
-        plan_attr = {**stored, "rounds": max(grown, kept)}
+        plan_attr = {**stored, "rounds": max(raised, kept)}
+        if asked:  # the user's --confirm N: its rounds, whatever a drop-out leaves
+            plan_attr.pop("split", None)
+        if plan_attr["rounds"] > kept and stored.get("spending"):  # the looks taken keep what they spent ...
+            done = len(confirmation(study, stored).full_rounds)
+            if 0 < done < kept:  # ... unless the plan ran out: the rounds a rerun adds then look afresh
+                plan_attr["grown"] = [*stored.get("grown", []), [done, kept]]
         if not stored.get("spending"):  # a plan stored before the error was split unequally over the looks
             plan_attr["confidence"] = look_confidence(plan_attr["rounds"])
         # a plan made without runs as served (before them, or --no-served) gets none on a resume: its budget had none
@@ -148,7 +156,8 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
         plan_attr = {"plan": key, "rounds": rounds if asked else rounds_for(rounds, len(chosen)),
                      "candidates": [t.number for t in chosen], **({} if asked else {"split": SPLIT_RULE}),
                      "limit_ms": study_limit_ms(study), "spending": SPENDING_POWER, "looks": GROUP_SEQUENTIAL,
-                     "value": FIT_VALUE, "dropped": {}, "served": served, "precise_half_width": PRECISE_HALF_WIDTH}
+                     "value": FIT_VALUE, "dropped": {}, "served": served, "precise_half_width": PRECISE_HALF_WIDTH,
+                     "spread": SPREAD_ALL_RUNS}
     c = confirmation(study, plan_attr)
     assert c is not None
     runs, dropping = next_runs(c)
@@ -303,7 +312,8 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
                     grew = len(plan_attr.get("grown") or ()) > grown_before
                     more = int(plan_attr["rounds"]) - int(plan_attr["grown"][-1][1]) if grew else 0
                     say(f"confirmation: trial #{number} drops out after round {r}: clearly behind the leader"
-                        + (f"; its runs go to {more} more rounds of the others (up to {plan_attr['rounds']})"
+                        + (f"; its runs go to {more} more round{'s' if more > 1 else ''} of the others (up to "
+                           f"{plan_attr['rounds']})"
                            if more > 0 else ""))
             queue = waiting(study)
             if not queue:

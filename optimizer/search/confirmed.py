@@ -9,6 +9,7 @@ trial (search/score.py). Every stage after the confirmation (report, export, ver
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,12 @@ from optimizer.search.score import best_first, goodput
 from optimizer.search.study import confirmation_runs, is_baseline, search_trials
 
 FIT_VALUE = "rate-at-limit"  # a plan's "value": its runs are compared by their pooled fits (`run_tok_s`)
+
+
+# A plan's "spread" from 2026-12-05 night on: a config that dropped out keeps its rounds before in the residual spread
+# of every gain (intervals.py::block_gain_interval, least squares over the runs there are). Plans stored before left
+# it out, and report as they ran.
+SPREAD_ALL_RUNS = "every run, least squares"
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,19 @@ class Confirmation:
         return [r for r in self.rounds_started if all(r in c.runs for c in self.configs if self.measured_in(c, r))]
 
     @property
+    def runs_planned(self) -> int:
+        """The runs its rounds plan: each config's rounds, up to the round it dropped out at."""
+        return sum(min(self.dropped.get(c.number, self.rounds), self.rounds) for c in self.configs)
+
+    @property
+    def shape(self) -> str:
+        """Its rounds as planned: '8 rounds of 3 configs'; after a drop-out, '4 rounds of 3 configs, then 6 of 2'."""
+        counts = [sum(self.measured_in(c, r) for c in self.configs) for r in range(self.rounds)]
+        runs = [(n, sum(1 for _ in group)) for n, group in itertools.groupby(counts)]
+        return ", then ".join(f"{k} rounds of {n} configs" if i == 0 else f"{k} of {n}"
+                              for i, (n, k) in enumerate(runs)) or f"0 rounds of {len(self.configs)} configs"
+
+    @property
     def runs_done(self) -> int:
         return sum(len(c.runs) for c in self.configs)
 
@@ -187,8 +207,10 @@ class Confirmation:
         out what moved both), its interval pooling the spread of every config measured in those rounds."""
         rounds = [r for r in self.full_rounds if other.value_tok_s(r) is not None and c.value_tok_s(r) is not None]
         beside = [x for x in self.configs if x is not c and x is not other]
-        table = [[x.value_tok_s(r) for r in rounds] for x in (other, c, *beside)]  # a config that dropped out:
-        return block_gain_interval(table, 0, 1, confidence=self.confidence)  # its rounds before still in the spread
+        table = [[x.value_tok_s(r) for r in rounds] for x in (other, c, *beside)]
+        if self.plan.get("spread") != SPREAD_ALL_RUNS:  # a plan stored before: a config that dropped out left it
+            table = [row for row in table if None not in row]
+        return block_gain_interval(table, 0, 1, confidence=self.confidence)
 
     def _deciding_gains(self) -> list[Interval]:
         """The gains over vLLM's defaults the outcome rests on: the leader's, or when the defaults lead, every other

@@ -8,7 +8,7 @@ from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core.clock import MonotonicClock
 from optimizer.engines.fake import FakeEngine
 from optimizer.measurement.evidence import FAIL, PASS
-from optimizer.measurement.rate_search import BRACKET_PRECISION, FIT_BRACKET
+from optimizer.measurement.rate_search import BRACKET_PRECISION, FIT_BRACKET, RUN_FIT_BRACKET
 from optimizer.measurement.workload import build_workload
 from optimizer.search.confirm import prior_spec
 from optimizer.search.probes import TrialReplays
@@ -63,10 +63,22 @@ def test_a_confirmation_run_bisects_to_three_percent_where_its_fit_alone_would_s
     assert 78.2 <= result.fit.rate_rps <= rates[3]
 
 
-def test_a_search_trial_still_stops_on_its_fit_inside_six_percent(tmp_path):
-    # from the incumbent's 73.9: passes, 25% up fails far over, then bisected; once passed and failed are within
-    # 6% the fit's own +-3% may end it (FIT_BRACKET), as it did before
+def test_a_search_trial_still_stops_on_its_fit_inside_six_percent(tmp_path, monkeypatch):
+    # from the incumbent's 73.9: once passed and failed are within 6%, the fit's own +-3% may end it (FIT_BRACKET),
+    # as it did before; a confirmation run's search is told to bisect on (RUN_FIT_BRACKET)
+    import optimizer.search.probes as probes
+
+    told = []
+    real = probes.search_rate
+
+    async def search_rate(*args, **kwargs):
+        told.append(kwargs.get("fit_bracket", FIT_BRACKET))
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(probes, "search_rate", search_rate)
     result, rates = measured(tmp_path, None)
+    measured(tmp_path, prior_spec([76.0]))
+    assert told == [FIT_BRACKET, RUN_FIT_BRACKET] and RUN_FIT_BRACKET < BRACKET_PRECISION
     passed = max(p.offered_rate_rps for p in result.points if p.verdict == PASS)
     failed = min(p.offered_rate_rps for p in result.points if p.verdict == FAIL)
     assert failed <= passed * (1 + FIT_BRACKET)
