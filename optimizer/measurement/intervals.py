@@ -12,9 +12,9 @@ the rounds are blocks of a randomized complete block design: `block_gain_interva
 round over all of them and gives the gain's interval from the residual spread of every config, with (C - 1)(R - 1)
 degrees of freedom instead of the R - 1 of one pair's ratios (`gain_interval`): with 3 configs and 3 rounds, 4
 instead of 2, which at the confirmation's 97.5% is a t of 3.50 instead of 6.21. A config that dropped out of the
-later rounds keeps its rounds before in that fit (least squares over the runs there are, `additive_residual`). The gain a report shows beside two
-medians is their ratio (`relative_gain`), so that it follows from the numbers next to it and ranks the configs as
-their medians do; the per-round interval says how sure that ranking is.
+later rounds keeps its rounds before in that fit (least squares over the runs there are, `additive_residual`). The
+gain a report shows beside two medians is their ratio (`relative_gain`), so that it follows from the numbers next to
+it and ranks the configs as their medians do; the per-round interval says how sure that ranking is.
 
 Where the next run of a config will land is another question than where the mean of its runs lies: a rate to
 provision for is the one-sided lower prediction bound of one more run (`lower_prediction_factor`), from the spread

@@ -11,12 +11,11 @@ measured again:
 - each run is a trial of its own (a fresh engine, the warm-up, then `search_rate` from its trial's bracket, or from the
   second round on from its config's rate so far, `prior_spec`: probes sized by evidence until the rate passed and the
   rate failed are within 3% whatever its fit says, measurement/rate_search.py::RUN_FIT_BRACKET), stored with a
-  `confirm` attribute in
-  the study's confirmation study NAME.confirmation (search/study.py `confirmation_study`), so that an interrupted
-  confirmation resumes where it stopped, as trials do, and Optuna's own tools (`best_trials`, optuna-dashboard) see in
-  NAME only the search's trials. Run 3 of it is named c3 (`run_name`: `optimize report --trial c3`, its engine log
-  confirm-00003.log); studies made before kept their runs among their trials, and still report them (search/study.py
-  `confirmation_runs`);
+  `confirm` attribute in the study's confirmation study NAME.confirmation (search/study.py `confirmation_study`), so
+  that an interrupted confirmation resumes where it stopped, as trials do, and Optuna's own tools (`best_trials`,
+  optuna-dashboard) see in NAME only the search's trials. Run 3 of it is named c3 (`run_name`: `optimize report
+  --trial c3`, its engine log confirm-00003.log); studies made before kept their runs among their trials, and still
+  report them (search/study.py `confirmation_runs`);
 - the rounds alternate the order of the configs (round 2 starts with the second), so a slow minute of the
   machine hits each alike, and a round's runs of two configs are taken next to each other: the gain is measured
   per round (optimizer/measurement/intervals.py);
