@@ -34,6 +34,13 @@ FIT_VALUE = "rate-at-limit"  # a plan's "value": its runs are compared by their 
 SPREAD_ALL_RUNS = "every run, least squares"
 
 
+def planned_runs(plan: dict[str, Any]) -> int:
+    """Pure: the runs a stored plan's rounds hold: each candidate's rounds, up to the round it dropped out at (the
+    runs as served not counted)."""
+    rounds, dropped = int(plan.get("rounds") or 0), plan.get("dropped") or {}
+    return sum(min(int(dropped.get(str(n), rounds)), rounds) for n in plan.get("candidates") or ())
+
+
 @dataclass(frozen=True)
 class Confirmed:
     """One config measured again in the confirmation's rounds: its search trial, and each round's run."""
@@ -142,8 +149,7 @@ class Confirmation:
 
     @property
     def runs_planned(self) -> int:
-        """The runs its rounds plan: each config's rounds, up to the round it dropped out at."""
-        return sum(min(self.dropped.get(c.number, self.rounds), self.rounds) for c in self.configs)
+        return planned_runs(self.plan)
 
     @property
     def shape(self) -> str:

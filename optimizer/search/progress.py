@@ -316,8 +316,9 @@ class Tally:
         self.runs_done += 1
         stored = STUDY_CONFIRMATION.of(study) or {}
         if stored.get("candidates") and stored.get("rounds"):  # as queued: its rounds of its candidates
-            dropped = stored.get("dropped") or {}  # a candidate clearly behind ran only the rounds before it dropped
-            planned = sum(int(dropped.get(str(n), stored["rounds"])) for n in stored["candidates"])
+            from optimizer.search.confirmed import planned_runs
+
+            planned = planned_runs(stored)  # a candidate clearly behind ran only the rounds before it dropped
             if stored.get("served"):  # the runs through `vllm serve` after the rounds
                 from optimizer.search.split import SERVED_CONFIGS
 
