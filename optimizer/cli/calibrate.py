@@ -11,7 +11,6 @@ import asyncio
 import json
 import math
 import sys
-from pathlib import Path
 
 from optimizer.cli.common import guarded, positive_int
 from optimizer.cli.manual import new_parser
@@ -45,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_calibrate(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
-    return guarded(ns.debug, lambda: _calibrate(ns))
+    return guarded(ns.debug, lambda: _calibrate(ns), "calibrate")
 
 
 def _calibrate(ns: argparse.Namespace) -> int:
@@ -61,6 +60,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from optimizer.search.runner import vllm_factory
     from optimizer.measurement.workload import build_workload
 
+    from optimizer.core.paths import check_output_file
     from optimizer.hardware.device import check_build
 
     check_build(ns.device)  # --device cuda on the CPU build (or the reverse): exit 2, naming the install
@@ -74,9 +74,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
         raise UsageError(f"--validate {ns.validate!r} is not a whole number") from None
     if not 0 <= n_validate <= len(VALIDATION_PARAMS):
         raise UsageError(f"--validate must be between 0 and {len(VALIDATION_PARAMS)}")
-    out = Path(ns.out)
-    if out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a directory: give a file name, e.g. {out / 'calibration.json'}")
+    out = check_output_file(ns.out, "--out", "calibration.json")
     embedded = {shape.name for shape in DEMO_LADDER}
     path = str(default_model(ns.model or DEFAULT_MODEL_NAME)) if ns.model in (None, *embedded) else ns.model
     info = inspect_model(path, ns.dummy_weights)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -135,9 +136,11 @@ def storage_url(ns: argparse.Namespace) -> str:
 
 def existing_config(url: str, study: str):
     """The stored config of the study, without creating any file when the study does not exist."""
+    from optimizer.core.paths import sqlite_path
     from optimizer.search.study import storage_for, stored_config
 
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+    path = sqlite_path(url)  # the file, without a query such as ?timeout=60
+    if path is not None and not path.exists():
         return None
     return stored_config(storage_for(url), study)
 
@@ -166,13 +169,19 @@ def load_study(ns: argparse.Namespace):
     return config, optuna.load_study(study_name=ns.study, storage=storage_for(url))
 
 
-def guarded(debug: bool, fn) -> int:
+def guarded(debug: bool, fn, command: str | None = None) -> int:
     """Run a command: library noise kept off the console unless `debug` (cli/console.py), and any error turned into
-    one line and its exit code."""
+    one line and its exit code. Ctrl-C and SIGTERM (`timeout`, `docker stop`) stop every command alike
+    (core/signals.py): the engines it started are shut down on the way out, and the line says what to do next (a
+    study's run resumes; another `command` is run again)."""
     from optimizer.cli.console import quiet_libraries
+    from optimizer.core.signals import RUN_STOPPED, install_stop_handlers
 
     quiet_libraries(debug)  # before the command imports vLLM or uses Optuna
+    stopped = RUN_STOPPED if command is None else f"`optimize {command}` stopped before it finished; run it again"
     try:
+        if threading.current_thread() is threading.main_thread():  # signal handlers are the main thread's alone
+            install_stop_handlers()
         return fn()
     except OptimizerError as exc:
         if debug:
@@ -182,7 +191,7 @@ def guarded(debug: bool, fn) -> int:
     except KeyboardInterrupt:
         from optimizer.core.signals import interrupted_exit_code, interrupted_message
 
-        print(interrupted_message(), file=sys.stderr)
+        print(interrupted_message(stopped), file=sys.stderr)
         return interrupted_exit_code()  # 130 after Ctrl-C, 143 after SIGTERM
     except Exception as exc:  # a bug: short message unless --debug
         if debug:

@@ -32,19 +32,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_export(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
-    return guarded(ns.debug, lambda: _export(ns))
+    return guarded(ns.debug, lambda: _export(ns), "export")
 
 
 def _export(ns: argparse.Namespace) -> int:
+    from optimizer.core.paths import check_output_dir
     from optimizer.decision.decide import decide
     from optimizer.decision.export import export_all
     from optimizer.search.attrs import STUDY_MACHINE
     from optimizer.search.runner import model_path
 
+    if ns.out is not None:
+        check_output_dir(ns.out, "--out", "a folder for the exported files")
     config, study = load_study(ns)
     d = decide(study, config)  # the recommendation and its numbers, as `optimize report` gives them
     best = d.best
-    confirmed = (d.throughput(best), d.gain(best)) if best is not None and d.throughput(best).confirmed else None
+    confirmed = None
+    if best is not None and d.throughput(best).confirmed:
+        from optimizer.decision.verdict import verdict_line
+
+        confirmed = (d.throughput(best), d.gain(best), verdict_line(d))
     conf = d.confirmed_of(best) if best is not None else None
     served = None
     if conf is not None and conf.served is not None:

@@ -7,7 +7,7 @@ import argparse
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from optimizer.core.signals import EXIT_SIGINT, EXIT_SIGTERM
 
@@ -78,13 +78,21 @@ def examples_text(examples: Sequence[tuple[str, str]]) -> str:
     return "Examples:\n" + "\n".join(f"  # {what}\n  {cmd}" for cmd, what in examples)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose usage errors (an unknown flag, a flag without its value, a choice not offered) are the one
+    line every other bad input is, exit 2, with where to look next, instead of argparse's usage block above it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
 def new_parser(prog: str, description: str, examples: Sequence[tuple[str, str]], usage: str | None = None,
                before_examples: str | None = None) -> argparse.ArgumentParser:
     """The parser every `optimize` command starts from: its examples and the exit status in the epilog, and
     `--version`."""
     epilog = "\n\n".join(part for part in (before_examples, examples_text(examples), EXIT_STATUS) if part)
-    p = argparse.ArgumentParser(prog=prog, usage=usage, description=description, epilog=epilog,
-                                formatter_class=ManualFormatter)
+    p = OneLineParser(prog=prog, usage=usage, description=description, epilog=epilog,
+                      formatter_class=ManualFormatter)
     p.add_argument("--version", action=VersionAction, help="print the versions of optimize and vLLM, and exit")
     return p
 

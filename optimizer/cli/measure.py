@@ -59,7 +59,7 @@ def parse_rates(values: list[str]) -> list[float]:
 
 def cmd_measure(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
-    return guarded(ns.debug, lambda: _measure(ns))
+    return guarded(ns.debug, lambda: _measure(ns), "measure")
 
 
 def _workload_fields(ns: argparse.Namespace) -> dict[str, Any]:

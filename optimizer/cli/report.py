@@ -50,16 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_report(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
-    return guarded(ns.debug, lambda: _report(ns))
+    return guarded(ns.debug, lambda: _report(ns), "report")
 
 
 def _report(ns: argparse.Namespace) -> int:
+    from optimizer.core.paths import check_output_dir, check_output_file
     from optimizer.decision.decide import decide, run_views, view
     from optimizer.decision.document import render
     from optimizer.decision.tables import check_format, curve_table, drop_empty_columns, format_output
     from optimizer.decision.views import confirmation_run_lines, curve_rows, trial_heading, trial_notes
 
     check_format(ns.format)
+    if ns.out is not None:
+        check_output_dir(ns.out, "--out", "a folder for the PNG and HTML report")
+    if ns.bench_json:
+        check_output_file(ns.bench_json, "--bench-json", "result.json")
     limit_ms = parse_duration_ms(ns.ttft_p99, "--ttft-p99") if ns.ttft_p99 is not None else None
     trial_no = None if ns.trial is None else trial_name(ns.trial)
     other = {f"{m}_p99_ms": parse_duration_ms(getattr(ns, f"{m}_p99"), f"--{m}-p99")

@@ -124,6 +124,8 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
             out["seed"] = int(ns.seed)
         except ValueError:
             raise UsageError(f"--seed {ns.seed!r} is not a whole number") from None
+        if not 0 <= out["seed"] < 2**32:  # Optuna's samplers take no other (checked here, not on stored studies)
+            raise UsageError(f"--seed {ns.seed} is out of range: give a whole number from 0 to {2**32 - 1}")
     if ns.model is not None:
         out["model"] = ns.model
     if ns.dummy_weights:
@@ -146,6 +148,9 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+MAX_TIME_BUDGET_MS = 366 * 24 * 3600 * 1000.0
+
+
 def budget_settings(values: list[str]) -> dict[str, Any]:
     """`--budget 40` (trials) and/or `--budget 8h` (a deadline from now): the settings they give. A duration alone
     lifts the trial limit: the time decides."""
@@ -161,6 +166,8 @@ def budget_settings(values: list[str]) -> dict[str, Any]:
             except UsageError:
                 raise UsageError(f"--budget {text!r} is neither a number of trials nor a duration: write e.g. "
                                  f"--budget 40 or --budget 8h") from None
+            if ms > MAX_TIME_BUDGET_MS:  # a date the clock cannot print, e.g. 99999999999999h
+                raise UsageError(f"--budget {text!r} is more than a year: give a duration such as 8h or 72h")
             out["deadline_unix_s"] = round(time.time() + ms / 1000, 3)
             out["time_budget_s"] = ms / 1000
     if "deadline_unix_s" in out and "budget" not in out:
@@ -234,13 +241,6 @@ def resolve_config(ns: argparse.Namespace):
     return build(StudyConfig, settings, "settings"), None
 
 
-def _sigterm_as_interrupt() -> None:
-    """`docker stop` and `kill` stop a study like Ctrl-C: the engine is shut down and the trial queued again."""
-    from optimizer.core.signals import install_stop_handlers
-
-    install_stop_handlers()
-
-
 def cmd_run(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
     return guarded(ns.debug, lambda: run_study(ns))
@@ -248,8 +248,6 @@ def cmd_run(argv: list[str]) -> int:
 
 def run_study(ns: argparse.Namespace) -> int:
     from optimizer.search.runner import budget_text, prepare, run
-
-    _sigterm_as_interrupt()
 
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
     config, stored = resolve_config(ns)

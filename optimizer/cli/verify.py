@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_verify(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
-    return guarded(ns.debug, lambda: _verify(ns))
+    return guarded(ns.debug, lambda: _verify(ns), "verify")
 
 
 def _percent(text: str, what: str) -> float:

@@ -162,9 +162,12 @@ def inspect_model(model: str, dummy_weights: bool = False) -> ModelInfo:
             raise UsageError(f"{model!r} is not a model directory (no config.json in it): point --model at the "
                              f"folder that holds config.json")
         try:
-            config = json.loads((path / "config.json").read_text())
-        except json.JSONDecodeError as exc:
+            config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"{path / 'config.json'} is not valid JSON ({exc}): fix or regenerate it") from None
+        if not isinstance(config, dict):
+            raise UsageError(f"{path / 'config.json'} holds a JSON {type(config).__name__}, not an object of the "
+                             f"model's settings: fix or regenerate it")
         has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin")) or any(path.glob("*.pt"))
         if not has_weights and not dummy_weights:
             raise UsageError(f"{model!r} has a config.json but no weights: add --dummy-weights to tune the "

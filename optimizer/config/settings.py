@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +40,12 @@ class IntRange(StrictModel):
     def _ordered(self) -> IntRange:
         if self.low > self.high:
             raise ValueError(f"min {self.low} > max {self.high}")
+        if self.step < 1:  # what Optuna's IntDistribution refuses, here before any trial has run
+            raise ValueError(f"step {self.step} must be at least 1")
+        if self.log and self.low < 1:
+            raise ValueError(f"a log range needs min >= 1, got {self.low}")
+        if self.log and self.step != 1:  # Optuna samples a log range without steps: it would be ignored
+            raise ValueError(f"a log range takes no step, got step {self.step}: drop 'step' or 'log'")
         return self
 
 
@@ -49,8 +56,12 @@ class FloatRange(StrictModel):
 
     @model_validator(mode="after")
     def _ordered(self) -> FloatRange:
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            raise ValueError(f"min {self.low} and max {self.high} must be finite numbers")
         if self.low > self.high:
             raise ValueError(f"min {self.low} > max {self.high}")
+        if self.step is not None and not (math.isfinite(self.step) and self.step > 0):
+            raise ValueError(f"step {self.step} must be above 0")
         return self
 
 
@@ -142,7 +153,10 @@ def load_yaml(path: str | Path, what: str) -> dict[str, Any]:
 
     p = require_file(path, what)
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:  # e.g. UTF-16, as PowerShell's `>` writes
+        raise UsageError(f"{what} file {str(p)!r} is not UTF-8 text (byte {exc.start} cannot be read): save it as "
+                         f"UTF-8") from None
     except yaml.YAMLError as exc:  # one line: where and what, not PyYAML's multi-line snippet
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

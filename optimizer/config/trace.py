@@ -33,7 +33,7 @@ def _row(raw: dict, where: str) -> TraceRow:
         v = _pick(raw, key)
         try:
             n = int(float(v)) if v is not None else None
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: "inf"
             n = None
         if n is None or n < 1 or (v is not None and float(v) != n):
             raise UsageError(f"trace {where}: {key} must be a whole number of tokens >= 1, got {v!r}: fix or drop "

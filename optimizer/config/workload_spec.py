@@ -124,7 +124,7 @@ class WorkloadSpec(StrictModel):
                                           "input_len_* distribution takes the rest (weights sum to at most 1).")
     output_mixture: list[LengthComponent] = Field(
         default_factory=list, description="Completion-length components, as input_mixture.")
-    seed: int = Field(0, description="Seed of lengths, token ids and arrival gaps.")
+    seed: int = Field(0, ge=0, description="Seed of lengths, token ids and arrival gaps (0 or more).")
     arrivals: Arrivals = Field(
         "poisson", description="poisson (gamma when burstiness != 1), constant (evenly spaced), both at each "
                                "searched rate; or closed_loop: `concurrency` clients, each sending its next request "

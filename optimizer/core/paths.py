@@ -89,12 +89,32 @@ def check_sqlite_url(url: str, create: bool = True) -> None:
 
 def check_studies_dir(path: str | Path) -> None:
     """`--studies-dir` must be a folder, or a path where one can be made (nothing is made here)."""
+    check_output_dir(path, "--studies-dir", "a folder for the studies")
+
+
+def check_output_dir(path: str | Path, flag: str, what: str = "a folder to write into") -> Path:
+    """A folder `flag` writes into must be one, or a path where one can be made under folders (nothing is made
+    here): checked before any work, not found out as `FileExistsError` once the report is half written."""
     p = Path(path)
     if p.exists() and not p.is_dir():
-        raise UsageError(f"--studies-dir {str(p)!r} is a file, not a directory: give a folder for the studies")
+        raise UsageError(f"{flag} {str(p)!r} is a file, not a directory: give {what}")
+    _check_parents(p, flag)
+    return p
+
+
+def check_output_file(path: str | Path, flag: str, example: str) -> Path:
+    """A file `flag` writes must not be a folder, and its folder must be one or can be made (nothing is made here);
+    `example`: a file name to suggest inside a folder given instead."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {str(p)!r} is a directory: give a file name, e.g. {p / example}")
+    _check_parents(p, flag)
+    return p
+
+
+def _check_parents(p: Path, flag: str) -> None:
     for parent in p.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise UsageError(f"--studies-dir {str(p)!r} cannot be created: {str(parent)!r} is a file, not a "
-                                 f"directory")
+                raise UsageError(f"{flag} {str(p)!r} cannot be created: {str(parent)!r} is a file, not a directory")
             break

@@ -84,10 +84,13 @@ def interrupted_exit_code() -> int:
     return EXIT_SIGTERM if stop_signal() == signal.SIGTERM else EXIT_SIGINT
 
 
-def interrupted_message() -> str:
-    """The one line a stopped run prints."""
+RUN_STOPPED = "the running trial was stopped; run the same command again to resume"
+
+
+def interrupted_message(stopped: str = RUN_STOPPED) -> str:
+    """The one line a stopped command prints: how it was stopped, then `stopped` (a study's run: what resumes it)."""
     how = "SIGTERM" if stop_signal() == signal.SIGTERM else "Ctrl-C"
-    return f"interrupted ({how}): the running trial was stopped; run the same command again to resume"
+    return f"interrupted ({how}): {stopped}"
 
 
 _interrupted_trials: set[str] = set()

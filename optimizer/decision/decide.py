@@ -28,6 +28,7 @@ from optimizer.measurement.rerank import Answer, pareto_front, rank_curve, recom
 from optimizer.measurement.sequential import FIRST_LOOK_ROUND, PROJECTED_ROUNDS, Outcome
 from optimizer.params.deploy import label as deploy_label
 from optimizer.search.attrs import CURVE
+from optimizer.search.confirm import run_estimate_s
 from optimizer.search.split import Plan, more_rounds_command, plan
 from optimizer.search.confirmed import Confirmation, confirmation
 from optimizer.search.score import compared_per_gpu, noise_cv, rank_trials, tied_with
@@ -198,7 +199,9 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
                         defaults_as_run=defaults_as_run(base.trial, config) if base is not None else {},
                         more_rounds=more_rounds_command(config.study_name, config.budget, confirmed.rounds,
                                                         search_budget=split.search_budget if split else None,
-                                                        served=split.served if split else 0)
+                                                        served=split.served if split else 0,
+                                                        run_s=run_estimate_s(study) if config.deadline_unix_s
+                                                        else None)
                         if confirmed is not None else "",
                         rounds_needed=confirmed.rounds_to_decide() if undecided else None,
                         rounds_projected=undecided and len(confirmed.full_rounds) >= FIRST_LOOK_ROUND)

@@ -313,12 +313,13 @@ def _write(path: Path, text: str) -> Path:
     return tmp.replace(path)
 
 
-def confirmed_line(tp: Throughput, gain: Gain | None) -> str:
-    """'Confirmed in 3 rounds on fresh engines: 731.2 output tok/s (median, 95% interval of the mean 702.0-760.1);
-    +12.3% over vLLM's defaults (ratio of the medians, per-round 95% interval +4.0% to +20.1%).': the numbers
-    `optimize report` shows (decision/numbers.py)."""
-    line = (f"Confirmed in {tp.rounds} rounds on fresh engines in process (AsyncLLM): "
-            f"{tp.output_throughput_tok_s:.1f} output tok/s (median")
+def confirmed_line(tp: Throughput, gain: Gain | None, verdict: str | None = None) -> str:
+    """'Measured again in 3 rounds on fresh engines ...: 731.2 output tok/s (median, 95% interval of the mean
+    702.0-760.1); +12.3% over vLLM's defaults (ratio of the medians, per-round 95% interval +4.0% to +20.1%). Verdict:
+    better than ...': the numbers `optimize report` shows (decision/numbers.py) and its verdict (decision/verdict.py):
+    rounds that ended undecided, or were cut short, say so here too."""
+    line = (f"Measured again in {tp.rounds} round{'s' if tp.rounds != 1 else ''} on fresh engines in process "
+            f"(AsyncLLM): {tp.output_throughput_tok_s:.1f} output tok/s (median")
     if tp.low_tok_s is not None and tp.high_tok_s is not None:
         line += f", 95% interval of the mean {tp.low_tok_s:.1f}-{tp.high_tok_s:.1f}"
     line += ")"
@@ -327,7 +328,7 @@ def confirmed_line(tp: Throughput, gain: Gain | None) -> str:
         if gain.low_pct is not None and gain.high_pct is not None:
             line += f", per-round 95% interval {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%"
         line += ")"
-    return line + "."
+    return line + "." + (f" Verdict: {verdict}." if verdict else "")
 
 
 def served_line(served: dict[str, Any]) -> str:
@@ -351,19 +352,19 @@ def served_line(served: dict[str, Any]) -> str:
             + (" (they differ by more than their intervals)" if served.get("served_differs") else "") + f"{then}.")
 
 
-def confirmed_metadata(tp: Throughput, gain: Gain | None) -> dict[str, Any]:
+def confirmed_metadata(tp: Throughput, gain: Gain | None, verdict: str | None = None) -> dict[str, Any]:
     """The confirmed numbers as the JSON's `metadata.confirmed`."""
     return {"rounds": tp.rounds, "output_throughput": tp.to_dict(),
-            "gain_over_defaults": gain.to_dict() if gain is not None else None}
+            "gain_over_defaults": gain.to_dict() if gain is not None else None, "verdict": verdict}
 
 
 def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, model: str,
-               confirmed: tuple[Throughput, Gain | None] | None = None,
+               confirmed: tuple[Throughput, Gain | None, str | None] | None = None,
                served: dict[str, Any] | None = None, machine: dict[str, Any] | None = None) -> Exported:
     """Write `<study>.recommended.yaml` (for `vllm serve --config`), `<study>.engine_args.json` and
-    `<study>.compose.yaml` into `out_dir`; `confirmed`: the trial's numbers from the confirmation and its gain over
-    vLLM's defaults, where confirmed (`Decision.throughput`, `.gain`); `served`: its rates at the limit as served and in
-    process (views.py::served_record); `machine`: the study's stored fingerprint (which allocator its engines had)."""
+    `<study>.compose.yaml` into `out_dir`; `confirmed`: the confirmation's numbers, gain and verdict, where confirmed
+    (`Decision.throughput`, `.gain`, `verdict_line`); `served`: its rates at the limit as served and in process
+    (views.py::served_record); `machine`: the study's stored fingerprint (which allocator its engines had)."""
     if trial is None:
         raise OptimizerError(
             f"study {config.study_name!r} has no trial that meets TTFT P99 <= {format_ms(config.ttft_p99_ms)}: "

@@ -17,6 +17,7 @@ from typing import Any
 
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.intervals import relative_gain
+from optimizer.measurement.noise import median
 from optimizer.measurement.sequential import GROUP_SEQUENTIAL
 from optimizer.search.confirmed import FIT_VALUE, Confirmation, Confirmed
 
@@ -41,7 +42,8 @@ def throughput_statistic(c: Confirmation) -> str:
 
 def gain_statistic(c: Confirmation) -> str:
     """What a confirmed gain and its interval are, in words, for the rules of `c`'s plan."""
-    return ("ratio of the two medians; interval: 95% interval of the mean per-round ratio (each round measures "
+    return ("ratio of the two medians over the rounds both ran; interval: 95% interval of the mean per-round "
+            "ratio (each round measures "
             "both next to each other; Student t on log throughput, the spread pooled over every config of the "
             f"rounds; {_looks_text(c)})")
 
@@ -131,13 +133,22 @@ def searched_throughput(v: TrialView) -> Throughput:
 
 
 def confirmed_gain(c: Confirmation, x: Confirmed) -> Gain | None:
-    """`x`'s gain over vLLM's defaults in the confirmation: the ratio of the medians, with the per-round interval;
-    None for the defaults themselves, or where they were not measured again."""
+    """`x`'s gain over vLLM's defaults in the confirmation: the ratio of the medians over the rounds both ran (a
+    config that dropped out is compared with the defaults' rounds beside its own, as its per-round interval is),
+    with the per-round interval; where the defaults' median is 0 (they met the limit in too few of those rounds for a
+    ratio), the median per-round gain instead. None for the defaults themselves, where they were not measured again,
+    or where no round gives a ratio."""
     base = c.base
     per_round = c.gain(x)
     if base is None or per_round is None or not per_round.n:
         return None
-    pct = relative_gain(c.interval(base).median, c.interval(x).median) * 100
+    both = [(a, b) for r in c.full_rounds if (a := base.value_tok_s(r)) is not None and (b := x.value_tok_s(r))
+            is not None]
+    pct = relative_gain(median([a for a, _ in both]), median([b for _, b in both])) * 100 if both else math.nan
+    if not math.isfinite(pct):
+        pct = per_round.median * 100
+    if not math.isfinite(pct):
+        return None
     if not per_round.known:
         return Gain(pct, rounds=per_round.n, statistic=gain_statistic(c))
     return Gain(pct, per_round.low * 100, per_round.high * 100, per_round.n, gain_statistic(c))

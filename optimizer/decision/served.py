@@ -126,10 +126,10 @@ def order_as_served_line(number: int, leader: dict[str, Any], base: dict[str, An
     since a run's interval covers its own requests and minutes, not the next run's (claim-5's pair, -25% as served
     apart beyond their intervals, measured again in 3 rounds by benchmarks/served_order.py: -3%, -5% and +72%; each
     config's rate as served moved between 0.57 and 0.96 of its rate in process from run to run). None where the two
-    orders agree, or either lacks a rate."""
+    orders agree, or either lacks a rate (or a rate of 0: a config that met the limit in none of its rounds)."""
     rates = (leader["rate_at_limit_rps"], base["rate_at_limit_rps"],
              leader["served_rate_at_limit_rps"], base["served_rate_at_limit_rps"])
-    if any(v is None for v in rates):
+    if any(v is None or not v > 0 for v in rates):
         return None
     inproc, served = rates[0] / rates[1] - 1, rates[2] / rates[3] - 1
     if inproc * served >= 0:

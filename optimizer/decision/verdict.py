@@ -3,6 +3,8 @@ many rounds are behind it."""
 
 from __future__ import annotations
 
+from optuna.trial import TrialState
+
 from optimizer.decision.decide import Decision, view
 from optimizer.measurement.sequential import PRECISE_HALF_WIDTH, Outcome
 
@@ -19,10 +21,13 @@ def verdict_line(d: Decision) -> str:
     n = f"{rounds} round{'s' if rounds != 1 else ''}"
     base, best = c.base, d.confirmed_of(d.best)
     if base is None:
-        return f"vLLM's defaults were not measured again (they did not run): no gain to confirm ({n})"
+        missed = d.baseline is not None and d.baseline.trial.state == TrialState.COMPLETE \
+            and not d.baseline.ranked.answerable  # ran to its end, and no rate met the limit (not: its engine died)
+        why = "they met the limit at no rate the search tried" if missed else "they did not run"
+        return f"vLLM's defaults were not measured again ({why}): no gain to confirm ({n})"
     compared = [best] if best is not None and best is not base else [x for x in c.active if x is not base]
     gains = [(x, g) for x in compared if (g := d.gain(view(d, x.number))) is not None]
-    shown = ", ".join(f"#{x.number} {g.pct:+.1f}%" + (f" {g.interval_text()}" if g.known else "") for x, g in gains)
+    shown = _shown(gains)
     against = f"vLLM's defaults ({d.defaults_of})"
     if c.outcome == Outcome.BETTER and gains:
         g = gains[0][1]
@@ -34,8 +39,13 @@ def verdict_line(d: Decision) -> str:
         known = [g for _, g in gains if g.known and g.low_pct is not None and g.high_pct is not None]
         if known and all(g.high_pct < 0 for g in known):
             return f"{against} are better than every candidate ({shown}), {n}: keep them"
-        y = max((max(abs(g.low_pct), abs(g.high_pct)) for g in known), default=0.0)
-        return f"within +-{y:.1f}% of {against} ({shown}), {n}: keep them"
+        # the width is the tied ones': a candidate wholly behind the defaults is said to be, not folded into it
+        behind = [(x, g) for x, g in gains if g.known and g.high_pct is not None and g.high_pct < 0]
+        tied = [(x, g) for x, g in gains if (x, g) not in behind]
+        y = max((max(abs(g.low_pct), abs(g.high_pct)) for _, g in tied if g.known and g.low_pct is not None
+                 and g.high_pct is not None), default=0.0)
+        return (f"within +-{y:.1f}% of {against} ({_shown(tied)})"
+                + (f", behind them: {_shown(behind)}" if behind else "") + f", {n}: keep them")
     if c.outcome == Outcome.UNDECIDED:
         choice = ("keep the defaults" if best is base or best is None else
                   f"deploy either: the defaults are the simpler choice, #{best.number} the better bet")
@@ -46,3 +56,8 @@ def verdict_line(d: Decision) -> str:
         return (f"better so far than {against} by {g.pct:+.1f}% output throughput {g.interval_text()} after {n}, "
                 f"not yet within +-{PRECISE_HALF_WIDTH * 100:g} points: run the same command again to go on")
     return f"not decided yet after {n} ({shown or 'no interval'}): run the same command again to go on"
+
+
+def _shown(gains: list) -> str:
+    """'#11 +0.5% [-1.0%, +1.8%], #7 -9.9% [-11.5%, -9.0%]': each (config, Gain) with its interval where known."""
+    return ", ".join(f"#{x.number} {g.pct:+.1f}%" + (f" {g.interval_text()}" if g.known else "") for x, g in gains)

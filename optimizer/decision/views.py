@@ -234,6 +234,9 @@ def confirmation_lines(d: Decision) -> list[str]:
     if not c.complete:
         out.append(f"note: the confirmation stopped before it decided ({c.runs_done} runs of up to "
                    f"{c.runs_planned}): run the same command again to go on")
+    elif missing := c.served_missing:
+        out.append("note: the runs through `vllm serve` stopped before " + ", ".join(
+            f"#{x.number}" for x in missing) + " ran: run the same command again to measure them as served")
     return out
 
 

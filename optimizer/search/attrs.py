@@ -89,6 +89,8 @@ LOG_FILE: Attr[str | None] = Attr("log_file", None, "the path of its engine log"
 LOG_EXCERPT: Attr[str | None] = Attr("log_excerpt", None, "the end of its engine log, where its engine died")
 ENGINE_START_PHASES: Attr[Json | None] = Attr("engine_start_phases", None, "compile and graph capture in the start")
 TELEMETRY: Attr[Json | None] = Attr("telemetry", None, "device telemetry during its replays (measurement/telemetry)")
+MACHINE_LOAD: Attr[Json | None] = Attr("machine_load", None, "what other processes and the hypervisor took of its "
+                                                             "CPUs during its replays (measurement/disturbance)")
 TIMINGS: Attr[dict[str, float]] = Attr("timings", {}, "engine_start_s, replay_s, engine_shutdown_s, overhead_s, "
                                                         "total_s")
 
@@ -107,7 +109,8 @@ TRIAL_ATTRS: tuple[Attr[Any], ...] = (
     BASELINE, RETRY_OF, PRESCREEN, SIM_GOODPUT_TOK_S, RUN, AB, CONFIRM, WORKER, ENGINE_PROCESSES, ENGINE_PIDS,
     INTERRUPTED,
     ENVIRONMENT_CAUSE, ENGINE_PARAMS, ENGINE_CONFIG, BASELINE_NOTE, MEMORY_WAITED_FOR, MEMORY_ESTIMATE_GIB, LOG_FILE,
-    LOG_EXCERPT, ENGINE_START_PHASES, TELEMETRY, TIMINGS, CURVE, RESULT, LIMITED_BY, PRUNED_REASON, PRUNED_DETAIL,
+    LOG_EXCERPT, ENGINE_START_PHASES, TELEMETRY, MACHINE_LOAD, TIMINGS, CURVE, RESULT, LIMITED_BY, PRUNED_REASON,
+    PRUNED_DETAIL,
 )
 
 # --- on the study ---------------------------------------------------------------------------------------------------

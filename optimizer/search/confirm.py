@@ -6,7 +6,8 @@ One whole trial of one config varies by 12-18% on a shared machine, mostly by th
 on: a study's "+18.7% over vLLM's defaults" was, measured again, no gain at all. So the number a user acts on is
 measured again:
 
-- the candidates are vLLM's defaults, the search's recommendation and its closest rival whose rate interval (its
+- the candidates are vLLM's defaults (where they met the limit in the search: else there is no gain to decide, and
+  the rounds stop at the first look), the search's recommendation and its closest rival whose rate interval (its
   pooled fit) overlaps the recommendation's (for trials stored before: whose bracket, widened by the study's noise);
 - each run is a trial of its own (a fresh engine, the warm-up, then `search_rate` from its trial's bracket, or from the
   second round on from its config's rate so far, `prior_spec`: probes sized by evidence until the rate passed and the
@@ -51,13 +52,15 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optimizer.measurement.disturbance import disturbance_text, disturbed
 from optimizer.measurement.rate_search import BRACKET_STEP
 from optimizer.measurement.sequential import (GROUP_SEQUENTIAL, PRECISE_HALF_WIDTH, SPENDING_POWER, Outcome,
                                               look_confidence)
 from optimizer.search.attrs import (
-    CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
+    CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, MACHINE_LOAD, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
-from optimizer.search.confirmed import FIT_VALUE, SPREAD_ALL_RUNS, Confirmation, Confirmed, confirmation
+from optimizer.search.confirmed import (DISTURBED_TRIES, FIT_VALUE, SPREAD_ALL_RUNS, Confirmation, Confirmed,
+                                        confirmation)
 from optimizer.search.missed import why_infeasible
 from optimizer.search.score import (
     baseline, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first, study_limit_ms,
@@ -65,7 +68,7 @@ from optimizer.search.score import (
 )
 from optimizer.search.split import CONFIGS, SPLIT_RULE, rounds_after_drop, rounds_for
 from optimizer.search.study import (
-    confirmation_runs, confirmation_study, is_confirmation, run_name, search_trials, wait_while_running,
+    confirmation_runs, confirmation_study, is_baseline, is_confirmation, run_name, search_trials, wait_while_running,
 )
 
 ROUND_SEED_STEP = 1  # round r replays the workload of seed + ROUND_SEED_STEP + r
@@ -78,9 +81,10 @@ PRIOR_STEP = PRIOR_SPAN ** 2
 
 
 def candidates(study: optuna.Study) -> list[FrozenTrial]:
-    """vLLM's defaults (when they ran), the recommendation of the search and its closest rival: the highest-scored
-    other trial whose rate interval (its pooled fit) overlaps the recommendation's, or for trials stored before, whose
-    bracket does. At most CONFIGS; none when no trial meets the limit."""
+    """vLLM's defaults (when they met the limit in the search: rounds of a config that meets it nowhere give no gain
+    to decide, and would run to the end undecided), the recommendation of the search and its closest rival: the
+    highest-scored other trial whose rate interval (its pooled fit) overlaps the recommendation's, or for trials
+    stored before, whose bracket does. At most CONFIGS; none when no trial meets the limit."""
     scored = scored_best_first(study)
     if not scored:
         return []
@@ -94,7 +98,8 @@ def candidates(study: optuna.Study) -> list[FrozenTrial]:
     else:
         rivals = tied_with(best_ranked, {t.number: r for t, r in scored[1:]}, cv)
     base = baseline(study)
-    out = [base] if base is not None and base.state == TrialState.COMPLETE else []
+    met = base is not None and base.state == TrialState.COMPLETE and any(t.number == base.number for t, _ in scored)
+    out = [base] if met else []
     for t, _ in scored:
         if len(out) >= CONFIGS:
             break
@@ -152,7 +157,9 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
         chosen = candidates(study)
         if not chosen:
             return None
-        plan_attr = {"plan": key, "rounds": rounds if asked else rounds_for(rounds, len(chosen)),
+        # without vLLM's defaults (they met the limit nowhere) there is no gain to decide: the first look ends it
+        compared = len(chosen) if any(is_baseline(t) for t in chosen) else 1
+        plan_attr = {"plan": key, "rounds": rounds if asked else rounds_for(rounds, compared),
                      "candidates": [t.number for t in chosen], **({} if asked else {"split": SPLIT_RULE}),
                      "limit_ms": study_limit_ms(study), "spending": SPENDING_POWER, "looks": GROUP_SEQUENTIAL,
                      "value": FIT_VALUE, "dropped": {}, "served": served, "precise_half_width": PRECISE_HALF_WIDTH,
@@ -253,12 +260,14 @@ def run_estimate_s(study: optuna.Study) -> float | None:
 
 
 def rounds_in_time(rounds: int, deadline_unix_s: float | None, run_s: float | None,
-                   now_unix_s: float | None = None) -> int:
-    """Pure but for the clock: how many of `rounds` fit before the deadline at `run_s` a run (all without one)."""
+                   now_unix_s: float | None = None, done: int = 0) -> int:
+    """Pure but for the clock: how many of `rounds` fit before the deadline at `run_s` a run (all without one), the
+    `done` rounds a resumed plan has already run counted in (they take no more time); 0 when no new round fits."""
     if deadline_unix_s is None or run_s is None or run_s <= 0:
         return rounds
     left_s = deadline_unix_s - (time.time() if now_unix_s is None else now_unix_s)
-    return max(0, min(rounds, int(left_s // (CONFIGS * run_s))))
+    fit = int(max(left_s, 0.0) // (CONFIGS * run_s))
+    return min(rounds, done + fit) if fit else 0
 
 
 def waiting(study: optuna.Study) -> list[FrozenTrial]:
@@ -350,7 +359,10 @@ def describe(trial: FrozenTrial) -> str:
     head = f"{what}, trial #{c.get('of')} again (run {run_name(trial)}{seed})"
     if trial.state != TrialState.COMPLETE:
         return f"{head}: could not run ({PRUNED_REASON.of(trial) or trial.state.name})"
+    load = MACHINE_LOAD.of(trial)
+    note = (f"; disturbed ({disturbance_text(load)}): not counted unless its round's {DISTURBED_TRIES} tries all are"
+            if disturbed(load) else "")
     if not r.get("feasible"):
-        return f"{head}: {why_infeasible(r)} [{TIMINGS.of(trial).get('total_s', 0):.0f}s]"
+        return f"{head}: {why_infeasible(r)} [{TIMINGS.of(trial).get('total_s', 0):.0f}s]{note}"
     return (f"{head}: {rate_at_limit_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} tok/s "
-            f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]")
+            f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]{note}")

@@ -12,16 +12,18 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optimizer.measurement.disturbance import disturbed
 from optimizer.measurement.intervals import Interval, block_gain_interval, interval
 from optimizer.measurement.rate_fit import RateAtLimit
-from optimizer.measurement.sequential import (FIRST_LOOK_ROUND, GROUP_SEQUENTIAL, Outcome, behind, look_confidence_at,
-                                              outcome, rounds_to_decide)
-from optimizer.search.attrs import CONFIRM, RESULT, STUDY_CONFIRMATION
+from optimizer.measurement.sequential import (ALPHA, FIRST_LOOK_ROUND, GROUP_SEQUENTIAL, Outcome, behind,
+                                              look_confidence_at, outcome, rounds_to_decide)
+from optimizer.search.attrs import CONFIRM, MACHINE_LOAD, RESULT, STUDY_CONFIRMATION
 from optimizer.search.score import best_first, goodput
 from optimizer.search.study import confirmation_runs, is_baseline, search_trials
 
@@ -122,7 +124,13 @@ class Confirmation:
 
     @property
     def confidence(self) -> float:
-        """Of every interval shown: the current look's (measurement/sequential.py; plans before: as stored)."""
+        """Of every interval shown: the current look's (measurement/sequential.py; plans before: as stored).
+
+        A plan of one config (vLLM's defaults, when no other met the limit) has no gain to look at: its rounds stop
+        after the first look whatever they measure, so its intervals are at 1 - ALPHA, not at that look's share of a
+        plan of many looks (which put a 2-round interval at [0.0, 332486.2] tok/s)."""
+        if len(self.plan.get("candidates") or ()) < 2:
+            return 1 - ALPHA
         if self.plan.get("spending"):  # group-sequential (plans from 2026-12-04 on) or Bonferroni shares
             return look_confidence_at(self.rounds, len(self.full_rounds), float(self.plan["spending"]),
                                       self.plan.get("looks") == GROUP_SEQUENTIAL, len(self.plan["candidates"]),
@@ -234,6 +242,8 @@ class Confirmation:
         best = self.best
         if best is None:
             return Outcome.RUNNING if self.rounds > 0 else Outcome.UNDECIDED
+        if self.base is None:  # no gain over vLLM's defaults to decide: the first look ends the rounds
+            return Outcome.RUNNING if len(self.full_rounds) < FIRST_LOOK_ROUND else Outcome.UNDECIDED
         width = float(self.plan.get("precise_half_width", math.inf))  # plans stored before the rule: any width
         return outcome(self._deciding_gains(), best is self.base, len(self.full_rounds), self.rounds, width)
 
@@ -277,13 +287,29 @@ class Confirmation:
         return [c for c in self.served_configs if c.served is None]
 
     def tied(self, c: Confirmed) -> bool:
-        """True when the measurements do not rank `c` apart from the best: the interval of its per-round gain over
-        the best includes 0 (with one round, no interval: tied only on an equal number)."""
-        best = self.best
-        if best is None or c is best:
+        """True when the measurements do not rank `c` apart from the recommendation (the best, or vLLM's defaults
+        when the rounds kept them while another config led): the interval of its per-round gain over it includes 0
+        (with one round, no interval: tied only on an equal number)."""
+        chosen = self.recommended
+        if chosen is None or c is chosen:
             return False
-        d = self.difference(c, best)
+        d = self.difference(c, chosen)
         return d.low <= 0 <= d.high if d.known else d.median == 0
+
+
+DISTURBED_TRIES = 2  # runs of one config in one round while others disturb the machine, before the last is kept
+
+
+def kept_run(tries: Sequence[FrozenTrial]) -> FrozenTrial | None:
+    """Of one config's runs in one round (or as served), in the order run: the first that nothing else on the machine
+    disturbed (measurement/disturbance.py; a run that could not measure, pruned, is never called disturbed; a
+    duplicate of two workers keeps the first); while all are disturbed, none (the round misses the run, and it is run
+    again once), and from DISTURBED_TRIES on the last of those tries, as it is (later ones never replace it): a
+    machine that stays busy costs at most twice the runs."""
+    for t in tries[:DISTURBED_TRIES]:
+        if t.state != TrialState.COMPLETE or not disturbed(MACHINE_LOAD.of(t)):
+            return t
+    return tries[DISTURBED_TRIES - 1] if len(tries) >= DISTURBED_TRIES else None
 
 
 def confirmation(study: optuna.Study, plan: dict[str, Any] | None = None) -> Confirmation | None:
@@ -294,14 +320,15 @@ def confirmation(study: optuna.Study, plan: dict[str, Any] | None = None) -> Con
     trials = {t.number: t for t in search_trials(study)}
     runs: dict[int, dict[int, FrozenTrial]] = {n: {} for n in plan["candidates"]}
     served: dict[int, FrozenTrial] = {}
+    tries: dict[tuple[int, int | None], list[FrozenTrial]] = {}  # (config, round; None: as served) -> its runs
     for t in confirmation_runs(study, (TrialState.COMPLETE, TrialState.PRUNED)):
         c = CONFIRM.of(t) or {}
-        if c.get("plan") != plan.get("plan") or c.get("of") not in runs:
-            continue
-        if c.get("served"):
-            served.setdefault(c["of"], t)
-        else:
-            runs[c["of"]].setdefault(int(c["round"]), t)  # a duplicate (two workers) keeps the first
+        if c.get("plan") == plan.get("plan") and c.get("of") in runs:
+            tries.setdefault((c["of"], None if c.get("served") else int(c["round"])), []).append(t)
+    for (number, round_), those in tries.items():
+        chosen = kept_run(those)
+        if chosen is not None:
+            (served if round_ is None else runs[number]).setdefault(number if round_ is None else round_, chosen)
     by_fit = plan.get("value") == FIT_VALUE
     configs = [Confirmed(trials[n], runs[n], served.get(n), by_fit) for n in plan["candidates"] if n in trials]
     return Confirmation(plan, configs)

@@ -26,6 +26,7 @@ from optimizer.engines.compile_cache import cache_env, start_phases
 from optimizer.hardware.device import visible_gpus
 from optimizer.measurement.engine import Engine, EngineFactory
 from optimizer.measurement.limits import diagnose
+from optimizer.measurement.disturbance import MachineLoad
 from optimizer.measurement.telemetry import for_device
 from optimizer.measurement.workload import Workload, build_workload, fixed_load_rate
 from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
@@ -36,7 +37,7 @@ from optimizer.params.space import Space
 from optimizer.search.attrs import (
     BASELINE, BASELINE_NOTE, CONFIRM, CURVE, ENGINE_CONFIG, ENGINE_PARAMS, ENGINE_PIDS, ENGINE_PROCESSES,
     ENGINE_START_PHASES, ENVIRONMENT_CAUSE, INTERRUPTED, LIMITED_BY, LOG_EXCERPT, LOG_FILE, MEMORY_ESTIMATE_GIB,
-    MEMORY_WAITED_FOR, PRUNED_DETAIL, PRUNED_REASON, RESULT, TELEMETRY, TIMINGS, WORKER,
+    MACHINE_LOAD, MEMORY_WAITED_FOR, PRUNED_DETAIL, PRUNED_REASON, RESULT, TELEMETRY, TIMINGS, WORKER,
 )
 from optimizer.search.breaker import StartFailureBreaker, environment_cause
 from optimizer.search.dashboard import set_constraint
@@ -140,10 +141,11 @@ class Objective:
             t_replay = time.perf_counter()
             engine_points: list[dict[str, Any] | None] = []  # per replay, in curve order
             telemetry = for_device(self.config.device, self.nvml)
+            load = MachineLoad()  # what else ran on its CPUs meanwhile: a disturbed run is run again
             try:
                 confirm = CONFIRM.of(trial)
                 incumbent = fair_incumbent_rate(trial.study) if self.early_stop and confirm is None else None
-                with telemetry:
+                with telemetry, load:
                     # records by (study, number): a confirmation run's are its confirmation study's
                     search = await asyncio.wait_for(self._measure(engine, incumbent, trial.number, engine_points,
                                                                   self._repeats(trial), confirm,
@@ -156,6 +158,7 @@ class Objective:
                 self._prune(trial, failures.ENGINE_DIED, str(exc))
             finally:
                 TELEMETRY.set(trial, telemetry.summary())
+                MACHINE_LOAD.set(trial, load.summary())
             timings.replay_s = time.perf_counter() - t_replay
         finally:
             t_stop = time.perf_counter()

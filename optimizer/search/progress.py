@@ -28,8 +28,9 @@ from optuna.trial import FrozenTrial, TrialState
 from tqdm import tqdm
 
 from optimizer.core.units import format_ms
+from optimizer.measurement.disturbance import disturbance_text, disturbed
 from optimizer.search.attrs import (
-    BASELINE, CONFIRM, LIMITED_BY, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
+    BASELINE, CONFIRM, LIMITED_BY, MACHINE_LOAD, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
 from optimizer.search.missed import rate_text, why_infeasible
 from optimizer.search.score import feasible, rate_at_limit_text, scored_best_first
@@ -53,6 +54,9 @@ def describe(trial: FrozenTrial) -> str:
                 f"{took}")
     else:
         line = f"{label} #{trial.number}: {why_infeasible(r)} {took}"
+    load = MACHINE_LOAD.of(trial)
+    if disturbed(load):  # a search trial only ranks: it is said, not run again (the confirmation's runs are)
+        line += f"; disturbed: {disturbance_text(load)}"
     limited = LIMITED_BY.of(trial)
     return f"{line}\n  {limited}" if limited else line
 

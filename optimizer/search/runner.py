@@ -198,6 +198,7 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
     Unless `quiet`, one progress display covers both (search/progress.py): it prints every trial's and run's line,
     and the lines said meanwhile, under one estimate of the time left, which the run's first line states."""
     from optimizer.search import confirm
+    from optimizer.search.confirmed import confirmation
     from optimizer.search.split import CONFIGS, plan
 
     config, study = prepared.config, prepared.study
@@ -239,7 +240,11 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
             say(stop.reason)
         rounds = 0
         if split.rounds and not stop.reason.startswith("time budget: the deadline has passed"):
-            rounds = confirm.rounds_in_time(split.rounds, config.deadline_unix_s, confirm.run_estimate_s(study))
+            current = confirmation(study)  # a resumed plan (of this search: its key): its rounds take no more time
+            done = len(current.full_rounds) if current is not None and current.plan.get("plan") == \
+                confirm.plan_key(study) else 0
+            rounds = confirm.rounds_in_time(split.rounds, config.deadline_unix_s, confirm.run_estimate_s(study),
+                                            done=done)
             if rounds < split.rounds:
                 say(f"confirmation: {rounds} of {split.rounds} rounds fit before the deadline")
         tally.confirm(rounds * CONFIGS + (split.served if rounds else 0))

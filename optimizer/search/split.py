@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from optimizer.core.errors import UsageError
+from optimizer.measurement.sequential import FIRST_LOOK_ROUND
 
 DEFAULT_ROUNDS = 5  # with a deadline alone (the time decides how many fit)
 SPLIT_RULE = "65% with the served runs, up to 8 rounds"  # stored in a default plan: a rerun under another keeps it
@@ -75,25 +76,30 @@ def plan(budget: int | None, asked: int | None, served: bool = False) -> Plan:
 
 
 def more_rounds_command(study_name: str, budget: int | None, rounds: int, added: int = 1,
-                        search_budget: int | None = None, served: int = 0) -> str:
+                        search_budget: int | None = None, served: int = 0, run_s: float | None = None) -> str:
     """Pure: the command that gives a confirmed study `added` more rounds on a rerun: the plan's rounds raised and
     the budget to what `plan` charges for them (CONFIGS runs a round, and `served`) beside the search's
     `search_budget` trials, so that the search keeps them (a plan of 2 configs has more rounds than its budget's
     rounds of 3: `rounds_for`). Without `search_budget`, the budget raised by the added rounds' runs. With a deadline
-    alone there is no trial budget to raise."""
+    alone there is no trial budget to raise. A study with a deadline (`run_s`: a run's estimated seconds) keeps it on
+    a resume, and it has passed: the command gives a new one, the added rounds' and served runs' time and a minute."""
     more = f"--confirm {rounds + added}"
+    time_budget = "" if run_s is None else f" --budget {math.ceil((added * CONFIGS + served) * run_s / 60) + 1}min"
     if budget is None:
-        return f"optimize --study {study_name} {more}"
+        return f"optimize --study {study_name}{time_budget} {more}"
     raised = budget + added * CONFIGS if search_budget is None else search_budget + (rounds + added) * CONFIGS + served
-    return f"optimize --study {study_name} --budget {raised} {more}"
+    return f"optimize --study {study_name} --budget {raised}{time_budget} {more}"
 
 
 def rounds_for(rounds: int, candidates: int) -> int:
     """Pure: a default plan's rounds for `candidates` configs: the runs of `rounds` rounds of CONFIGS, in rounds of
     those (8 rounds of 3 are 12 of 2: where no rival's interval overlaps the recommendation's, its runs go to more
     rounds of the pair; at a 4.2% spread the gain's half-width is +-4.3 points after 12 rounds of 2, +-5.0 after 8
-    of 3)."""
-    return rounds * CONFIGS // max(candidates, 2)
+    of 3). vLLM's defaults alone have no gain to decide, and their rounds stop at the first look whatever they
+    measure (measurement/sequential.py::outcome): FIRST_LOOK_ROUND rounds, not a plan that reads as cut short."""
+    if candidates < 2:
+        return min(rounds, FIRST_LOOK_ROUND)
+    return rounds * CONFIGS // candidates
 
 
 def rounds_after_drop(rounds: int, done: int, before: int, after: int) -> int:

@@ -18,7 +18,7 @@ def test_bad_slo(tmp_path, capsys, slo):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("budget", ["0", "-3", "many"])
+@pytest.mark.parametrize("budget", ["0", "-3", "many", "99999999999999h"])
 def test_bad_budget(tmp_path, capsys, budget):
     code, err = run_cli(capsys, "--ttft-p99", "150ms", "--budget", budget, "--studies-dir", str(tmp_path))
     assert code == 2 and "--budget" in err
@@ -30,6 +30,17 @@ def test_bad_repeats(tmp_path, capsys, repeats):
     code, err = run_cli(capsys, "--ttft-p99", "150ms", "--repeats", repeats, "--studies-dir", str(tmp_path))
     assert code == 2 and "--repeats" in err and len(err.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv,hint", [
+    (["--seed", "-1"], "--seed -1 is out of range: give a whole number from 0 to 4294967295"),  # Optuna's
+    (["--seed", "4294967296"], "--seed 4294967296 is out of range"),  # sampler refused it after the first engines
+    (["--workload-seed", "-1"], "workload.seed: Input should be greater than or equal to 0"),
+])
+def test_a_seed_out_of_range_is_refused_before_anything_runs(tmp_path, capsys, argv, hint):
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", *argv, "--studies-dir", str(tmp_path / "s"))
+    assert code == 2 and hint in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.mark.parametrize("argv,hint", [
@@ -52,6 +63,12 @@ def test_missing_slo_for_a_new_study(tmp_path, capsys):
     ("max_num_sequences: {min: 1, max: 8}\n", "unknown parameter"),
     ("max_num_seqs: {min: 16, max: 4}\n", "min 16 > max 4"),
     ("max_num_seqs: [\n", "not valid YAML"),
+    # what Optuna would refuse only at the first searched trial, after the baseline's engine had run
+    ("max_num_seqs: {min: 0, max: 256, log: true}\n", "a log range needs min >= 1, got 0"),
+    ("max_num_seqs: {min: 1, max: 256, step: 0}\n", "step 0 must be at least 1"),
+    ("max_num_seqs: {min: 8, max: 256, log: true, step: 8}\n", "a log range takes no step, got step 8"),
+    ("gpu_memory_utilization: {min: 0.1, max: 0.3, step: -0.05}\n", "step -0.05 must be above 0"),
+    ("gpu_memory_utilization: {min: 0.1, max: .nan}\n", "must be finite numbers"),
 ])
 def test_bad_space_file(tmp_path, capsys, config_only_model, space, hint):
     f = tmp_path / "space.yaml"
@@ -74,6 +91,28 @@ def test_directory_that_is_not_a_model(tmp_path, capsys):
     code, err = run_cli(capsys, "--ttft-p99", "150ms", "--model", str(tmp_path / "empty"),
                         "--studies-dir", str(tmp_path / "s"))
     assert code == 2 and "no config.json" in err
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"[]", "holds a JSON list, not an object of the model's settings"),  # was AttributeError, exit 1
+    ("{}".encode("utf-16"), "is not valid JSON"),  # was UnicodeDecodeError, exit 1
+])
+def test_a_config_json_that_is_no_settings_object_is_refused(tmp_path, capsys, content, said):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_bytes(content)
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--model", str(tmp_path / "m"), "--dummy-weights",
+                        "--studies-dir", str(tmp_path / "s"))
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_space_file_that_is_not_utf8_says_so(tmp_path, capsys, config_only_model):
+    f = tmp_path / "space.yaml"
+    f.write_bytes("max_num_seqs: [8, 16]\n".encode("utf-16"))  # what PowerShell's `>` writes
+    code, err = run_cli(capsys, "--ttft-p99", "150ms", "--model", str(config_only_model), "--dummy-weights",
+                        "--space", str(f), "--studies-dir", str(tmp_path / "s"))
+    assert code == 2 and "is not UTF-8 text" in err and "save it as UTF-8" in err, err
+    assert not (tmp_path / "s").exists()
 
 
 def test_config_without_weights_needs_dummy_flag(tmp_path, capsys, config_only_model):
@@ -105,6 +144,10 @@ def test_another_slo_on_an_existing_study_is_refused_and_nothing_changes(tmp_pat
     assert (tmp_path / "mine.db").read_bytes() == before
     stored = json.loads(optuna.load_study(study_name="mine", storage=url).user_attrs["optimizer_config"])
     assert stored["ttft_p99_ms"] == 150.0
+    # the same file named by a URL with a query (SQLite's busy timeout): the same study, not a new one
+    code, err = run_cli(capsys, "--study", "mine", "--ttft-p99", "300ms", "--storage", f"{url}?timeout=60")
+    assert code == 2 and "already exists with other settings (ttft_p99_ms)" in err
+    assert (tmp_path / "mine.db").read_bytes() == before
 
 
 def test_export_of_a_missing_study(tmp_path, capsys):

@@ -69,6 +69,21 @@ def test_a_wrong_format_is_still_the_one_line_error(tmp_path, capsys):
     assert code == 2 and err.strip() == "error: --format 'xml' is not one of table, json, csv"
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--ttft-p99", "150ms", "--budgt", "40"], "unrecognized arguments: --budgt 40 (see `optimize --help`)"),
+    (["--ttft-p99"], "argument --ttft-p99: expected one argument (see `optimize --help`)"),
+    (["--ttft-p99", "150ms", "--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
+    (["report", "--format"], "argument --format: expected one argument (see `optimize report --help`)"),
+])
+def test_a_flag_argparse_refuses_is_one_line_naming_where_to_look(tmp_path, capsys, argv, said):
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--studies-dir", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and said in err and "usage:" not in err
+    assert not (tmp_path / "s").exists()
+
+
 def _installed(*names: str) -> str | None:
     for name in names:
         try:

@@ -33,6 +33,7 @@ def test_jsonl_without_timestamps(tmp_path):
     ("g.csv", "input_len,output_len,timestamp\n10,5,1.0\n10,5,0.5\n", "must not decrease"),
     ("h.csv", "input_len,output_len,timestamp\n10,5,1.0\n10,5,\n", "every row or on none"),
     ("i.csv", "input_len,output_len\n10,5\n", "at least 2"),
+    ("j.csv", "input_len,output_len\n10,5\ninf,5\n", "line 3: input_len must be a whole number"),  # OverflowError
 ])
 def test_malformed_traces_name_the_line_and_the_fix(tmp_path, name, text, hint):
     with pytest.raises(UsageError) as err:

@@ -107,3 +107,21 @@ def test_a_studies_dir_that_is_a_file_says_so(tmp_path, capsys, sub):
         assert code == 2 and "--studies-dir" in err and "is a file, not a directory" in err, err
         assert len(err.strip().splitlines()) == 1
     assert files_under(tmp_path) == [Path("f")]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["report", "--out", "{file}"], "--out '{file}' is a file, not a directory: give a folder for the PNG and HTML"),
+    (["export", "--out", "{file}"], "--out '{file}' is a file, not a directory: give a folder for the exported"),
+    (["report", "--out", "{file}/deeper"], "cannot be created: '{file}' is a file, not a directory"),
+    (["report", "--bench-json", "{dir}"], "--bench-json '{dir}' is a directory: give a file name, e.g. {dir}/result"),
+    (["calibrate", "--out", "{file}/cal.json"], "--out '{file}/cal.json' cannot be created: '{file}' is a file"),
+])
+def test_an_output_path_in_the_way_is_refused_before_any_work(tmp_path, capsys, argv, said):
+    # before: FileExistsError, IsADirectoryError (a `.tmp` left beside it) or NotADirectoryError, after the work
+    (tmp_path / "report.html").write_text("x")
+    (tmp_path / "results").mkdir()
+    names = {"file": str(tmp_path / "report.html"), "dir": str(tmp_path / "results")}
+    where = [] if argv[0] == "calibrate" else ["--studies-dir", str(tmp_path / "s")]
+    code, err = run_cli(capsys, *[a.format(**names) for a in argv], *where)
+    assert code == 2 and said.format(**names) in err and len(err.strip().splitlines()) == 1, err
+    assert files_under(tmp_path) == [Path("report.html"), Path("results")]

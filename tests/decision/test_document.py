@@ -213,6 +213,10 @@ def test_export_and_bench_json_carry_the_recommendation_and_its_confirmed_number
     assert meta["confirmed"]["output_throughput"] == best["output_throughput"]
     header = (d / "export" / f"{config.study_name}.recommended.yaml").read_text()
     assert f"{best['output_throughput']['output_throughput_tok_s']:.1f} output tok/s (median" in header
+    # the deployed file says what the rounds decided, as the report does: "Confirmed" was printed whatever they did
+    said = doc["confirmation"]["verdict_line"]
+    assert meta["confirmed"]["verdict"] == said and f"Verdict: {said}.\n" in header
+    assert "Measured again in 2 rounds on fresh engines" in header and "Confirmed in" not in header
     compose = (d / "export" / f"{config.study_name}.compose.yaml").read_text()
     assert "None" not in compose and "optimize.confirmed.output_throughput_tok_s" in compose
     rc, _, err = cli(capsys, "report", "--study", config.study_name, "--studies-dir", str(d), "--bench-json",

@@ -23,7 +23,8 @@ STORED_TRIAL_KEYS = {
     "INTERRUPTED": "interrupted", "ENVIRONMENT_CAUSE": "environment_cause", "ENGINE_PARAMS": "engine_params",
     "ENGINE_CONFIG": "engine_config", "BASELINE_NOTE": "baseline_note", "MEMORY_WAITED_FOR": "memory_waited_for",
     "MEMORY_ESTIMATE_GIB": "memory_estimate_gib", "LOG_FILE": "log_file", "LOG_EXCERPT": "log_excerpt",
-    "ENGINE_START_PHASES": "engine_start_phases", "TELEMETRY": "telemetry", "TIMINGS": "timings", "CURVE": "curve",
+    "ENGINE_START_PHASES": "engine_start_phases", "TELEMETRY": "telemetry", "MACHINE_LOAD": "machine_load",
+    "TIMINGS": "timings", "CURVE": "curve",
     "RESULT": "result", "LIMITED_BY": "limited_by", "PRUNED_REASON": "pruned_reason", "PRUNED_DETAIL": "pruned_detail",
 }
 STORED_STUDY_KEYS = {

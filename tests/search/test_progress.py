@@ -219,3 +219,17 @@ def test_a_step_before_the_first_trial_writes_no_redraws_to_a_log():
         t.tick()
         t.write("probe: lone 256-token prefill 106ms")
     assert out.getvalue() == "" and said == ["probe: lone 256-token prefill 106ms"]
+
+
+def test_a_search_trial_others_disturbed_says_so_on_its_line():
+    from optimizer.measurement.disturbance import load_summary
+    from optimizer.search.attrs import MACHINE_LOAD
+
+    stopped = {"feasible": False, "stopped_early": True, "floor_rps": 33.84, "rate_rps": 33.84, "ttft_p99_ms": 2550.0,
+               "output_throughput_tok_s": 1476.1, "requests": 310}
+    trial = _trial(22, **stopped)
+    plain = describe(trial)
+    trial.user_attrs.update(MACHINE_LOAD.item(load_summary(40.0, 74.0, 0.0, 34.0, {0, 1})))
+    assert describe(trial) == plain + "; disturbed: other processes took 1.00 of a core, the hypervisor 0.00"
+    trial.user_attrs.update(MACHINE_LOAD.item(load_summary(40.0, 80.0, 0.0, 79.5, {0, 1})))
+    assert describe(trial) == plain  # 0.01 of a core: the kernel's own threads, not a disturbance

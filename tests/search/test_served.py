@@ -176,4 +176,7 @@ def test_runs_as_served_that_rank_the_pair_the_other_way_round_are_said_so():
         "alone do not rank them" in apart
     assert order_as_served_line(15, record(107.44, 95.0, 90.0, 99.0), base, "vllm serve") is None  # the same order
     assert order_as_served_line(15, record(107.44, None, None, None), base, "vllm serve") is None  # not measured
+    # the defaults met the limit in none of their rounds in process (median 0) but held it as served: no ratio
+    assert order_as_served_line(15, record(107.44, 80.82, 74.46, 89.32), {**base, "rate_at_limit_rps": 0.0},
+                                "vllm serve") is None
     assert "open" not in (order_as_served_line(15, record(107.44, 70.0, 65.0, None), base, "vllm serve") or "")
