@@ -14,8 +14,9 @@ are no one's, and count only as time the CPUs were not idle. Both are reported i
 replay). Linux only: elsewhere, or where /proc/stat cannot be read, the record says `available: false`.
 
 `disturbed` is the rule the confirmation re-runs a run by (search/confirmed.py): a quarter of a core or more taken
-by others, on average over the replays, while the CPUs had less than that left idle (or as steal). On the 2-core
-Xeon, runs with nothing else running read 0.007-0.014 cores of others, and a one-thread busy loop beside them 0.84.
+by others (their processes and steal), on average over the replays, while the CPUs had less than that left idle. On
+the 2-core Xeon, runs with nothing else running read 0.004-0.031 cores of others, and a one-thread busy loop beside
+them 0.84.
 """
 
 from __future__ import annotations
