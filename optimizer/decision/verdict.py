@@ -40,10 +40,9 @@ def verdict_line(d: Decision) -> str:
         if known and all(g.high_pct < 0 for g in known):
             return f"{against} are better than every candidate ({shown}), {n}: keep them"
         # the width is the tied ones': a candidate wholly behind the defaults is said to be, not folded into it
-        behind = [(x, g) for x, g in gains if g.known and g.high_pct is not None and g.high_pct < 0]
+        behind = [(x, g) for x, g in gains if g.known and g.high_pct < 0]
         tied = [(x, g) for x, g in gains if (x, g) not in behind]
-        y = max((max(abs(g.low_pct), abs(g.high_pct)) for _, g in tied if g.known and g.low_pct is not None
-                 and g.high_pct is not None), default=0.0)
+        y = max((max(abs(g.low_pct), abs(g.high_pct)) for _, g in tied if g.known), default=0.0)
         return (f"within +-{y:.1f}% of {against} ({_shown(tied)})"
                 + (f", behind them: {_shown(behind)}" if behind else "") + f", {n}: keep them")
     if c.outcome == Outcome.UNDECIDED:

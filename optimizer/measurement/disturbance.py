@@ -84,6 +84,10 @@ def disturbance_text(summary: dict[str, Any] | None) -> str:
             f"{summary['steal_cores']:.2f}")
 
 
+def _unavailable(exc: BaseException) -> dict[str, Any]:
+    return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+
+
 def _read_stat() -> str:
     with open("/proc/stat") as f:
         return f.read()
@@ -132,7 +136,7 @@ class MachineLoad:
         try:
             self._start = self._sample()
         except (OSError, ValueError, ImportError) as exc:  # no /proc/stat (not Linux), no psutil
-            self._summary = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+            self._summary = _unavailable(exc)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -143,7 +147,7 @@ class MachineLoad:
             t0, task0, irq0, steal0, own0, cpus = self._start
             t1, task1, irq1, steal1, own1, _ = self._sample(cpus)
         except (OSError, ValueError, ImportError) as exc_:
-            self._summary = {"available": False, "reason": f"{type(exc_).__name__}: {exc_}"}
+            self._summary = _unavailable(exc_)
             return
         self._summary = load_summary(t1 - t0, task1 - task0, steal1 - steal0, own1 - own0, cpus, irq1 - irq0)
 

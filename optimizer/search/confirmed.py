@@ -327,8 +327,12 @@ def confirmation(study: optuna.Study, plan: dict[str, Any] | None = None) -> Con
             tries.setdefault((c["of"], None if c.get("served") else int(c["round"])), []).append(t)
     for (number, round_), those in tries.items():
         chosen = kept_run(those)
-        if chosen is not None:
-            (served if round_ is None else runs[number]).setdefault(number if round_ is None else round_, chosen)
+        if chosen is None:
+            continue
+        if round_ is None:
+            served[number] = chosen
+        else:
+            runs[number][round_] = chosen
     by_fit = plan.get("value") == FIT_VALUE
     configs = [Confirmed(trials[n], runs[n], served.get(n), by_fit) for n in plan["candidates"] if n in trials]
     return Confirmation(plan, configs)
