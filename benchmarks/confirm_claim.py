@@ -18,6 +18,13 @@ rounds of both configs, each round on a workload of its own seed (the study's + 
 rounds replay + 1 + round), with the confirmation's own run (bisection to within 3%), and takes the median of its
 per-round gains. A row is "inside" when that falls inside the interval.
 
+The re-measurement has noise of its own, so even an interval that is right about its spread misses it at times: its
+'chance' is how often (intervals.py::chance_inside, from the study's rounds, its interval's t and degrees of freedom
+and the re-measurement's rounds). With 8 rounds reported and 3 re-measured it is about 75%; a re-measurement of
+more rounds tells a narrow right interval from a wrong one better. The sum of the rows' chances is the count of rows
+inside that intervals right about their spread would give on average. `--chance-of DIR/NAME` prints a stored study's
+chance alone (no engine starts).
+
 The same re-measured runs check the rates to provision for (decision/served.py::provision_rps: the one-sided 95%
 lower prediction bound of one more run from the rounds' spread): each re-measured run's rate at the limit in process
 is counted as held when it is at or above its config's rate to provision for; about 19 in 20 should be.
@@ -31,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,13 +51,15 @@ from optimizer.config.model import DEFAULT_MODEL_CONFIG, DEFAULT_MODEL_NAME, mod
 from optimizer.config.settings import StudyConfig  # noqa: E402
 from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec  # noqa: E402
 from optimizer.decision.served import provision_rps  # noqa: E402
-from optimizer.measurement.intervals import Interval, gain_interval  # noqa: E402
+from optimizer.measurement.intervals import (  # noqa: E402
+    Interval, block_gain_df, chance_inside, gain_interval, t_quantile,
+)
 from optimizer.search import confirm  # noqa: E402
 from optimizer.search.attrs import CONFIRM  # noqa: E402
 from optimizer.search.objective import Objective  # noqa: E402
 from optimizer.search.runner import prepare, run  # noqa: E402
 from optimizer.search.confirmed import Confirmation, confirmation, run_rate_rps, run_tok_s  # noqa: E402
-from optimizer.search.study import DIRECTIONS  # noqa: E402
+from optimizer.search.study import DIRECTIONS, storage_for  # noqa: E402
 
 OTHER_SEED = 1000  # the re-measurement's round r replays the workload of the study's seed + this + r
 
@@ -68,6 +78,7 @@ class Row:
     truth: float | None = None  # the simulator's gain without its noise (None: the real engine has no such truth)
     again_rounds: tuple[float, ...] = ()  # the re-measurement's per-round gains (its median is `remeasured`)
     again_interval: Interval | None = None  # their own t interval: the re-measurement's noise, beside the report's
+    chance: float = math.nan  # how often an interval right about its spread holds a re-measurement of these rounds
 
     @property
     def inside(self) -> bool:
@@ -89,6 +100,16 @@ def checked_config(c: Confirmation) -> Any:
         return best
     others = [x for x in c.configs if not x.baseline]
     return max(others, key=lambda x: c.interval(x).median, default=None)
+
+
+def reported_chance(c: Confirmation, chosen: Any, again: int) -> tuple[float, int, float]:
+    """The reported gain's t, its degrees of freedom, and the chance that it holds the median of `again` re-measured
+    rounds were it right about its spread (intervals.py::chance_inside)."""
+    df = block_gain_df(c.difference_rows(chosen, c.base), 0, 1)
+    if df < 1:
+        return math.nan, df, math.nan
+    t = t_quantile(c.confidence, df)
+    return t, df, chance_inside(t, df, c.difference(chosen, c.base).n, again)
 
 
 def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial.FrozenTrial],
@@ -145,7 +166,34 @@ def check(study: optuna.Study, prepared: Any, engine: str, rounds: int, minutes:
         truth = math.exp(statistics.mean(math.log(b / a) for a, b in exact if a > 0 and b > 0)) - 1
     return Row(engine, study.study_name, label, reported, paired, again.median, minutes,
                sum(rate >= floor for rate, floor in held), len(held), truth,
-               tuple(b / a - 1 for a, b in pairs if a > 0), again)
+               tuple(b / a - 1 for a, b in pairs if a > 0), again,
+               reported_chance(c, chosen, again.n)[2] if again.n >= 1 else math.nan)
+
+
+def stored_chances(names: list[str], again: int) -> None:
+    """Each stored study's reported gain and the chance that it holds a re-measurement of `again` rounds, were it
+    right about its spread: nothing is measured."""
+    total = []
+    for name in names:
+        where = Path(name)
+        db = where.with_name(where.name + ".db")
+        if not db.is_file():
+            print(f"{name}: no study database {db}")
+            continue
+        study = optuna.load_study(study_name=where.name, storage=storage_for(f"sqlite:///{db.resolve()}"))
+        c = confirmation(study)
+        chosen = None if c is None or not c.usable or c.base is None else checked_config(c)
+        if chosen is None or (reported := c.gain(chosen)) is None:
+            print(f"{name}: no gain to check (no usable confirmation, or the defaults alone)")
+            continue
+        t, df, chance = reported_chance(c, chosen, again)
+        if not math.isnan(chance):  # no degree of freedom: no interval to hold anything
+            total.append(chance)
+        print(f"{name:<40} #{chosen.number} vs defaults {reported.median * 100:>+6.1f}% {bounds_pct(reported):<20} "
+              f"{reported.n} rounds, {c.confidence:.4f}: t {t:.3f} on {df} df; chance {chance:.0%} "
+              f"({again} rounds re-measured)")
+    print(f"{len(total)} studies: intervals right about their spread would hold about {sum(total):.1f} of their "
+          f"re-measurements ({again} rounds each)")
 
 
 def sim_rows(args: argparse.Namespace) -> list[Row]:
@@ -223,6 +271,7 @@ def real_rows(args: argparse.Namespace) -> list[Row]:
 def fmt(row: Row) -> str:
     return (f"{row.engine:<18} {row.study:<12} {row.compared:<28} {row.reported.median * 100:>+7.1f}% "
             f"{bounds_pct(row.reported):<20} {row.remeasured * 100:>+7.1f}%  {'yes' if row.inside else 'NO':<6} "
+            f"{row.chance:>6.0%} "
             f"{bounds_pct(row.paired):<20} {'yes' if row.inside_paired else 'NO':<6} "
             f"{f'{row.provision_held}/{row.provision_runs}':>9} {row.minutes:>6.1f}"
             + ("" if row.truth is None else f"  {row.truth * 100:>+7.1f}%  {'yes' if row.truth_inside else 'NO'}"))
@@ -247,6 +296,9 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=40)
     p.add_argument("--confirm", type=int, default=None, help="the studies' --confirm (default: optimize's)")
     p.add_argument("--remeasure", type=int, default=3, help="rounds of the re-measurement")
+    p.add_argument("--chance-of", action="append", metavar="DIR/NAME",
+                   help="a stored study: print the chance that its interval holds a re-measurement of --remeasure "
+                        "rounds, and measure nothing")
     p.add_argument("--truth-draws", type=int, default=6,
                    help="on the simulator, draws of the pair measured without noise: the gain the interval should hold")
     p.add_argument("--num-requests", type=int, default=None,
@@ -261,14 +313,18 @@ def main() -> None:
                         "real engine, on one draw, varies by 4-8%%)")
     args = p.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.chance_of:
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        stored_chances(args.chance_of, args.remeasure)
+        return
     from optimizer.engines.sim.noise import SHARED_CPU
     if args.noise_run_cv is None:
         args.noise_run_cv = SHARED_CPU.run_cv
     t0 = time.perf_counter()
     rows = sim_rows(args) + real_rows(args)
     head = (f"{'engine':<18} {'study':<12} {'compared':<28} {'reported gain, 95% interval':<29}  "
-            f"{'again':>7}  {'inside':<6} {'the pair alone (before)':<20} {'inside':<6} {'provision':>9} {'min':>6}"
-            f"  {'truth':>8}  inside")
+            f"{'again':>7}  {'inside':<6} {'chance':>6} {'the pair alone (before)':<20} {'inside':<6} "
+            f"{'provision':>9} {'min':>6}  {'truth':>8}  inside")
     print()
     print(f"TTFT P99 <= {args.ttft_p99_ms:g} ms; the study's confirmed gain against the gain measured again on other "
           f"workload seeds ({args.remeasure} alternating rounds on fresh engines, a draw each); 'min': engine minutes "
@@ -278,6 +334,9 @@ def main() -> None:
     print("-" * len(head))
     for row in rows:
         print(fmt(row))
+    chances = [r.chance for r in rows if not math.isnan(r.chance)]
+    print(f"reported: {sum(r.inside for r in rows)} of {len(rows)} inside; intervals right about their spread would "
+          f"hold about {sum(chances):.1f} of {len(chances)} ('chance': the re-measurement's own noise)")
     for name, inside, widths in (("reported (every config of the rounds pooled)", [r.inside for r in rows],
                                   [half_width_pct(r.reported) for r in rows]),
                                  ("the pair alone (before)", [r.inside_paired for r in rows],
@@ -288,6 +347,10 @@ def main() -> None:
         if row.again_rounds and row.again_interval is not None:
             print(f"{row.study}: re-measured per round {', '.join(f'{g * 100:+.1f}%' for g in row.again_rounds)}; "
                   f"their own 95% interval {bounds_pct(row.again_interval)}")
+            if len(row.again_rounds) > 3:  # as the rows of 3 rounds read it
+                first = statistics.median(row.again_rounds[:3])
+                print(f"  its first 3 rounds' median {first * 100:+.1f}%: "
+                      f"{'inside' if row.reported.contains(first) else 'outside'}")
     truths = [r.truth_inside for r in rows if r.truth is not None]
     if truths:
         print(f"simulator, against the gain without noise ({args.truth_draws} draws): {sum(truths)} of {len(truths)} "

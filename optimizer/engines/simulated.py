@@ -51,9 +51,10 @@ _IGNORED = {"model", "enforce_eager", "dtype", "load_format", "seed", "skip_toke
 class SimulatedEngine:
     def __init__(self, model: ModelInfo, time_model: StepTimeModel | None = None, device: str = "cpu",
                  device_memory_bytes: int = 24 * GIB, max_memory_fraction: float = 0.9,
-                 noise: NoiseSource | None = None) -> None:
+                 noise: NoiseSource | None = None, deploy_as: str = "serve", device_name: str = "") -> None:
         self.model, self.time_model, self.device = model, time_model or StepTimeModel(), device
         self.device_memory_bytes, self.max_memory_fraction = device_memory_bytes, max_memory_fraction
+        self.deploy_as, self.device_name = deploy_as, device_name  # whose defaults: `vllm serve`'s or vllm.LLM's
         self.noise = noise
         self.engine_factor = 1.0  # this start's step-time factor (drawn from `noise` at start)
         self.virtual_s = 0.0  # modelled seconds this engine has cost: start, replays, shutdown
@@ -79,9 +80,10 @@ class SimulatedEngine:
         self.validate(params)
         given = {k: v for k, v in params.items() if k not in _IGNORED and not k.startswith("env:")}
         defaults = dict(VLLM_DEFAULTS.get(self.device, VLLM_DEFAULTS["cpu"]))
-        if self.device == "cuda":  # what `vllm serve` gets on a GPU of this memory (optimizer/params/deploy.py)
-            defaults["max_num_seqs"], defaults["max_num_batched_tokens"] = batch_defaults(
-                "serve", "cuda", self.device_memory_bytes)
+        # what the deployment gets on a device of this memory and name (optimizer/params/deploy.py: an A100's 80 GB
+        # get 256 sequences from `vllm serve`, an H100's 1024)
+        defaults["max_num_seqs"], defaults["max_num_batched_tokens"] = batch_defaults(
+            self.deploy_as, self.device, self.device_memory_bytes, self.device_name)
         out = {**defaults, **given}
         out.setdefault("max_model_len", self.model.max_len)
         out.setdefault("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION)

@@ -161,17 +161,27 @@ def visible_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) 
             mig = visible_mig(visible)
             return [] if mig is None else [_mig_gpu(nvml, mig)]
         gpus = []
-        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(int(nvml.nvmlDeviceGetCount()))]
-        uuids = [str(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+        handles: list[Any] = []
+        uuids: list[str] = []
+        for i in range(int(nvml.nvmlDeviceGetCount())):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = str(nvml.nvmlDeviceGetUUID(handle))
+            except Exception:  # a GPU NVML cannot read (lost, in reset): it keeps its place, with no UUID to match
+                handle, uuid = None, ""
+            handles.append(handle)
+            uuids.append(uuid)
         for index in visible_indices(visible, uuids):
             handle, uuid = handles[index], uuids[index]
+            if handle is None:  # one this process would use: it cannot start on it
+                return []
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
             gpus.append(Gpu(index=index, uuid=uuid, name=str(nvml.nvmlDeviceGetName(handle)),
                             memory_total_bytes=int(memory.total), memory_free_bytes=int(memory.free),
                             compute_capability=(int(major), int(minor))))
         return gpus
-    except Exception:  # a device NVML cannot read: treat the host as having none we can use
+    except Exception:  # a GPU it uses that NVML cannot read further: treat the host as having none we can use
         return []
     finally:
         try:
@@ -201,11 +211,21 @@ def driver_version(nvml: Any | None = None) -> str | None:
 
 def detect_device(nvml: Any | None = None, build: Build | None = None,
                   env: Mapping[str, str] | None = None) -> str:
-    """`cuda` when the CUDA build is installed and NVML sees a GPU this process may use, else `cpu`."""
+    """`cuda` when the CUDA build is installed and NVML sees a GPU this process may use, `cpu` otherwise; a
+    UsageError naming the fix where the CUDA build sees none (no driver, CUDA_VISIBLE_DEVICES naming none): that
+    build cannot run on the CPU, and a CPU study of it would only fail to start every engine."""
     build = installed_build() if build is None else build
-    if build.device == CUDA and visible_gpus(nvml, env):
+    if build.device != CUDA:
+        return CPU
+    if visible_gpus(nvml, env):
         return CUDA
-    return CPU
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    named = "unset" if visible is None else repr(visible)
+    raise UsageError(f"vLLM's CUDA build ({build.describe()}) is installed, but NVML finds no GPU this process may "
+                     f"use (CUDA_VISIBLE_DEVICES {named}): check the driver with `nvidia-smi` and "
+                     f"CUDA_VISIBLE_DEVICES, or tune on this machine's CPU with the CPU build (./install.sh cpu in a "
+                     f"fresh clone)")
 
 
 def check_build(device: str, build: Build | None = None) -> None:

@@ -20,6 +20,9 @@ Where the next run of a config will land is another question than where the mean
 provision for is the one-sided lower prediction bound of one more run (`lower_prediction_factor`), from the spread
 of every config's runs around its own mean.
 
+A claim check that measures the gain again (benchmarks/confirm_claim.py) compares a noisy re-measurement with the
+interval: `chance_inside` says how often an interval right about its spread holds it.
+
 Two configs are *tied* when the interval of their per-round gain includes 0: no ranking of them is backed by the
 measurements. A single measurement's bracket (the rate passed to the rate failed) is its interval before a
 confirmation: two trials whose brackets overlap are tied.
@@ -145,13 +148,8 @@ def block_gain_interval(rows: Sequence[Sequence[float | None]], a: int, b: int, 
     its rounds still count, the fit then by least squares over the values there are (`additive_residual`), on
     values - configs - rounds + 1 degrees of freedom."""
     rounds = len(rows[a])
-    if any(len(row) != rounds for row in rows):
-        raise ValueError("every row needs one value per round")
-    if None in rows[a] or None in rows[b]:
-        raise ValueError("the two rows compared need a value in every round")
-    fitted = [i for i, row in enumerate(rows) if all(v > 0 for v in row if v is not None)
-              and sum(v is not None for v in row) >= 2]
-    if a not in fitted or b not in fitted or rounds < 2:
+    fitted = _fitted_rows(rows, a, b)
+    if fitted is None:
         return gain_interval(list(zip(rows[a], rows[b])), confidence=confidence)
     logs = {i: [None if v is None else math.log(v) for v in rows[i]] for i in fitted}
     sse, df = additive_residual(list(logs.values()))
@@ -160,6 +158,29 @@ def block_gain_interval(rows: Sequence[Sequence[float | None]], a: int, b: int, 
     gains = [y / x - 1 for x, y in zip(rows[a], rows[b])]
     # an early look's t is in the thousands (99.98% on 1 degree of freedom): keep its bound finite, not an overflow
     return Interval(median(gains), math.exp(max(d - half, -700.0)) - 1, math.exp(min(d + half, 700.0)) - 1, rounds)
+
+
+def block_gain_df(rows: Sequence[Sequence[float | None]], a: int, b: int) -> int:
+    """The degrees of freedom of `block_gain_interval(rows, a, b)`'s t: its additive fit's (values less configs less
+    rounds plus one), or the pair's usable rounds less one where their pairs alone decide (`gain_interval`)."""
+    fitted = _fitted_rows(rows, a, b)
+    if fitted is None:
+        return sum(x > 0 for x in rows[a]) - 1
+    present = sum(v is not None for i in fitted for v in rows[i])
+    return present - len(fitted) - len(rows[a]) + 1
+
+
+def _fitted_rows(rows: Sequence[Sequence[float | None]], a: int, b: int) -> list[int] | None:
+    """The rows `block_gain_interval` fits (every value positive, two or more of them), or None when `a` or `b` is
+    not among them or there are fewer than 2 rounds: their pairs alone decide then."""
+    rounds = len(rows[a])
+    if any(len(row) != rounds for row in rows):
+        raise ValueError("every row needs one value per round")
+    if None in rows[a] or None in rows[b]:
+        raise ValueError("the two rows compared need a value in every round")
+    fitted = [i for i, row in enumerate(rows) if all(v > 0 for v in row if v is not None)
+              and sum(v is not None for v in row) >= 2]
+    return fitted if a in fitted and b in fitted and rounds >= 2 else None
 
 
 def additive_residual(rows: Sequence[Sequence[float | None]], sweeps: int = 1000,
@@ -191,6 +212,35 @@ def additive_residual(rows: Sequence[Sequence[float | None]], sweeps: int = 1000
                 break
         sse = sum((v - row_fx[i] - column_fx[r]) ** 2 for i, r, v in present)
     return sse, len(present) - len(rows) - columns + 1
+
+
+# The variance of the median of m independent standard normal values, m = 1 to 20 (from 2 million draws each; the
+# median of two is their mean, exactly 1/2); past 20, pi / (2 m), its limit, at most 7% over.
+MEDIAN_VARIANCE = (1.0, 0.5, 0.449, 0.298, 0.287, 0.215, 0.211, 0.168, 0.166, 0.138, 0.137, 0.118, 0.117, 0.102,
+                   0.101, 0.090, 0.090, 0.081, 0.081, 0.073)
+
+
+def median_variance(m: int) -> float:
+    """The variance of the median of `m` >= 1 independent standard normal values."""
+    if m < 1:
+        raise ValueError("a median needs at least one value")
+    return MEDIAN_VARIANCE[m - 1] if m <= len(MEDIAN_VARIANCE) else math.pi / (2 * m)
+
+
+def chance_inside(t: float, df: int, rounds: int, again: int) -> float:
+    """Pure: how often an interval that is right about its spread holds a re-measurement's median. The interval is
+    mean +- t * s / sqrt(`rounds`) over `rounds` paired rounds (s: the spread of one round's gain, estimated on `df`
+    degrees of freedom, as `block_gain_interval`'s and `gain_interval`'s are); the re-measurement is the median
+    gain of `again` more rounds measured alike. Their difference has the variance s^2 (1 / rounds +
+    median_variance(again)), so the chance is P(|T_df| <= t / sqrt(1 + rounds * median_variance(again))).
+
+    A claim check re-measures the gain and asks whether the reported interval holds it, and the re-measurement has
+    noise of its own: 8 rounds' interval at t = 2.5 on 14 degrees of freedom holds a 3-round median 74% of the time
+    when nothing is wrong with it, a 6-round median 85%, a 16-round one 92% (the interval itself holds the true gain
+    97.5% of the time: that t is its confidence)."""
+    if rounds < 1 or again < 1 or df < 1:
+        raise ValueError("the chance needs rounds, a re-measurement and a degree of freedom")
+    return t_within(t / math.sqrt(1 + rounds * median_variance(again)), df)
 
 
 def lower_prediction_factor(rows: Sequence[Sequence[float]], runs: int, coverage: float = 0.95) -> float | None:

@@ -35,8 +35,8 @@ def usage_context(deploy_as: str) -> Any:
 def batch_defaults(deploy_as: str, device: str, memory_total_bytes: int = 0, device_name: str = "",
                    world_size: int = 1) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) vLLM 0.32 gives `deploy_as` on a device of this memory and name
-    (TPUs aside): pure, a copy of `EngineArgs.get_batch_defaults` that needs no GPU (tests/params/test_deploy.py checks it
-    against vLLM's own)."""
+    (TPUs aside): pure, a copy of `EngineArgs.get_batch_defaults` that needs no GPU (tests/params/test_deploy.py
+    checks it against vLLM's own)."""
     serve = deploy_as == "serve"
     if device == "cpu":
         return 128 * world_size if serve else 256 * world_size, 2048 * world_size if serve else 4096 * world_size

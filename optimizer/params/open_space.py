@@ -4,8 +4,9 @@ A searched name that is not one of the default knobs (space.SEARCHABLE) is check
 `EngineArgs` field before any trial runs: a range for an int or float field, choices of the field's type (bools,
 a Literal's values, strings, lists for list fields). `env:VLLM_...` entries must be variables of `vllm.envs`; their
 values go into the engine's environment, not its arguments. On CUDA the default space adds what GPU users tune
-(`cuda_knobs`): the KV cache's dtype (fp8 where every visible GPU supports it), async scheduling and the largest
-CUDA-graph capture size.
+(`cuda_knobs`): async scheduling and the largest CUDA-graph capture size. Not the KV cache's dtype: fp8 changes
+what the model computes (vLLM warns of an accuracy drop without calibrated scales), which a study driven by token
+ids cannot see; a space that names `kv_cache_dtype: [auto, fp8]` searches it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from optimizer.config.settings import Choice, FloatRange, IntRange
 from optimizer.core.errors import UsageError
 
 ENV_PREFIX = "env:"
-FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # Ada and Hopper run fp8 KV caches natively (vLLM's fp8 = fp8_e4m3)
 
 
 def engine_field_types() -> dict[str, Any]:
@@ -130,12 +130,10 @@ def split_env(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     return engine, env
 
 
-def cuda_knobs(compute_capabilities: list[tuple[int, int]]) -> dict[str, Any]:
-    """What GPU users tune beyond the scheduler, for the GPUs visible (their compute capabilities)."""
-    knobs: dict[str, Any] = {
-        "async_scheduling": Choice(choices=[True, False]),
-        "max_cudagraph_capture_size": Choice(choices=[128, 256, 512]),  # vLLM's default: min(2 x max_num_seqs, 512)
-    }
-    if compute_capabilities and all(cc >= FP8_MIN_COMPUTE_CAPABILITY for cc in compute_capabilities):
-        knobs["kv_cache_dtype"] = Choice(choices=["auto", "fp8"])
-    return knobs
+def cuda_knobs() -> dict[str, Any]:
+    """What GPU users tune beyond the scheduler: async scheduling and the largest CUDA-graph capture size (vLLM's
+    default: min(2 x max_num_seqs, 512), 1024 on a Blackwell). The same choices on every host, so that a study
+    resumed or shared by workers on other GPUs keeps its distributions (Optuna refuses a categorical whose choices
+    change). Nothing that changes the model's outputs."""
+    return {"async_scheduling": Choice(choices=[True, False]),
+            "max_cudagraph_capture_size": Choice(choices=[128, 256, 512])}

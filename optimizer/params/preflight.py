@@ -37,12 +37,24 @@ VLLM_DEFAULT_MEMORY_FRACTION = 0.92
 class DeviceMemory:
     total_bytes: int
     available_bytes: int
+    per_gpu: tuple[tuple[int, int], ...] = ()  # each visible GPU's (total, free) bytes in CUDA's order; () on CPU
+
+    def for_gpus(self, count: int) -> DeviceMemory:
+        """Pure: the memory each rank of a layout over `count` GPUs has: the smallest total and free among the first
+        `count` GPUs this process sees, the ones vLLM puts its ranks on (cuda:0 to cuda:count - 1, data-parallel
+        replicas after each other), so that another job on a GPU past them is none of its business. The whole
+        device on CPU, or where the GPUs were not read one by one."""
+        if not self.per_gpu:
+            return self
+        used = self.per_gpu[:max(count, 1)]
+        return DeviceMemory(min(t for t, _ in used), min(f for _, f in used), self.per_gpu)
 
     @classmethod
     def probe(cls, device: str, nvml: Any | None = None) -> DeviceMemory | None:
         """Memory of the device trials run on: the CPU's NUMA node 0 (as vLLM reads it; psutil without vLLM)
-        or, on GPUs, the smallest total and free memory among the GPUs this process sees (NVML; `nvml` defaults to
-        `pynvml`): every rank of a tensor- or data-parallel layout must fit on its GPU."""
+        or, on GPUs, each GPU's this process sees (NVML; `nvml` defaults to `pynvml`), with the smallest total and
+        free among them: every rank of a tensor- or data-parallel layout must fit on its GPU (`for_gpus` keeps the
+        GPUs a layout uses)."""
         try:
             if device == "cpu":
                 try:
@@ -59,7 +71,8 @@ class DeviceMemory:
             gpus = visible_gpus(nvml)  # every GPU this process may use: a layout over several must fit on each
             if not gpus:
                 return None
-            return cls(min(g.memory_total_bytes for g in gpus), min(g.memory_free_bytes for g in gpus))
+            return cls(min(g.memory_total_bytes for g in gpus), min(g.memory_free_bytes for g in gpus),
+                       tuple((g.memory_total_bytes, g.memory_free_bytes) for g in gpus))
         except Exception:  # no vLLM CPU utilities, no NVML: no estimate, the real start decides
             return None
 
@@ -103,7 +116,8 @@ def memory_problems(est: MemoryEstimate) -> list[str]:
     """Why the config cannot start, each with the fix; empty when it may."""
     out = []
     if est.requested_bytes > est.available_bytes - est.headroom_bytes:
-        keep = f" (keeping {est.headroom_bytes / GIB:.2f} GiB for the rest of the machine)" if est.headroom_bytes else ""
+        keep = (f" (keeping {est.headroom_bytes / GIB:.2f} GiB for the rest of the machine)"
+                if est.headroom_bytes else "")
         out.append(f"gpu_memory_utilization asks for {est.requested_bytes / GIB:.2f} GiB but only "
                    f"{est.available_bytes / GIB:.2f} GiB are free{keep}: lower it")
     if est.kv_budget_bytes <= 0:
@@ -122,6 +136,33 @@ class DeviceMemoryHeldError(OptimizerError):
 
 # Free memory drifts by itself (the front end's heap, caches): only a larger drop counts as held by another process.
 HELD_MIN_BYTES, HELD_MIN_FRACTION = GIB, 0.02
+
+
+def remember_free(seen: dict[int, int], memory: DeviceMemory) -> None:
+    """Pure but for `seen`: the most memory seen free, by GPU (its place among the visible ones; 0 for the CPU's),
+    raised to what `memory` reads now."""
+    for i, (_, free) in enumerate(memory.per_gpu or ((memory.total_bytes, memory.available_bytes),)):
+        seen[i] = max(seen.get(i, 0), free)
+
+
+def layout_probe(probe: Callable[[], DeviceMemory | None], count: int,
+                 seen: dict[int, int]) -> Callable[[], DeviceMemory | None]:
+    """`probe` as a layout over `count` GPUs reads it: each reading remembered in `seen` (`remember_free`), then the
+    memory of the GPUs its ranks use (`DeviceMemory.for_gpus`)."""
+    def read() -> DeviceMemory | None:
+        memory = probe()
+        if memory is None:
+            return None
+        remember_free(seen, memory)
+        return memory.for_gpus(count)
+
+    return read
+
+
+def most_free_for(seen: dict[int, int], count: int) -> int:
+    """The most memory seen free on each GPU of a layout over `count` GPUs (the first `count` visible), at the least
+    of them: what its ranks could have had. A layout's first trial thus knows what trials on its GPUs saw before."""
+    return min((seen[i] for i in range(max(count, 1)) if i in seen), default=0)
 
 
 def held_elsewhere(est: MemoryEstimate, most_free_bytes: int, total_bytes: int) -> bool:

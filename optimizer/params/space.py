@@ -156,7 +156,7 @@ def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: Workload
                          f"context of {model_max_len} tokens: lower --input-len/--output-len or drop long trace rows")
     dists: dict[str, Dist] = dict(_DEFAULTS[device])
     if device == "cuda":
-        dists.update(_cuda_knobs())
+        dists.update(cuda_knobs())
     if model_max_len > need:
         dists["max_model_len"] = IntRange(low=need, high=model_max_len, log=True)
     fixed: dict[str, Any] = {} if "max_model_len" in dists else {"max_model_len": model_max_len}
@@ -171,13 +171,6 @@ def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: Workload
     if isinstance(mem, FloatRange) and not (0 < mem.low and mem.high <= 1):
         raise UsageError("search space: gpu_memory_utilization must lie in (0, 1]")
     return Space(dists=dists, fixed=fixed, min_model_len=need)
-
-
-def _cuda_knobs() -> dict[str, Dist]:
-    """The GPU knobs of the default CUDA space, for the GPUs this process sees (fp8 KV where all support it)."""
-    from optimizer.hardware.device import visible_gpus
-
-    return cuda_knobs([g.compute_capability for g in visible_gpus()])
 
 
 def _engine_arg_names() -> set[str]:

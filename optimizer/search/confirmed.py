@@ -219,12 +219,17 @@ class Confirmation:
     def difference(self, c: Confirmed, other: Confirmed) -> Interval:
         """`c`'s gain over `other`, round by round (a round measures both next to each other, so their ratio leaves
         out what moved both), its interval pooling the spread of every config measured in those rounds."""
+        return block_gain_interval(self.difference_rows(c, other), 0, 1, confidence=self.confidence)
+
+    def difference_rows(self, c: Confirmed, other: Confirmed) -> list[list[float | None]]:
+        """The table `difference` fits: `other`'s values (row 0), `c`'s (row 1) and every other config's, over the
+        rounds that measured both (None: a config not measured in a round)."""
         rounds = [r for r in self.full_rounds if other.value_tok_s(r) is not None and c.value_tok_s(r) is not None]
         beside = [x for x in self.configs if x is not c and x is not other]
         table = [[x.value_tok_s(r) for r in rounds] for x in (other, c, *beside)]
         if self.plan.get("spread") != SPREAD_ALL_RUNS:  # a plan stored before: a config that dropped out left it
             table = [row for row in table if None not in row]
-        return block_gain_interval(table, 0, 1, confidence=self.confidence)
+        return table
 
     def _deciding_gains(self) -> list[Interval]:
         """The gains over vLLM's defaults the outcome rests on: the leader's, or when the defaults lead, every other

@@ -11,6 +11,11 @@ itself does not reach again. So the incumbent's rate is
   measurement/rate_fit.py), never above the highest rate it passed;
 - for a trial stored before (fixed-length replays), its rate less a one-sided 95% margin of one measurement:
   (1 - 1.645 x SINGLE_RUN_RATE_CV). Several replays at its rate (`--repeats`) narrow it by their square root.
+
+A search trial that other processes disturbed (measurement/disturbance.py) is no incumbent: it still ranks, but its
+number is the machine's as much as the config's, and one that came out high would stop every later trial at 0.9 x
+it. (In a real study on the Xeon, trial #1 ran while others took 0.27 of a core and put its config at 133 req/s,
+which its confirmation rounds measured at 103; the twelve trials after it all stopped at their first probe.)
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import math
 import optuna
 from optuna.trial import TrialState
 
+from optimizer.measurement.disturbance import disturbed
 from optimizer.measurement.intervals import interval
-from optimizer.search.attrs import CONFIRM, CURVE, RESULT
+from optimizer.search.attrs import CONFIRM, CURVE, MACHINE_LOAD, RESULT
 from optimizer.search.score import rate_interval_rps
 from optimizer.search.study import confirmation_runs, search_trials
 
@@ -37,7 +43,8 @@ def single_run_lower_rps(rate_rps: float, replays: int = 1) -> float:
 
 
 def fair_incumbent_rate(study: optuna.Study) -> float | None:
-    """The highest lower bound of a feasible rate among the study's finished trials (None before the first)."""
+    """The highest lower bound of a feasible rate among the study's finished trials (None before the first), search
+    trials that others disturbed left out."""
     complete = (TrialState.COMPLETE,)
     confirmed: dict[int, list[float]] = {}
     for t in confirmation_runs(study, complete):
@@ -52,7 +59,7 @@ def fair_incumbent_rate(study: optuna.Study) -> float | None:
             bounds.append(iv.low)
     for t in search_trials(study, complete):
         r = RESULT.of(t)
-        if not r.get("feasible") or t.number in confirmed:
+        if not r.get("feasible") or t.number in confirmed or disturbed(MACHINE_LOAD.of(t)):
             continue
         rate = r.get("rate_rps")
         if rate is None:

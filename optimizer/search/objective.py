@@ -31,7 +31,8 @@ from optimizer.measurement.telemetry import for_device
 from optimizer.measurement.workload import Workload, build_workload, fixed_load_rate
 from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
 from optimizer.params.preflight import (
-    VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere, memory_problems, wait_for_memory,
+    VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere, layout_probe, memory_problems,
+    most_free_for, wait_for_memory,
 )
 from optimizer.params.space import Space
 from optimizer.search.attrs import (
@@ -98,7 +99,7 @@ class Objective:
     nvml: Any = None  # the NVML module for GPU telemetry (None: pynvml); tests pass a fake
     memory_wait_s: float = 60.0  # how long a trial waits for memory another process holds before the run stops
     memory_poll_s: float = 2.0
-    most_free_bytes: int = 0  # the most device memory seen free in this run
+    most_free_bytes: dict[int, int] = field(default_factory=dict)  # by visible GPU: the most seen free in this run
     breaker: StartFailureBreaker = field(default_factory=StartFailureBreaker)  # stops a run the machine breaks
     gpu_count: int | None = None  # GPUs visible to this process (found on the first trial on cuda)
     served_factory: EngineFactory | None = None  # `vllm serve` for the confirmation's runs as served (None: none)
@@ -221,21 +222,22 @@ class Objective:
                 engine.validate(params)
         except EngineStartError as exc:
             self._prune(trial, exc.reason, str(exc))
-        memory = self.memory_probe() if self.model is not None else None
+        gpus = gpus_needed(params)  # its ranks' GPUs: another job on a GPU past them does not count against it
+        probe = layout_probe(self.memory_probe, gpus, self.most_free_bytes)
+        memory = probe() if self.model is not None else None
         if memory is None:
             return params
         est = estimate(params, self.model, self.config.device, memory, self.config.workload.mean_total_len)
-        self.most_free_bytes = max(self.most_free_bytes, memory.available_bytes)
+        most_free = most_free_for(self.most_free_bytes, gpus)
         problems = memory_problems(est)
-        if problems and held_elsewhere(est, self.most_free_bytes, memory.total_bytes):
+        if problems and held_elsewhere(est, most_free, memory.total_bytes):
             # Short only because another process (an earlier trial's engine, still exiting?) holds memory that
             # was free before: not the config's fault. Wait for it; DeviceMemoryHeldError ends the run.
             MEMORY_WAITED_FOR.set(trial, "memory held by another process")
             needed = est.requested_bytes + est.headroom_bytes
             memory = await wait_for_memory(
-                self.memory_probe,
-                lambda m: not memory_problems(replace(est, available_bytes=m.available_bytes)),
-                self.clock, self.memory_wait_s, self.memory_poll_s, needed, self.most_free_bytes) or memory
+                probe, lambda m: not memory_problems(replace(est, available_bytes=m.available_bytes)),
+                self.clock, self.memory_wait_s, self.memory_poll_s, needed, most_free) or memory
             est = estimate(params, self.model, self.config.device, memory, self.config.workload.mean_total_len)
             problems = memory_problems(est)
         MEMORY_ESTIMATE_GIB.set(trial, est.to_dict())

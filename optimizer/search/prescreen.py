@@ -59,14 +59,16 @@ class Pick:
 def sim_objective(config: StudyConfig, space: Space, workload: Workload, model: ModelInfo,
                   time_model: StepTimeModel, logs_dir: Path, device_memory_bytes: int = DEFAULT_DEVICE_MEMORY_BYTES,
                   early_stop: bool = True, on_engine: Callable[[SimulatedEngine], None] | None = None,
-                  noise: NoiseSource | None = None) -> Objective:
+                  noise: NoiseSource | None = None, device_name: str = "") -> Objective:
     """The study's objective with the simulated engine behind it (no records stored, no memory probe).
 
-    `noise` (shared by every engine it makes) gives the engines a shared machine's run-to-run noise and drift.
+    `noise` (shared by every engine it makes) gives the engines a shared machine's run-to-run noise and drift;
+    `device_name` (a GPU's, as NVML names it) and the study's `deploy_as` pick vLLM's defaults as the real start does.
     """
 
     def factory() -> SimulatedEngine:
-        engine = SimulatedEngine(model, time_model, config.device, device_memory_bytes, noise=noise)
+        engine = SimulatedEngine(model, time_model, config.device, device_memory_bytes, noise=noise,
+                                 deploy_as=config.deploy_as, device_name=device_name)
         if on_engine is not None:
             on_engine(engine)
         return engine
@@ -130,7 +132,7 @@ def choose(trials: Sequence[FrozenTrial], top_k: int, unsure_k: int,
 def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, config: StudyConfig, space: Space,
                   workload: Workload, model: ModelInfo, time_model: StepTimeModel, n_trials: int,
                   logs_dir: Path | None = None, top_k: int = 3, unsure_k: int = 2, perturbations: int = 6,
-                  device_memory_bytes: int = DEFAULT_DEVICE_MEMORY_BYTES,
+                  device_memory_bytes: int = DEFAULT_DEVICE_MEMORY_BYTES, device_name: str = "",
                   say: Callable[..., None] = lambda *a: None) -> list[Pick]:
     """Pre-screen `study` once: simulate `n_trials` in study NAME.sim, queue the picks into `study`.
 
@@ -144,13 +146,15 @@ def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, con
     sim_config = config.model_copy(update={"study_name": config.study_name + SIM_SUFFIX, "budget": n_trials,
                                              "prescreen": 0})
     sim_study = open_study(sim_config, storage)
-    objective = sim_objective(sim_config, space, workload, model, time_model, logs, device_memory_bytes)
+    objective = sim_objective(sim_config, space, workload, model, time_model, logs, device_memory_bytes,
+                              device_name=device_name)
     run_to_budget(sim_study, objective, n_trials, gc_after_trial=False)
     wait_while_running(sim_study, timeout_s=600.0)  # another worker's share of the simulated trials: choose from all
 
     def evaluate_under(params_list: list[dict[str, Any]]) -> list[list[float]]:
         return [[goodput(t) for t in evaluate(sim_objective(sim_config, space, workload, model, tm, logs,
-                                                            device_memory_bytes), params_list)]
+                                                            device_memory_bytes, device_name=device_name),
+                                              params_list)]
                 for tm in perturbed(time_model, perturbations, seed=config.seed)]
 
     picks = choose(sim_study.get_trials(deepcopy=False), top_k, unsure_k, evaluate_under)

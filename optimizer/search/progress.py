@@ -56,7 +56,8 @@ def describe(trial: FrozenTrial) -> str:
         line = f"{label} #{trial.number}: {why_infeasible(r)} {took}"
     load = MACHINE_LOAD.of(trial)
     if disturbed(load):  # a search trial only ranks: it is said, not run again (the confirmation's runs are)
-        line += f"; disturbed: {disturbance_text(load)}"
+        line += f"; disturbed: {disturbance_text(load)}" + ("; no incumbent for the trials after it"
+                                                            if feasible(trial) else "")
     limited = LIMITED_BY.of(trial)
     return f"{line}\n  {limited}" if limited else line
 

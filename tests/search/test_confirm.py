@@ -15,7 +15,9 @@ from optimizer.decision.document import render
 from optimizer.config.settings import RateSearchSpec
 from optimizer.measurement.rate_search import BRACKET_PRECISION
 from optimizer.search import confirm, split
-from optimizer.search.attrs import BASELINE, CONFIRM, CURVE, LOG_FILE, RESULT, RETRY_OF, STUDY_CONFIRMATION
+from optimizer.search.attrs import (
+    BASELINE, CONFIRM, CURVE, LOG_FILE, MACHINE_LOAD, RESULT, RETRY_OF, STUDY_CONFIRMATION,
+)
 from optimizer.search.incumbent import fair_incumbent_rate, single_run_lower_rps
 from optimizer.search.objective import Objective
 from optimizer.search.runner import prepare, run
@@ -335,6 +337,14 @@ def test_the_incumbent_is_its_lower_bound_not_its_luckiest_measurement():
         add(rate, confirm_of=2)
     low = 9.233 - 4.303 * 0.2517 / math.sqrt(3)
     assert fair_incumbent_rate(study) == pytest.approx(max(low, single_run_lower_rps(10.0)), abs=1e-3)
+    # a trial measured while other processes took 0.8 of a core is no incumbent, however high it came out
+    busy = {"available": True, "others_cores": 0.8, "steal_cores": 0.0, "idle_cores": 0.0}
+    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs={
+        RESULT.key: {"feasible": True, "rate_rps": 50.0}, MACHINE_LOAD.key: busy}))
+    assert fair_incumbent_rate(study) == pytest.approx(max(low, single_run_lower_rps(10.0)), abs=1e-3)
+    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs={
+        RESULT.key: {"feasible": True, "rate_rps": 50.0}, MACHINE_LOAD.key: {**busy, "others_cores": 0.01}}))
+    assert fair_incumbent_rate(study) == pytest.approx(single_run_lower_rps(50.0))  # undisturbed, it is
 
 
 def test_tied_is_judged_per_round_not_by_overlapping_intervals():

@@ -233,3 +233,8 @@ def test_a_search_trial_others_disturbed_says_so_on_its_line():
     assert describe(trial) == plain + "; disturbed: other processes took 1.00 of a core, the hypervisor 0.00"
     trial.user_attrs.update(MACHINE_LOAD.item(load_summary(40.0, 80.0, 0.0, 79.5, {0, 1})))
     assert describe(trial) == plain  # 0.01 of a core: the kernel's own threads, not a disturbance
+    met = _trial(23, feasible=True, rate_rps=50.0, ttft_p99_ms=80.0, output_throughput_tok_s=1500.0, requests=900)
+    plain = describe(met)
+    met.user_attrs.update(MACHINE_LOAD.item(load_summary(40.0, 74.0, 0.0, 34.0, {0, 1})))
+    assert describe(met) == plain + ("; disturbed: other processes took 1.00 of a core, the hypervisor 0.00; no "
+                                     "incumbent for the trials after it")  # search/incumbent.py leaves it out

@@ -27,11 +27,12 @@ class FakeNvml:
     """`devices`: (name, total bytes, compute capability) per physical GPU; `script`: (utilization %, used bytes)
     per reading of the watched device's memory, the last one repeated; after `lost_after_readings` readings
     the GPU is lost (NVML_ERROR_GPU_IS_LOST from every reading); `migs`: (parent GPU's index, name, total bytes) per
-    MIG instance, found by `mig_uuid(k)`."""
+    MIG instance, found by `mig_uuid(k)`; `unreadable`: indices of GPUs whose handle NVML cannot get (lost)."""
 
     def __init__(self, devices=(("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0)),) * 8, script=((0, 0),),
-                 fail_init: bool = False, lost_after_readings: int | None = None, migs=()):
+                 fail_init: bool = False, lost_after_readings: int | None = None, migs=(), unreadable=()):
         self.devices = list(devices)
+        self.unreadable = set(unreadable)
         self.migs = list(migs)
         self.script = list(script)
         self.fail_init, self.lost_after_readings = fail_init, lost_after_readings
@@ -65,6 +66,8 @@ class FakeNvml:
         self._check()
         if not 0 <= index < len(self.devices):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if index in self.unreadable:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         self.handles.append(index)
         return self._handle(index)
 
