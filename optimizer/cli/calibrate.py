@@ -61,7 +61,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from optimizer.measurement.workload import build_workload
 
     from optimizer.core.paths import check_output_file
-    from optimizer.hardware.device import check_build
+    from optimizer.hardware.device import check_build, visible_gpus
 
     check_build(ns.device)  # --device cuda on the CPU build (or the reverse): exit 2, naming the install
     repeats = positive_int(ns.repeats, "--repeats")
@@ -83,6 +83,8 @@ def _calibrate(ns: argparse.Namespace) -> int:
         base["load_format"] = "dummy"
     memory = DeviceMemory.probe(ns.device)
     total = memory.total_bytes if memory else 24 * 1024**3
+    gpus = visible_gpus() if ns.device == "cuda" else []  # the GPU's name picks vLLM's defaults, as for the engine
+    name = gpus[0].name if gpus else ""
     workload = build_workload(WorkloadSpec(**{**CPU_DEMO_WORKLOAD, "num_requests": num_requests}), info.vocab_size)
 
     def say(*a):
@@ -91,9 +93,12 @@ def _calibrate(ns: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     log_path = out.with_suffix(".log")
     say(f"calibrating on {info.path}: engine output goes to {log_path}")
-    result = asyncio.run(calibrate(vllm_factory(base), lambda m: SimulatedEngine(info, m, ns.device, total),
-                                   workload, info.max_len, MonotonicClock(), VALIDATION_PARAMS[:n_validate],
-                                   repeats, say, log_path))
+
+    def simulated(m):
+        return SimulatedEngine(info, m, ns.device, total, device_name=name)
+
+    result = asyncio.run(calibrate(vllm_factory(base), simulated, workload, info.max_len, MonotonicClock(),
+                                   VALIDATION_PARAMS[:n_validate], repeats, say, log_path))
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps({**result.to_dict(), "machine": fingerprint(ns.device)}, indent=2) + "\n")
     tmp.replace(out)

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,13 @@ def demo_shape(name: str) -> DemoShape:
                      f"{', '.join(s.name for s in DEMO_LADDER)}")
 
 _LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+# The model types vLLM 0.32 runs with multi-head latent attention when their config has a kv_lora_rank
+# (vllm/transformers_utils/model_arch_config_convertor.py::is_deepseek_mla)
+MLA_MODEL_TYPES = frozenset({
+    "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "deepseek_v41", "dots3_note", "deepseek_mtp",
+    "k3_dspark", "glm5_next", "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2",
+    "kimi_linear", "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid", "bailing_hybrid_mtp",
+    "bailing_hybrid_v3_mtp", "hy_v4", "hy_v4_mtp"})
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class ModelInfo:
     dtype_bytes: int = 2
     weights_bytes: int = 0
     dtype: str = "bfloat16"  # the checkpoint's (config.json torch_dtype)
+    mla: bool = False  # multi-head latent attention (DeepSeek V2/V3, Kimi K2): one latent per token and layer
 
     def served_as(self, dtype: str | None) -> ModelInfo:
         """The same model served in `dtype` (None or "auto": its own): weights and KV cache in that many bytes."""
@@ -100,8 +109,9 @@ class ModelInfo:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Keys and values of one token over all layers (0 when the architecture is not understood)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """Keys and values of one token over all layers (0 when the architecture is not understood); with MLA the one
+        latent vector vLLM caches instead (its MLAAttentionSpec: one head of kv_lora_rank + qk_rope_head_dim, no V)."""
+        return (1 if self.mla else 2) * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
 
 def cache_dir() -> Path:
@@ -217,6 +227,7 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     layers = int(text_config.get("num_hidden_layers") or 0)
     kv_heads = int(text_config.get("num_key_value_heads") or heads)
     head_dim = int(text_config.get("head_dim") or (hidden // heads if heads else 0))
+    mla = uses_mla(text_config)
     dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16").removeprefix("torch.")
     dtype_bytes = dtype_size(dtype)
     weights = weights_bytes
@@ -225,8 +236,35 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
         params = vocab * hidden * (1 if text_config.get("tie_word_embeddings") else 2) \
             + layers * (2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter)
         weights = params * dtype_bytes
+    rope, nope = int(text_config.get("qk_rope_head_dim") or 0), int(text_config.get("qk_nope_head_dim") or 0)
+    if mla and "compress_ratios" in text_config:  # DeepSeek V4's compressed, sparse cache: not modelled, unchecked
+        kv_heads, head_dim = 1, 0
+    elif mla:  # vLLM caches one latent per token and layer, on every tensor-parallel rank alike (1 KV head)
+        kv_heads, head_dim = 1, int(text_config["kv_lora_rank"]) + rope
+    elif text_config.get("model_type") in MLA_MODEL_TYPES and text_config.get("kv_lora_rank") is not None \
+            and rope and nope:  # MLA turned off (VLLM_MLA_DISABLE): vLLM's head size for it
+        head_dim = rope + nope
     return ModelInfo(path=path, vocab_size=vocab, max_len=max_len, num_layers=layers, num_kv_heads=kv_heads,
-                     head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights), dtype=dtype)
+                     head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights), dtype=dtype, mla=mla)
+
+
+def uses_mla(text_config: dict, env: Mapping[str, str] | None = None) -> bool:
+    """Pure: whether vLLM 0.32 runs the model with multi-head latent attention, as its `is_deepseek_mla` and `use_mla`
+    decide: a model type of its list with a `kv_lora_rank` (DeepSeek V4's sparse layout, `compress_ratios`: a
+    `head_dim`), not a bidirectional variant, and VLLM_MLA_DISABLE unset or 0 (in this process's environment; an
+    `env:VLLM_MLA_DISABLE` of the search space is not read here). Other models with a `kv_lora_rank` (MiniCPM3) run
+    ordinary attention."""
+    if text_config.get("model_type") not in MLA_MODEL_TYPES or text_config.get("is_causal", True) is False:
+        return False
+    if "compress_ratios" in text_config:
+        if text_config.get("head_dim") is None:
+            return False
+    elif text_config.get("kv_lora_rank") is None:
+        return False
+    try:  # as vllm/envs.py reads it: bool(int(...)); a value it cannot read stops vLLM's own start anyway
+        return not int((os.environ if env is None else env).get("VLLM_MLA_DISABLE", "0"))
+    except ValueError:
+        return True
 
 
 def dtype_size(dtype: str) -> int:

@@ -24,8 +24,8 @@ capacity all came within the limit on the simulator, while 4000 at 2x had 96% ov
 its slowest first token / STEADY_DRIFT: an engine a share e past its capacity queues e x the time sent, which its
 slowest first token bounds, so that only then does a pass vouch that the rate is within STEADY_DRIFT of capacity.
 (A real trial passed "far below" at 131 req/s after 52 requests in 0.34 s, its slowest first token 65 ms; the same
-config failed at 138 and held 103 req/s in every confirmation round: its 133 req/s led the study and every later
-trial failed at its first probe, 0.9 of it.)
+config failed at 138 and held 99-107 req/s in its confirmation rounds: its 133 req/s led the study, and every later
+trial failed at its lower bound, 123 req/s, and at 0.9 of that, and stopped.)
 
 **Falling behind** is judged on the arrivals' own window, never on the last request's drain: the backlog (requests
 sent without a first token yet) at the latest send against the backlog halfway through the sends. A queue that keeps
@@ -128,14 +128,16 @@ class Counted:
     sending_s: float = 0.0  # from the first send to the moment (or to the last send, for a finished probe)
     longest_e2e_s: float = 0.0  # the longest end-to-end latency of the requests finished by then
     over_indices: tuple[int, ...] = ()  # the workload indices of the requests over the limit
+    limit_ms: float = math.inf  # the limit they were counted against
 
     @property
     def steady(self) -> bool:
         """Sent for at least STEADY_E2E x the longest request's life: the engine's batch has turned over several
         times, so what a pass rests on is the engine's steady state, not its filling up (a short probe far past
-        capacity sees only first tokens while the batch fills); and for at least the slowest first token /
-        STEADY_DRIFT: a queue growing by that share of the time sent would have shown in it."""
-        slowest_s = max(self.ttft_ms, default=0.0) / 1000.0
+        capacity sees only first tokens while the batch fills); and for at least the slowest first token (at most the
+        limit: one stall far past it is an over the count weighs, not a queue) / STEADY_DRIFT: a queue growing by that
+        share of the time sent would have shown in it."""
+        slowest_s = min(max(self.ttft_ms, default=0.0), self.limit_ms) / 1000.0
         return self.sending_s >= max(STEADY_E2E * self.longest_e2e_s, slowest_s / STEADY_DRIFT)
 
     @property
@@ -183,7 +185,7 @@ def count(records: Sequence[Sent], now_s: float, limit_ms: float) -> Counted:
         sending_s = 0.0
     else:  # a finished probe (now inf) sent until its last send
         sending_s = (last_s if math.isinf(now_s) else now_s) - first_s
-    return Counted(resolved, over, tuple(ttfts), pending, clusters, sending_s, longest_s, tuple(over_at))
+    return Counted(resolved, over, tuple(ttfts), pending, clusters, sending_s, longest_s, tuple(over_at), limit_ms)
 
 
 def backlog_at(records: Sequence[Sent], t_s: float) -> int:

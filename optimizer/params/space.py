@@ -142,8 +142,10 @@ def parse_space_yaml(data: dict[str, Any]) -> SpaceSpec:
     return SpaceSpec(ranges=ranges, fixed=fixed)
 
 
-def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: WorkloadSpec) -> Space:
-    """Defaults for `device`, overridden by the user's ranges and fixed values."""
+def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: WorkloadSpec, mla: bool = False) -> Space:
+    """Defaults for `device`, overridden by the user's ranges and fixed values. A model with multi-head latent
+    attention (`mla`) leaves `block_size` to vLLM: its MLA kernels each take their own (FlashMLA 64, CUTLASS MLA
+    128, FlashInfer MLA 32 or 64, the CPU's 16), and a size set by hand turns away the ones that do not take it."""
     known_engine_args = _engine_arg_names()
     for name in spec.fixed:
         if name not in SEARCHABLE and name not in known_engine_args and not name.startswith(ENV_PREFIX):
@@ -155,6 +157,8 @@ def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: Workload
         raise UsageError(f"the workload's longest request ({need} tokens, prompt + output) exceeds the model's "
                          f"context of {model_max_len} tokens: lower --input-len/--output-len or drop long trace rows")
     dists: dict[str, Dist] = dict(_DEFAULTS[device])
+    if mla:
+        dists.pop("block_size")
     if device == "cuda":
         dists.update(cuda_knobs())
     if model_max_len > need:

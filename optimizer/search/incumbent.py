@@ -15,7 +15,8 @@ itself does not reach again. So the incumbent's rate is
 A search trial that other processes disturbed (measurement/disturbance.py) is no incumbent: it still ranks, but its
 number is the machine's as much as the config's, and one that came out high would stop every later trial at 0.9 x
 it. (In a real study on the Xeon, trial #1 ran while others took 0.27 of a core and put its config at 133 req/s,
-which its confirmation rounds measured at 103; the twelve trials after it all stopped at their first probe.)
+which its confirmation rounds measured at 99-107; the twelve trials after it all failed at 123 and 111 req/s, its
+bound and 0.9 of it, and stopped.)
 """
 
 from __future__ import annotations

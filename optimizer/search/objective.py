@@ -214,7 +214,8 @@ class Objective:
 
     async def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:
         """vLLM's config validation and the memory estimate: a config that cannot start costs no start."""
-        layout = layout_problems(params, self._visible_gpus())
+        sized = {**self.config.engine_args, **params}  # a layout fixed in the study's engine arguments counts too
+        layout = layout_problems(sized, self._visible_gpus())
         if layout:
             self._prune(trial, failures.INVALID_CONFIG, "; ".join(layout))
         try:
@@ -222,12 +223,12 @@ class Objective:
                 engine.validate(params)
         except EngineStartError as exc:
             self._prune(trial, exc.reason, str(exc))
-        gpus = gpus_needed(params)  # its ranks' GPUs: another job on a GPU past them does not count against it
+        gpus = gpus_needed(sized)  # its ranks' GPUs: another job on a GPU past them does not count against it
         probe = layout_probe(self.memory_probe, gpus, self.most_free_bytes)
         memory = probe() if self.model is not None else None
         if memory is None:
             return params
-        est = estimate(params, self.model, self.config.device, memory, self.config.workload.mean_total_len)
+        est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len)
         most_free = most_free_for(self.most_free_bytes, gpus)
         problems = memory_problems(est)
         if problems and held_elsewhere(est, most_free, memory.total_bytes):
@@ -238,7 +239,7 @@ class Objective:
             memory = await wait_for_memory(
                 probe, lambda m: not memory_problems(replace(est, available_bytes=m.available_bytes)),
                 self.clock, self.memory_wait_s, self.memory_poll_s, needed, most_free) or memory
-            est = estimate(params, self.model, self.config.device, memory, self.config.workload.mean_total_len)
+            est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len)
             problems = memory_problems(est)
         MEMORY_ESTIMATE_GIB.set(trial, est.to_dict())
         if problems and self._may_fall_back(trial, params):

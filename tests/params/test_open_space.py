@@ -69,6 +69,15 @@ def test_the_cuda_defaults_add_the_gpu_knobs_and_nothing_lossy():
     assert "async_scheduling" in dists and "max_cudagraph_capture_size" in dists and "kv_cache_dtype" not in dists
 
 
+def test_an_mla_model_leaves_the_block_size_to_vllm():
+    # FlashMLA takes 64, CUTLASS MLA 128: a size set by hand turns away the MLA kernels that do not take it
+    for device in ("cuda", "cpu"):
+        assert "block_size" in resolve(SpaceSpec(), device, 8192, WorkloadSpec()).dists
+        assert "block_size" not in resolve(SpaceSpec(), device, 8192, WorkloadSpec(), mla=True).dists
+    asked = SpaceSpec(ranges={"block_size": Choice(choices=[64])})  # a space that names it still searches it
+    assert resolve(asked, "cuda", 8192, WorkloadSpec(), mla=True).dists["block_size"] == Choice(choices=[64])
+
+
 def test_the_kv_estimate_follows_kv_cache_dtype():
     model = model_info({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
                         "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}, "llama-8b")

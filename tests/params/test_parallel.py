@@ -4,7 +4,7 @@ visible GPU is probed, a layout larger than the host is invalid before any start
 import pytest
 import yaml
 
-from optimizer.config.model import model_info
+from optimizer.config.model import model_info, uses_mla
 from optimizer.decision.export import export_all
 from optimizer.params.parallel import gpus_needed, layout_problems, per_gpu, per_gpu_throughput
 from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
@@ -42,6 +42,41 @@ def test_kv_heads_split_over_tensor_parallel_ranks_and_replicate_past_their_coun
     assert per_gpu(llama70b, {"tensor_parallel_size": 16}).num_kv_heads == 1  # vLLM: max(1, 8 // 16)
     assert per_gpu(llama70b, {"pipeline_parallel_size": 2}).num_layers == 40
     assert per_gpu(llama70b, {"data_parallel_size": 4}) == llama70b  # each replica holds everything
+
+
+DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 config.json, the fields read
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+    "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 129280,
+    "max_position_embeddings": 163840, "torch_dtype": "bfloat16",
+}
+
+
+def test_an_mla_model_caches_one_latent_per_token_and_layer(monkeypatch):
+    """vLLM's MLAAttentionSpec: one head of kv_lora_rank + qk_rope_head_dim, no V, on every tensor rank alike. Read
+    as 128 heads of K and V it was 25x too large, and a 128k context looked as if it could not fit."""
+    monkeypatch.delenv("VLLM_MLA_DISABLE", raising=False)
+    v3 = model_info(DEEPSEEK_V3, "deepseek-ai/DeepSeek-V3", weights_bytes=int(671e9))  # fp8 weights
+    assert v3.mla and v3.kv_bytes_per_token == 61 * (512 + 64) * 2  # 70,272 bytes a token
+    assert per_gpu(v3, {"tensor_parallel_size": 8}).kv_bytes_per_token == v3.kv_bytes_per_token  # replicated
+    h200 = DeviceMemory(total_bytes=140 * GIB, available_bytes=139 * GIB)
+    est = estimate({"gpu_memory_utilization": 0.7, "tensor_parallel_size": 8, "max_model_len": 131072}, v3, "cuda",
+                   h200, 2000)
+    # 98 GiB, 78.1 of weights a rank and 1 of runtime: 18.9 left, 8.6 for one 128k sequence (read as 16 heads of K
+    # and V a rank: 26.7, "lower max_model_len")
+    assert memory_problems(est) == [] and est.kv_one_sequence_bytes == 70272 * 131072
+    assert not uses_mla(DEEPSEEK_V3, env={"VLLM_MLA_DISABLE": "1"})  # vLLM then caches K and V of every head
+    assert uses_mla(DEEPSEEK_V3, env={"VLLM_MLA_DISABLE": "00"})  # vllm/envs.py: bool(int(...))
+    assert not uses_mla({**DEEPSEEK_V3, "kv_lora_rank": None}) and not uses_mla(LLAMA_70B)
+    # MiniCPM3 has a kv_lora_rank, but vLLM runs it with ordinary attention: not a model type of its MLA list
+    assert not uses_mla({**DEEPSEEK_V3, "model_type": "minicpm3"}, env={})
+    # DeepSeek V4's compressed, sparse cache (compress_ratios, a head_dim): MLA, its KV cache not modelled (unchecked)
+    v4 = model_info({**DEEPSEEK_V3, "model_type": "deepseek_v4", "compress_ratios": [4], "head_dim": 512}, "v4")
+    assert v4.mla == uses_mla({**DEEPSEEK_V3, "compress_ratios": [4], "head_dim": 512}, env={}) and v4.mla
+    assert v4.kv_bytes_per_token == 0
+    monkeypatch.setenv("VLLM_MLA_DISABLE", "1")  # vLLM then caches K and V of 128 heads of qk_nope + qk_rope
+    off = model_info(DEEPSEEK_V3, "deepseek-ai/DeepSeek-V3", weights_bytes=int(671e9))
+    assert not off.mla and off.kv_bytes_per_token == 2 * 61 * 128 * (128 + 64) * 2
 
 
 def test_every_visible_gpu_is_probed_and_a_layout_gets_its_own(monkeypatch):
