@@ -102,14 +102,14 @@ def checked_config(c: Confirmation) -> Any:
     return max(others, key=lambda x: c.interval(x).median, default=None)
 
 
-def reported_chance(c: Confirmation, chosen: Any, again: int) -> tuple[float, int, float]:
-    """The reported gain's t, its degrees of freedom, and the chance that it holds the median of `again` re-measured
-    rounds were it right about its spread (intervals.py::chance_inside)."""
+def reported_chance(c: Confirmation, chosen: Any, reported: Interval, again: int) -> tuple[float, int, float]:
+    """The t and degrees of freedom of `reported` (`chosen`'s gain over the defaults), and the chance that it holds
+    the median of `again` re-measured rounds were it right about its spread (intervals.py::chance_inside)."""
     df = block_gain_df(c.difference_rows(chosen, c.base), 0, 1)
     if df < 1:
         return math.nan, df, math.nan
     t = t_quantile(c.confidence, df)
-    return t, df, chance_inside(t, df, c.difference(chosen, c.base).n, again)
+    return t, df, chance_inside(t, df, reported.n, again)
 
 
 def remeasure(objective: Objective, config: StudyConfig, pair: list[optuna.trial.FrozenTrial],
@@ -167,7 +167,7 @@ def check(study: optuna.Study, prepared: Any, engine: str, rounds: int, minutes:
     return Row(engine, study.study_name, label, reported, paired, again.median, minutes,
                sum(rate >= floor for rate, floor in held), len(held), truth,
                tuple(b / a - 1 for a, b in pairs if a > 0), again,
-               reported_chance(c, chosen, again.n)[2] if again.n >= 1 else math.nan)
+               reported_chance(c, chosen, reported, again.n)[2] if again.n >= 1 else math.nan)
 
 
 def stored_chances(names: list[str], again: int) -> None:
@@ -186,7 +186,7 @@ def stored_chances(names: list[str], again: int) -> None:
         if chosen is None or (reported := c.gain(chosen)) is None:
             print(f"{name}: no gain to check (no usable confirmation, or the defaults alone)")
             continue
-        t, df, chance = reported_chance(c, chosen, again)
+        t, df, chance = reported_chance(c, chosen, reported, again)
         if not math.isnan(chance):  # no degree of freedom: no interval to hold anything
             total.append(chance)
         print(f"{name:<40} #{chosen.number} vs defaults {reported.median * 100:>+6.1f}% {bounds_pct(reported):<20} "

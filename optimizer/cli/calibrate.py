@@ -61,7 +61,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from optimizer.measurement.workload import build_workload
 
     from optimizer.core.paths import check_output_file
-    from optimizer.hardware.device import check_build, visible_gpus
+    from optimizer.hardware.device import check_build, gpu_name
 
     check_build(ns.device)  # --device cuda on the CPU build (or the reverse): exit 2, naming the install
     repeats = positive_int(ns.repeats, "--repeats")
@@ -83,8 +83,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
         base["load_format"] = "dummy"
     memory = DeviceMemory.probe(ns.device)
     total = memory.total_bytes if memory else 24 * 1024**3
-    gpus = visible_gpus() if ns.device == "cuda" else []  # the GPU's name picks vLLM's defaults, as for the engine
-    name = gpus[0].name if gpus else ""
+    name = gpu_name(ns.device)  # the GPU's name picks vLLM's defaults, as for the engine
     workload = build_workload(WorkloadSpec(**{**CPU_DEMO_WORKLOAD, "num_requests": num_requests}), info.vocab_size)
 
     def say(*a):

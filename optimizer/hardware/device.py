@@ -190,6 +190,13 @@ def visible_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) 
             pass
 
 
+def gpu_name(device: str) -> str:
+    """The name of the first GPU this process sees on `device` cuda (vLLM's defaults depend on it: an A100's are
+    lower than an H100's of the same memory); "" on the CPU or where NVML reads none."""
+    gpus = visible_gpus() if device == CUDA else []
+    return gpus[0].name if gpus else ""
+
+
 def driver_version(nvml: Any | None = None) -> str | None:
     """The NVIDIA driver's version through NVML; None without NVML or a driver."""
     try:

@@ -316,7 +316,7 @@ def trial_estimate(prepared: Prepared) -> Callable[[], float | None]:
 def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective,
               studies_dir: Path, say: Callable[..., None]) -> None:
     """`--prescreen N`: N simulated trials (study NAME.sim), their best and least certain configs queued first."""
-    from optimizer.hardware.device import visible_gpus
+    from optimizer.hardware.device import gpu_name
     from optimizer.params.preflight import DeviceMemory
     from optimizer.search.prescreen import DEFAULT_DEVICE_MEMORY_BYTES, run_prescreen
     from optimizer.engines.sim.steptime import StepTimeModel
@@ -324,11 +324,10 @@ def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages
     assert objective.model is not None
     time_model = StepTimeModel.load(config.calibration) if config.calibration else StepTimeModel()
     memory = DeviceMemory.probe(config.device)
-    gpus = visible_gpus() if config.device == "cuda" else []  # its name picks vLLM's defaults (an A100's are lower)
     run_prescreen(study, storage, config, objective.space, objective.workload, objective.model, time_model,
                   config.prescreen, logs_dir=studies_dir / f"{config.study_name}.sim.logs",
                   device_memory_bytes=memory.total_bytes if memory else DEFAULT_DEVICE_MEMORY_BYTES,
-                  device_name=gpus[0].name if gpus else "", say=say)
+                  device_name=gpu_name(config.device), say=say)
 
 
 def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
