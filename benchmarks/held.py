@@ -20,7 +20,15 @@ in one, and a machine slower as a whole lifts them all.
 
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/held.py --studies-dir DIR --study NAME [--runs 3]
         [--at provision|median|lowest]   (the rate: the one to provision for, the median over the rounds, the lowest)
-        [--in-process-only] [--trial N] [--rotate K]
+        [--in-process-only] [--trial N] [--rotate K] [--rescale N]
+
+A shared machine's speed moves over hours (the same config's rate at the limit, same code and draw, read 70-78 req/s
+in a study's rounds and 83-95 two hours later on the same 2-core Xeon): a check run long after its study tests the
+machine's drift as much as the study's numbers. `--rescale N` measures vLLM's defaults again first, N trials through
+the study's own objective (on a scratch copy of the study: the original is not written), and multiplies every rate
+held by their median over the defaults' median in the study's rounds (in process): the study's numbers at the
+machine's speed now, vLLM's defaults the yardstick, as the confirmation's gains are. Printed: the trials' rates, the
+factor, and each rate before and after.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import shutil
 import statistics
 import sys
 import tempfile
@@ -48,8 +57,8 @@ from optimizer.measurement.metrics import summarize  # noqa: E402
 from optimizer.measurement.replay import replay  # noqa: E402
 from optimizer.measurement.workload import build_workload  # noqa: E402
 from optimizer.config.model import inspect_model  # noqa: E402
-from optimizer.search.attrs import ENGINE_PARAMS  # noqa: E402
-from optimizer.search.runner import engine_base_args, model_path  # noqa: E402
+from optimizer.search.attrs import BASELINE, ENGINE_PARAMS, RESULT, RUN  # noqa: E402
+from optimizer.search.runner import engine_base_args, model_path, prepare  # noqa: E402
 from optimizer.search.study import default_storage_url, storage_for  # noqa: E402
 
 from parity import timed_trace, vllm_bench  # noqa: E402 (benchmarks/parity.py: vLLM's own client)
@@ -149,6 +158,28 @@ def decided(studies_dir: Path, name: str):
     return config, decide(optuna.load_study(study_name=name, storage=storage_for(url)), config)
 
 
+def defaults_now(config, studies_dir: Path, trials: int) -> list[float]:
+    """vLLM's defaults' rate at the limit now: `trials` trials through the study's own objective (engine start,
+    warm-up, probes sized by evidence, the pooled fit), early stopping off, on a scratch copy of the study's SQLite
+    database (the study itself is not written)."""
+    url = default_storage_url(config.study_name, studies_dir)
+    if not url.startswith("sqlite:///"):
+        raise SystemExit("--rescale copies the study's SQLite database; this study is not in one")
+    with tempfile.TemporaryDirectory(prefix="held-rescale-") as d:
+        copy = Path(d) / Path(url.removeprefix("sqlite:///")).name
+        shutil.copyfile(url.removeprefix("sqlite:///"), copy)
+        scratch = config.model_copy(update={"storage_url": f"sqlite:///{copy}"})
+        prepared = prepare(scratch, Path(d), say=lambda *a: None, live=False)
+        prepared.objective.early_stop = False  # each trial does its whole rate search
+        prepared.objective.records = None
+        before = len(prepared.study.trials)
+        for _ in range(trials):
+            prepared.study.enqueue_trial({}, user_attrs={**RUN.item(True), **BASELINE.item(True)})
+        prepared.study.optimize(prepared.objective, n_trials=trials)
+        rates = [RESULT.of(t).get("rate_rps") for t in prepared.study.trials[before:]]
+    return [r for r in rates if r is not None]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--studies-dir", default="studies")
@@ -164,6 +195,9 @@ def main() -> None:
     p.add_argument("--in-process-only", action="store_true",
                    help="skip the runs as served (at a few req/s, 1000 requests through vllm serve take many minutes)")
     p.add_argument("--rotate", type=int, default=0, help="the first engine starts on this draw (the next on the next)")
+    p.add_argument("--rescale", type=int, default=0, metavar="N",
+                   help="first measure vLLM's defaults again in N trials of the study's objective, and hold every rate "
+                        "times their median over the defaults' median in the study's rounds (the machine's speed now)")
     args = p.parse_args()
     config, d = decided(Path(args.studies_dir), args.study)
     c = d.confirmation
@@ -177,6 +211,19 @@ def main() -> None:
     limit = config.ttft_p99_ms
     warm = min(config.workload.warmup_load_requests, args.num_requests)
     rows, starts = [], itertools.count(args.rotate)
+    speed = 1.0
+    if args.rescale:
+        base_run = c.base
+        then = c.rate_interval(base_run).median if base_run is not None else None
+        if then is None:
+            raise SystemExit("--rescale needs vLLM's defaults in the study's rounds")
+        now = defaults_now(config, Path(args.studies_dir), args.rescale)
+        if not now:
+            raise SystemExit("--rescale: vLLM's defaults met the limit at no rate now")
+        speed = statistics.median(now) / then
+        print(f"machine speed now: vLLM's defaults hold {statistics.median(now):.2f} req/s (trials: "
+              f"{', '.join(f'{v:.2f}' for v in now)}) against {then:.2f} in the study's rounds (median): every rate "
+              f"below is the study's x {speed:.3f}", flush=True)
 
     def order() -> list:  # (draw, workload), each engine starting on the next draw
         start = next(starts)
@@ -192,6 +239,9 @@ def main() -> None:
                        "provision": provision_rps(c, x)}[args.at]
         if inproc_rate is None:
             raise SystemExit(f"{name} has no rate to provision for (fewer than two rounds): use --at median")
+        if speed != 1.0:
+            print(f"{name}: in process the study's {inproc_rate:.2f} req/s x {speed:.3f}", flush=True)
+            inproc_rate *= speed
         print(f"{name}: in process at {inproc_rate:.2f} req/s ({args.at}; its rounds: "
               f"{', '.join(f'{v:.2f}' for v in rates)}) and 1.15x, {args.runs} runs of {args.num_requests}", flush=True)
         rows.append((name, "in process", inproc_rate,
@@ -204,12 +254,16 @@ def main() -> None:
             print(f"{name}: as served not measured (its run through vllm serve found no rate at the limit)")
         else:
             served_rate = provision_rps(c, x, served=True) if args.at == "provision" else x.served_rate.rate_rps
+            if speed != 1.0:
+                print(f"{name}: as served the study's {served_rate:.2f} req/s x {speed:.3f}", flush=True)
+                served_rate *= speed
             print(f"{name}: as served at {served_rate:.2f} req/s and 1.15x (vLLM's client)", flush=True)
             rows.append((name, "as served", served_rate,
                          asyncio.run(as_served(base, params, served_rate, order(), work,
                                                work / f"served-{x.number}.log", warm))))
+    scaled = f"; rates: the study's x {speed:.3f} (the machine's speed now, --rescale)" if args.rescale else ""
     print(f"\nTTFT P99 limit {limit:.0f} ms; {args.runs} runs of {args.num_requests} requests each, fresh draws; "
-          f"files in {work}")
+          f"files in {work}{scaled}")
     print(f"{'config':<22} {'backend':<11} {'rate':>7} | {'TTFT P99 ms at the rate, by draw':<26} | "
           f"{'at 1.15x':<26} | verdict")
     for name, backend, rate, runs in rows:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from optimizer.config.weights import estimated_weights_bytes
 from optimizer.core.errors import UsageError
 
 @dataclass(frozen=True)
@@ -231,11 +232,8 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16").removeprefix("torch.")
     dtype_bytes = dtype_size(dtype)
     weights = weights_bytes
-    if not weights:  # estimate from the architecture: embeddings + attention + MLP
-        inter = int(text_config.get("intermediate_size") or 4 * hidden)
-        params = vocab * hidden * (1 if text_config.get("tie_word_embeddings") else 2) \
-            + layers * (2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter)
-        weights = params * dtype_bytes
+    if not weights:  # estimated from the architecture, every expert of a mixture counted (config/weights.py)
+        weights = estimated_weights_bytes(text_config, dtype_bytes, config.get("quantization_config"))
     rope, nope = int(text_config.get("qk_rope_head_dim") or 0), int(text_config.get("qk_nope_head_dim") or 0)
     if mla and "compress_ratios" in text_config:  # DeepSeek V4's compressed, sparse cache: not modelled, unchecked
         kv_heads, head_dim = 1, 0

@@ -1,0 +1,129 @@
+"""Pure: a model's weight bytes estimated from its `config.json`, for the memory preflight when no weight files are
+on disk (a hub id, or `--dummy-weights`).
+
+Counted as vLLM loads them: the embeddings and the output head, each layer's attention (multi-head latent attention
+for DeepSeek-style models: its low-rank projections), and each layer's MLP: a dense one, or a mixture of experts with
+*every* expert (vLLM keeps all of them in memory, not only the few a token routes to), its shared experts and its
+router. Which layers are mixtures follows the model's own config keys:
+
+- DeepSeek V2/V3 and their kin (`n_routed_experts`): the layers from `first_k_dense_replace` on, every
+  `moe_layer_freq`-th; `n_shared_experts` experts of `moe_intermediate_size` beside the routed ones;
+- Qwen2/Qwen3-MoE (`num_experts`): every `decoder_sparse_step`-th layer not in `mlp_only_layers`; a shared expert of
+  `shared_expert_intermediate_size` where given;
+- Llama 4 (`interleave_moe_layer_step`): every step-th layer, with one shared expert; the others dense of
+  `intermediate_size_mlp`;
+- Mixtral, Phi-MoE, GraniteMoE, OLMoE, gpt-oss (`num_local_experts` or `num_experts` alone): every layer.
+
+Quantized checkpoints (`quantization_config`) count their linear layers at the stored width: GPTQ/AWQ `bits`,
+compressed-tensors' weight `num_bits`, bitsandbytes 4/8-bit, the FP8 methods 1 byte, gpt-oss's MXFP4 4.25 bits on its
+experts; embeddings stay in the checkpoint's dtype. A quantization this does not know leaves the weights unknown (0:
+the preflight then checks the rest and vLLM's own start decides), never a guess at full width that would prune
+configs that fit.
+
+Checked against published totals (tests/config/test_weights.py): Mixtral-8x7B 46.7B, Qwen3-30B-A3B 30.5B,
+DeepSeek-V3 671B, Llama-4-Scout's text model 108B, gpt-oss-120b 117B.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FP8_METHODS = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "fp_quant"})
+MXFP4_BITS = 4.25  # 4-bit values and one 8-bit scale per 32
+
+
+def _int(cfg: dict[str, Any], *keys: str, default: int = 0) -> int:
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return default
+
+
+def attention_params(cfg: dict[str, Any]) -> int:
+    """One layer's attention projections."""
+    h = _int(cfg, "hidden_size")
+    heads = _int(cfg, "num_attention_heads")
+    if cfg.get("kv_lora_rank") is not None and _int(cfg, "qk_rope_head_dim"):  # multi-head latent attention
+        rope, nope = _int(cfg, "qk_rope_head_dim"), _int(cfg, "qk_nope_head_dim")
+        v_dim, kv_rank, q_rank = _int(cfg, "v_head_dim", default=nope), _int(cfg, "kv_lora_rank"), \
+            _int(cfg, "q_lora_rank")
+        q = h * q_rank + q_rank * heads * (nope + rope) if q_rank else h * heads * (nope + rope)
+        return q + h * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * h
+    head_dim = _int(cfg, "head_dim", default=h // heads if heads else 0)
+    kv_heads = _int(cfg, "num_key_value_heads", default=heads)
+    return 2 * h * heads * head_dim + 2 * h * kv_heads * head_dim
+
+
+def expert_count(cfg: dict[str, Any]) -> int:
+    """Routed experts per mixture layer (0: a dense model)."""
+    return _int(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+
+
+def mixture_layers(cfg: dict[str, Any]) -> list[bool]:
+    """For each layer, whether its MLP is a mixture of experts."""
+    layers, experts = _int(cfg, "num_hidden_layers"), expert_count(cfg)
+    if not experts:
+        return [False] * layers
+    if "n_routed_experts" in cfg:  # DeepSeek
+        first, freq = _int(cfg, "first_k_dense_replace"), max(_int(cfg, "moe_layer_freq", default=1), 1)
+        return [i >= first and i % freq == 0 for i in range(layers)]
+    if "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:  # Qwen MoE
+        step, dense = max(_int(cfg, "decoder_sparse_step", default=1), 1), set(cfg.get("mlp_only_layers") or [])
+        return [i not in dense and (i + 1) % step == 0 for i in range(layers)]
+    if "interleave_moe_layer_step" in cfg:  # Llama 4
+        step = max(_int(cfg, "interleave_moe_layer_step", default=1), 1)
+        return [(i + 1) % step == 0 for i in range(layers)]
+    return [True] * layers
+
+
+def mlp_params(cfg: dict[str, Any], mixture: bool) -> tuple[int, int]:
+    """One layer's MLP: (its experts' parameters, the rest: a dense MLP, shared experts, the router)."""
+    h, inter = _int(cfg, "hidden_size"), _int(cfg, "intermediate_size")
+    if not mixture:
+        return 0, 3 * h * _int(cfg, "intermediate_size_mlp", default=inter or 4 * h)
+    experts, size = expert_count(cfg), _int(cfg, "moe_intermediate_size", default=inter)
+    shared = _int(cfg, "n_shared_experts") * 3 * h * size + 3 * h * _int(cfg, "shared_expert_intermediate_size")
+    if "interleave_moe_layer_step" in cfg:  # Llama 4: one shared expert of the experts' size
+        shared += 3 * h * size
+    return experts * 3 * h * size, shared + h * experts
+
+
+def quantized_bits(q: Any) -> tuple[float, bool] | None:
+    """(bits a quantized linear weight is stored in, whether only the experts are) for a checkpoint's
+    `quantization_config`; (16, False) without one (the caller caps it at the dtype's width); None: unknown."""
+    if not isinstance(q, dict):
+        return 16.0, False
+    method = str(q.get("quant_method") or "").lower()
+    if method == "mxfp4":
+        return MXFP4_BITS, True
+    if method in FP8_METHODS:
+        return 8.0, False
+    if method == "bitsandbytes" or q.get("load_in_4bit") or q.get("load_in_8bit"):
+        return (4.0, False) if q.get("load_in_4bit") else (8.0, False) if q.get("load_in_8bit") else None
+    if method == "compressed-tensors":
+        widths = [g.get("weights", {}).get("num_bits") for g in (q.get("config_groups") or {}).values()
+                  if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
+        widths = [w for w in widths if isinstance(w, int)]
+        return (float(max(widths)), False) if widths else None
+    bits = _int(q, "bits", "w_bit", "weight_bits")
+    return (float(bits), False) if bits else None
+
+
+def estimated_weights_bytes(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = None) -> int:
+    """The weights' bytes as vLLM holds them: `cfg` the (text) model's config, `quantization` the checkpoint's
+    `quantization_config` (top level of config.json; default: `cfg`'s own). 0: a quantization this does not know."""
+    stored = quantized_bits(cfg.get("quantization_config") if quantization is None else quantization)
+    if stored is None:
+        return 0
+    bits, experts_only = stored
+    h, vocab = _int(cfg, "hidden_size"), _int(cfg, "vocab_size", default=32000)
+    embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    experts = dense = 0
+    attention = attention_params(cfg)
+    for mixture in mixture_layers(cfg):
+        e, rest = mlp_params(cfg, mixture)
+        experts, dense = experts + e, dense + rest + attention
+    full = dtype_bytes * 8.0
+    dense_bits = full if experts_only or bits >= full else bits
+    return int(embeddings * dtype_bytes + experts * min(bits, full) / 8 + dense * dense_bits / 8)

@@ -1,0 +1,92 @@
+"""A model's weights estimated from its config.json (a hub id, or --dummy-weights): every expert of a mixture counted,
+as vLLM holds them all, and quantized checkpoints at their stored width. Read as a dense model, Mixtral-8x7B looked
+like 13 GiB and fit one 80 GiB GPU; it holds 87."""
+
+import json
+
+import pytest
+
+from optimizer.config.model import inspect_model, model_info
+from optimizer.config.weights import estimated_weights_bytes, mixture_layers, quantized_bits
+from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
+
+MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json, the fields read
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "max_position_embeddings": 32768,
+}
+QWEN3_30B_A3B = {  # Qwen/Qwen3-30B-A3B
+    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 48, "num_experts": 128,
+    "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3: MLA, 3 dense layers, 256 routed experts and 1 shared, FP8 weights
+    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "n_routed_experts": 256, "n_shared_experts": 1, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+    "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+DEEPSEEK_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+LLAMA4_SCOUT_TEXT = {  # meta-llama/Llama-4-Scout-17B-16E text_config
+    "model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+    "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 48,
+    "num_local_experts": 16, "interleave_moe_layer_step": 1, "vocab_size": 202048, "tie_word_embeddings": False,
+}
+GPT_OSS_120B = {  # openai/gpt-oss-120b: MXFP4 experts, the rest in bf16
+    "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
+    "vocab_size": 201088, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]},
+}
+H100 = DeviceMemory(total_bytes=80 * GIB, available_bytes=79 * GIB)
+
+
+@pytest.mark.parametrize("config, published", [
+    (MIXTRAL_8X7B, 46.7e9), (QWEN3_30B_A3B, 30.5e9), (DEEPSEEK_V3, 671e9), (LLAMA4_SCOUT_TEXT, 108e9),
+])
+def test_a_mixture_counts_every_expert_as_its_published_total(config, published):
+    params = estimated_weights_bytes(config, 2) / 2  # no quantization: two bytes a parameter
+    assert params == pytest.approx(published, rel=0.02)
+
+
+def test_which_layers_are_mixtures_follows_the_models_own_keys():
+    assert mixture_layers(DEEPSEEK_V3)[:4] == [False, False, False, True]  # first_k_dense_replace 3
+    assert sum(mixture_layers({**QWEN3_30B_A3B, "decoder_sparse_step": 2, "mlp_only_layers": [1]})) == 23
+    assert mixture_layers({**LLAMA4_SCOUT_TEXT, "interleave_moe_layer_step": 2})[:4] == [False, True, False, True]
+    assert not any(mixture_layers({**MIXTRAL_8X7B, "num_local_experts": 0}))  # a dense model
+
+
+def test_a_quantized_checkpoint_counts_its_stored_width():
+    fp8 = estimated_weights_bytes(DEEPSEEK_V3, 2, DEEPSEEK_FP8)
+    assert 660e9 < fp8 < 690e9  # ~669B linear parameters at 1 byte, the embeddings at 2
+    oss = estimated_weights_bytes(GPT_OSS_120B, 2)
+    assert 63e9 < oss < 67e9  # the checkpoint's ~65 GB: 114.7B expert parameters at 4.25 bits, 2.1B at 16
+    awq = estimated_weights_bytes(MIXTRAL_8X7B, 2, {"quant_method": "awq", "bits": 4, "group_size": 128})
+    assert awq == pytest.approx(0.26e9 * 2 + 46.4e9 / 2, rel=0.02)
+    w8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 8}}}}
+    assert quantized_bits(w8) == (8.0, False)
+    assert quantized_bits({"quant_method": "bitsandbytes", "load_in_4bit": True}) == (4.0, False)
+
+
+def test_a_quantization_it_does_not_know_leaves_the_weights_unknown():
+    """Counted at full width it would prune configs as out of memory that fit; unknown, vLLM's start decides."""
+    assert quantized_bits({"quant_method": "some_new_format"}) is None
+    assert estimated_weights_bytes(MIXTRAL_8X7B, 2, {"quant_method": "some_new_format"}) == 0
+
+
+def test_mixtral_from_its_config_needs_two_h100s(tmp_path):
+    """The user-facing decision: at TP=1 the preflight says the weights leave no room (it said 13 GiB before, and the
+    trial started only to run out of memory); at TP=2 it fits; its 4-bit AWQ checkpoint fits one."""
+    d = tmp_path / "mixtral"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(MIXTRAL_8X7B))
+    info = inspect_model(str(d), dummy_weights=True)
+    assert 85 * GIB < info.weights_bytes < 88 * GIB
+    params = {"gpu_memory_utilization": 0.9, "max_model_len": 8192}
+    assert "leave no room for the KV cache" in memory_problems(estimate(params, info, "cuda", H100, 500))[0]
+    assert memory_problems(estimate({**params, "tensor_parallel_size": 2}, info, "cuda", H100, 500)) == []
+    awq = model_info({**MIXTRAL_8X7B, "quantization_config": {"quant_method": "awq", "bits": 4}}, "awq")
+    assert memory_problems(estimate(params, awq, "cuda", H100, 500)) == []
