@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from optimizer.config.weights import estimated_weights_bytes
+from optimizer.config.weights import weights_split
 from optimizer.core.errors import UsageError
 
 @dataclass(frozen=True)
@@ -99,14 +99,17 @@ class ModelInfo:
     weights_bytes: int = 0
     dtype: str = "bfloat16"  # the checkpoint's (config.json torch_dtype)
     mla: bool = False  # multi-head latent attention (DeepSeek V2/V3, Kimi K2): one latent per token and layer
+    expert_bytes: int = 0  # of weights_bytes, a mixture's experts (sharded over data parallel ranks too)
 
     def served_as(self, dtype: str | None) -> ModelInfo:
         """The same model served in `dtype` (None or "auto": its own): weights and KV cache in that many bytes."""
         if not dtype or dtype == "auto":
             return self
         size = dtype_size(dtype)
-        weights = self.weights_bytes * size // self.dtype_bytes if self.dtype_bytes else self.weights_bytes
-        return replace(self, dtype_bytes=size, weights_bytes=weights, dtype=dtype)
+        if not self.dtype_bytes:
+            return replace(self, dtype_bytes=size, dtype=dtype)
+        return replace(self, dtype_bytes=size, weights_bytes=self.weights_bytes * size // self.dtype_bytes,
+                       expert_bytes=self.expert_bytes * size // self.dtype_bytes, dtype=dtype)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -194,6 +197,12 @@ def inspect_model(model: str, dummy_weights: bool = False) -> ModelInfo:
                              f"network and HF_TOKEN, or give a local directory") from None
         resolved = model
     weights = safetensors_weights_bytes(Path(resolved)) if looks_local else 0
+    legacy = Path(resolved) / "hf_quant_config.json"  # ModelOpt <= 0.29 wrote its quantization here (vLLM reads it)
+    if looks_local and "quantization_config" not in config and legacy.is_file():
+        try:
+            config = {**config, "quantization_config": json.loads(legacy.read_text(encoding="utf-8"))}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass  # vLLM's own start reports it
     return model_info(config, resolved, 0 if dummy_weights else weights)
 
 
@@ -231,9 +240,14 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     mla = uses_mla(text_config)
     dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16").removeprefix("torch.")
     dtype_bytes = dtype_size(dtype)
-    weights = weights_bytes
-    if not weights:  # estimated from the architecture, every expert of a mixture counted (config/weights.py)
-        weights = estimated_weights_bytes(text_config, dtype_bytes, config.get("quantization_config"))
+    if dtype_bytes == 4:  # vLLM's dtype "auto" serves a float32 checkpoint in 16 bits (config/model.py
+        weights_bytes, dtype_bytes = weights_bytes // 2, 2  # _resolve_auto_dtype), its weights and KV cache alike
+    # estimated from the architecture, every expert of a mixture counted (config/weights.py); measured weights keep the
+    # estimate's share of experts (by parameters where the quantization is one it does not know)
+    known = weights_split(text_config, dtype_bytes, config.get("quantization_config"))
+    share = known or weights_split(text_config, dtype_bytes, False)
+    weights = weights_bytes or (known[0] if known else 0)
+    experts = int(weights * share[1] / share[0]) if share and share[0] else 0
     rope, nope = int(text_config.get("qk_rope_head_dim") or 0), int(text_config.get("qk_nope_head_dim") or 0)
     if mla and "compress_ratios" in text_config:  # DeepSeek V4's compressed, sparse cache: not modelled, unchecked
         kv_heads, head_dim = 1, 0
@@ -243,7 +257,8 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
             and rope and nope:  # MLA turned off (VLLM_MLA_DISABLE): vLLM's head size for it
         head_dim = rope + nope
     return ModelInfo(path=path, vocab_size=vocab, max_len=max_len, num_layers=layers, num_kv_heads=kv_heads,
-                     head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights), dtype=dtype, mla=mla)
+                     head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights), dtype=dtype, mla=mla,
+                     expert_bytes=experts)
 
 
 def uses_mla(text_config: dict, env: Mapping[str, str] | None = None) -> bool:

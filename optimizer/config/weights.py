@@ -14,11 +14,15 @@ router. Which layers are mixtures follows the model's own config keys:
   `intermediate_size_mlp`;
 - Mixtral, Phi-MoE, GraniteMoE, OLMoE, gpt-oss (`num_local_experts` or `num_experts` alone): every layer.
 
-Quantized checkpoints (`quantization_config`) count their linear layers at the stored width: GPTQ/AWQ `bits`,
-compressed-tensors' weight `num_bits`, bitsandbytes 4/8-bit, the FP8 methods 1 byte, gpt-oss's MXFP4 4.25 bits on its
-experts; embeddings stay in the checkpoint's dtype. A quantization this does not know leaves the weights unknown (0:
-the preflight then checks the rest and vLLM's own start decides), never a guess at full width that would prune
-configs that fit.
+Quantized checkpoints (`quantization_config`, or an older ModelOpt checkpoint's `hf_quant_config.json`) count their
+linear layers at the stored width: GPTQ/AWQ `bits`, compressed-tensors' narrowest weight `num_bits` (a mixed checkpoint
+is undercounted, never over), FP8 1 byte, MXFP4 4.25 bits (gpt-oss's experts; fp_quant's mxfp4), NVFP4 4.5, DeepSeek
+V4's experts in MXFP4 unless its `expert_dtype` is fp8; embeddings stay in the checkpoint's dtype. A quantization this
+does not know leaves the weights unknown (0: the preflight then checks the rest and vLLM's own start decides), never a
+guess at full width that would prune configs that fit.
+
+The experts' share is kept apart (`weights_split`): vLLM shards a mixture's experts over tensor x data parallel ranks
+(its FusedMoE flattens the two, expert parallelism or not), the rest over tensor ranks only.
 
 Checked against published totals (tests/config/test_weights.py): Mixtral-8x7B 46.7B, Qwen3-30B-A3B 30.5B,
 DeepSeek-V3 671B, Llama-4-Scout's text model 108B, gpt-oss-120b 117B.
@@ -28,8 +32,9 @@ from __future__ import annotations
 
 from typing import Any
 
-FP8_METHODS = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "fp_quant"})
+FP8_METHODS = frozenset({"fp8", "fbgemm_fp8", "deepseek_v4_fp8", "modelopt_mxfp8", "mxfp8"})
 MXFP4_BITS = 4.25  # 4-bit values and one 8-bit scale per 32
+NVFP4_BITS = 4.5  # 4-bit values and one 8-bit scale per 16
 
 
 def _int(cfg: dict[str, Any], *keys: str, default: int = 0) -> int:
@@ -71,9 +76,9 @@ def mixture_layers(cfg: dict[str, Any]) -> list[bool]:
     if "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:  # Qwen MoE
         step, dense = max(_int(cfg, "decoder_sparse_step", default=1), 1), set(cfg.get("mlp_only_layers") or [])
         return [i not in dense and (i + 1) % step == 0 for i in range(layers)]
-    if "interleave_moe_layer_step" in cfg:  # Llama 4
-        step = max(_int(cfg, "interleave_moe_layer_step", default=1), 1)
-        return [(i + 1) % step == 0 for i in range(layers)]
+    if "interleave_moe_layer_step" in cfg:  # Llama 4 (a step of 0: no mixture layers)
+        step = _int(cfg, "interleave_moe_layer_step", default=1)
+        return [step > 0 and (i + 1) % step == 0 for i in range(layers)]
     return [True] * layers
 
 
@@ -89,33 +94,40 @@ def mlp_params(cfg: dict[str, Any], mixture: bool) -> tuple[int, int]:
     return experts * 3 * h * size, shared + h * experts
 
 
-def quantized_bits(q: Any) -> tuple[float, bool] | None:
+def quantized_bits(q: Any, cfg: dict[str, Any] | None = None) -> tuple[float, bool] | None:
     """(bits a quantized linear weight is stored in, whether only the experts are) for a checkpoint's
-    `quantization_config`; (16, False) without one (the caller caps it at the dtype's width); None: unknown."""
+    `quantization_config` (`cfg`: the model's config, for DeepSeek V4's experts); (16, False) without one (the caller
+    caps it at the dtype's width); None: a quantization this does not know."""
     if not isinstance(q, dict):
         return 16.0, False
     method = str(q.get("quant_method") or "").lower()
-    if method == "mxfp4":
+    if str((cfg or {}).get("model_type", "")).startswith("deepseek_v4") and (cfg or {}).get("expert_dtype") != "fp8":
+        return MXFP4_BITS, True  # vLLM keeps V4's experts in MXFP4 (its attention in FP8: undercounted, never over)
+    if method in ("mxfp4", "gpt_oss_mxfp4"):
         return MXFP4_BITS, True
+    if method == "fp_quant":
+        return (NVFP4_BITS if str(q.get("forward_dtype", "")).lower() == "nvfp4" else MXFP4_BITS), False
     if method in FP8_METHODS:
         return 8.0, False
-    if method == "bitsandbytes" or q.get("load_in_4bit") or q.get("load_in_8bit"):
-        return (4.0, False) if q.get("load_in_4bit") else (8.0, False) if q.get("load_in_8bit") else None
+    if method.startswith("modelopt") or "quant_algo" in q or isinstance(q.get("quantization"), dict):
+        algo = str(q.get("quant_algo") or (q.get("quantization") or {}).get("quant_algo") or "").upper()
+        return (8.0, False) if algo == "FP8" else (NVFP4_BITS, False) if algo == "NVFP4" else None
     if method == "compressed-tensors":
         widths = [g.get("weights", {}).get("num_bits") for g in (q.get("config_groups") or {}).values()
                   if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
         widths = [w for w in widths if isinstance(w, int)]
-        return (float(max(widths)), False) if widths else None
+        return (float(min(widths)), False) if widths else None
     bits = _int(q, "bits", "w_bit", "weight_bits")
     return (float(bits), False) if bits else None
 
 
-def estimated_weights_bytes(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = None) -> int:
-    """The weights' bytes as vLLM holds them: `cfg` the (text) model's config, `quantization` the checkpoint's
-    `quantization_config` (top level of config.json; default: `cfg`'s own). 0: a quantization this does not know."""
-    stored = quantized_bits(cfg.get("quantization_config") if quantization is None else quantization)
+def weights_split(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = None) -> tuple[int, int] | None:
+    """(the weights' bytes as vLLM holds them, of which the mixture's experts): `cfg` the (text) model's config,
+    `quantization` the checkpoint's `quantization_config` (top level of config.json; default: `cfg`'s own; False: none,
+    as if unquantized). None: a quantization this does not know."""
+    stored = quantized_bits(cfg.get("quantization_config") if quantization is None else quantization, cfg)
     if stored is None:
-        return 0
+        return None
     bits, experts_only = stored
     h, vocab = _int(cfg, "hidden_size"), _int(cfg, "vocab_size", default=32000)
     embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
@@ -126,4 +138,11 @@ def estimated_weights_bytes(cfg: dict[str, Any], dtype_bytes: int, quantization:
         experts, dense = experts + e, dense + rest + attention
     full = dtype_bytes * 8.0
     dense_bits = full if experts_only or bits >= full else bits
-    return int(embeddings * dtype_bytes + experts * min(bits, full) / 8 + dense * dense_bits / 8)
+    expert_bytes = int(experts * min(bits, full) / 8)
+    return int(embeddings * dtype_bytes + dense * dense_bits / 8) + expert_bytes, expert_bytes
+
+
+def estimated_weights_bytes(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = None) -> int:
+    """`weights_split`'s total; 0 for a quantization this does not know (the weights unknown)."""
+    split = weights_split(cfg, dtype_bytes, quantization)
+    return split[0] if split else 0

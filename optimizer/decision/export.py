@@ -19,6 +19,7 @@ from optimizer.core.units import format_ms
 from optimizer.decision.numbers import Gain, Throughput
 from optimizer.engines.server import SERVER_MODULE
 from optimizer.hardware.machine import TCMALLOC_SONAME, allocator_here, find_tcmalloc, study_allocator
+from optimizer.params.accuracy import accuracy_line
 from optimizer.params.open_space import ENV_PREFIX, split_env
 from optimizer.params.parallel import gpus_needed
 from optimizer.params.space import SEARCHABLE
@@ -371,9 +372,8 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
             f"nothing to export. Relax the limit (--ttft-p99), widen the search space, or run more trials."
         )
     args, env = serve_args(trial, config, model), serve_env(trial, config)
-    notes = not_tuned_lines(trial, config, args)
-    allocator = allocator_line(config.device, study_allocator(machine, allocator_here()), find_tcmalloc())
-    notes += [allocator] if allocator else []
+    notes = not_tuned_lines(trial, config, args) + [line for line in (accuracy_line(trial.params), allocator_line(
+        config.device, study_allocator(machine, allocator_here()), find_tcmalloc())) if line]
     header, meta = header_lines(trial, config) + notes, metadata(trial, config)
     if confirmed:
         header.append(confirmed_line(*confirmed))

@@ -42,15 +42,20 @@ KV_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m
 
 
 def per_gpu(model: ModelInfo, params: dict[str, Any]) -> ModelInfo:
-    """What one GPU of the layout holds: its share of the weights, and of the KV cache's layers and heads, in
-    the KV cache's dtype (`kv_cache_dtype`: fp8 halves a 16-bit model's KV bytes per token)."""
+    """What one GPU of the layout holds: its share of the weights (a mixture's experts also split over data parallel
+    ranks), and of the KV cache's layers and heads, in the KV cache's dtype (`kv_cache_dtype`: fp8 halves a 16-bit
+    model's KV bytes per token)."""
     kv_dtype = str(params.get("kv_cache_dtype") or "auto")
     if kv_dtype != "auto":  # a dtype the table lacks: 0 bytes, "not understood" (ModelInfo), its KV cache unchecked
         model = replace(model, dtype_bytes=KV_DTYPE_BYTES.get(kv_dtype, 0))
-    tp, pp = _size(params, "tensor_parallel_size"), _size(params, "pipeline_parallel_size")
-    if tp == pp == 1:
+    tp, pp, dp = (_size(params, name) for name in ("tensor_parallel_size", "pipeline_parallel_size",
+                                                   "data_parallel_size"))
+    if tp == pp == 1 and (dp == 1 or not model.expert_bytes):
         return model
-    return replace(model, weights_bytes=math.ceil(model.weights_bytes / (tp * pp)),
+    # a mixture's experts are sharded over tensor x data parallel ranks (vLLM's FusedMoE), the rest over tensor ranks
+    rest = model.weights_bytes - model.expert_bytes
+    return replace(model, weights_bytes=math.ceil(rest / (tp * pp)) + math.ceil(model.expert_bytes / (tp * pp * dp)),
+                   expert_bytes=math.ceil(model.expert_bytes / (tp * pp * dp)),
                    num_layers=math.ceil(model.num_layers / pp) if model.num_layers else 0,
                    num_kv_heads=max(1, model.num_kv_heads // tp) if model.num_kv_heads else 0)
 

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from optimizer.config.model import inspect_model, model_info
-from optimizer.config.weights import estimated_weights_bytes, mixture_layers, quantized_bits
+from optimizer.config.weights import MXFP4_BITS, NVFP4_BITS, estimated_weights_bytes, mixture_layers, quantized_bits
+from optimizer.params.accuracy import accuracy_line
+from optimizer.params.parallel import per_gpu
 from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
 
 MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json, the fields read
@@ -57,6 +59,7 @@ def test_which_layers_are_mixtures_follows_the_models_own_keys():
     assert sum(mixture_layers({**QWEN3_30B_A3B, "decoder_sparse_step": 2, "mlp_only_layers": [1]})) == 23
     assert mixture_layers({**LLAMA4_SCOUT_TEXT, "interleave_moe_layer_step": 2})[:4] == [False, True, False, True]
     assert not any(mixture_layers({**MIXTRAL_8X7B, "num_local_experts": 0}))  # a dense model
+    assert not any(mixture_layers({**LLAMA4_SCOUT_TEXT, "interleave_moe_layer_step": 0}))  # vLLM: no mixture layers
 
 
 def test_a_quantized_checkpoint_counts_its_stored_width():
@@ -68,7 +71,18 @@ def test_a_quantized_checkpoint_counts_its_stored_width():
     assert awq == pytest.approx(0.26e9 * 2 + 46.4e9 / 2, rel=0.02)
     w8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 8}}}}
     assert quantized_bits(w8) == (8.0, False)
-    assert quantized_bits({"quant_method": "bitsandbytes", "load_in_4bit": True}) == (4.0, False)
+    mixed = {"quant_method": "compressed-tensors", "config_groups": {"attn": {"weights": {"num_bits": 8}},
+                                                                      "experts": {"weights": {"num_bits": 4}}}}
+    assert quantized_bits(mixed) == (4.0, False)  # the narrowest: undercounted, never over
+    assert quantized_bits({"quant_method": "bitsandbytes", "load_in_4bit": True}) is None  # not a vLLM 0.32 method
+    # stored 4-bit whatever their names say: fp_quant's mxfp4/nvfp4, ModelOpt's NVFP4, DeepSeek V4's experts
+    assert quantized_bits({"quant_method": "fp_quant", "forward_dtype": "mxfp4"}) == (MXFP4_BITS, False)
+    assert quantized_bits({"quant_method": "fp_quant", "forward_dtype": "nvfp4"}) == (NVFP4_BITS, False)
+    assert quantized_bits({"quant_method": "modelopt", "quant_algo": "NVFP4"}) == (NVFP4_BITS, False)
+    assert quantized_bits({"quant_method": "modelopt", "quant_algo": "FP8"}) == (8.0, False)
+    v4 = {**DEEPSEEK_V3, "model_type": "deepseek_v4"}
+    assert quantized_bits(DEEPSEEK_FP8, v4) == (MXFP4_BITS, True)
+    assert quantized_bits(DEEPSEEK_FP8, {**v4, "expert_dtype": "fp8"}) == (8.0, False)
 
 
 def test_a_quantization_it_does_not_know_leaves_the_weights_unknown():
@@ -90,3 +104,45 @@ def test_mixtral_from_its_config_needs_two_h100s(tmp_path):
     assert memory_problems(estimate({**params, "tensor_parallel_size": 2}, info, "cuda", H100, 500)) == []
     awq = model_info({**MIXTRAL_8X7B, "quantization_config": {"quant_method": "awq", "bits": 4}}, "awq")
     assert memory_problems(estimate(params, awq, "cuda", H100, 500)) == []
+
+
+def test_an_older_modelopt_checkpoint_is_read_from_its_hf_quant_config(tmp_path):
+    """ModelOpt <= 0.29 wrote its quantization to hf_quant_config.json, not config.json; vLLM reads it there. Counted at
+    bf16 an FP8 checkpoint of Mixtral looked twice its size."""
+    d = tmp_path / "mixtral-fp8"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(MIXTRAL_8X7B))
+    (d / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.19.0"},
+                                                        "quantization": {"quant_algo": "FP8"}}))
+    assert 43 * GIB < inspect_model(str(d), dummy_weights=True).weights_bytes < 45 * GIB  # 46.4B at 1 byte, 0.26B at 2
+
+
+def test_a_mixtures_experts_are_split_over_data_parallel_ranks_too():
+    """vLLM's FusedMoE shards the experts over tensor x data parallel ranks; attention and embeddings are replicated
+    on each data parallel rank. Mixtral at TP=1, DP=2 holds ~48 GB a GPU, not 93."""
+    info = model_info(MIXTRAL_8X7B, "mixtral")
+    assert info.expert_bytes == pytest.approx(2 * 45.1e9, rel=0.01)
+    dp2 = per_gpu(info, {"data_parallel_size": 2})
+    assert dp2.weights_bytes == pytest.approx((info.weights_bytes - info.expert_bytes) + info.expert_bytes / 2, abs=2)
+    assert 46e9 < dp2.weights_bytes < 50e9
+    tp2 = per_gpu(info, {"tensor_parallel_size": 2})
+    assert tp2.weights_bytes == pytest.approx(info.weights_bytes / 2, abs=2)
+    measured = model_info(MIXTRAL_8X7B, "mixtral", weights_bytes=int(90e9))  # files on disk: the estimate's share
+    assert measured.expert_bytes == pytest.approx(90e9 * info.expert_bytes / info.weights_bytes, rel=1e-6)
+
+
+def test_only_what_changes_the_models_numbers_asks_for_an_accuracy_check():
+    assert "kv_cache_dtype=fp8" in accuracy_line({"kv_cache_dtype": "fp8"})
+    assert "quantization=fp8" in accuracy_line({"quantization": "fp8"})  # made on the fly from a 16-bit checkpoint
+    assert accuracy_line({"quantization": "gptq_marlin"}) is None  # a kernel of the checkpoint's own format
+    assert accuracy_line({"kv_cache_dtype": "bfloat16", "max_num_seqs": 64}) is None
+
+
+def test_a_float32_checkpoint_counts_as_vllm_serves_it_in_16_bits():
+    """vLLM's dtype auto downcasts a float32 checkpoint (on every GPU and CPU it supports): its files hold 4 bytes a
+    parameter, its engine 2. Counted at 4 the preflight asked for twice the memory; served as float32 it is 4 again."""
+    f32 = {**MIXTRAL_8X7B, "num_local_experts": 0, "torch_dtype": "float32"}
+    info = model_info(f32, "m", weights_bytes=int(4 * 7.2e9))  # the files: 7.2B parameters in float32
+    assert info.dtype == "float32" and info.dtype_bytes == 2 and info.weights_bytes == int(2 * 7.2e9)
+    assert info.kv_bytes_per_token == model_info({**f32, "torch_dtype": "bfloat16"}, "m").kv_bytes_per_token
+    assert info.served_as("float32").weights_bytes == int(4 * 7.2e9)

@@ -214,3 +214,24 @@ def test_a_study_made_before_fingerprints_named_the_allocator_ran_on_glibc():
     assert allocator_line("cpu", "jemalloc", "libtcmalloc_minimal.so.4") is None  # a preload of the user's own
     assert allocator_line("cuda", "tcmalloc", "libtcmalloc_minimal.so.4") is None
 
+
+
+def test_a_searched_fp8_kv_cache_is_exported_with_the_accuracy_check_it_did_not_get(syn):
+    """An fp8 KV cache the search chose changes what the model computes; the study measured speed with token ids. The
+    export says so (printed by `optimize export` and in every file's header); one the user fixed is theirs."""
+    study, config, tmp_path = syn
+    t = recommended(study)
+    kv = optuna.distributions.CategoricalDistribution(["auto", "fp8"])
+    ran = {**t.user_attrs.get("engine_params", {}), "kv_cache_dtype": "fp8"}
+    fp8 = optuna.trial.create_trial(values=t.values, params={**t.params, "kv_cache_dtype": "fp8"},
+                                    distributions={**t.distributions, "kv_cache_dtype": kv},
+                                    user_attrs={**t.user_attrs, "engine_params": ran})
+    fp8.number = t.number
+    done = export_all(fp8, config, tmp_path / "out", config.model)
+    line = next(n for n in done.notes if n.startswith("Not checked: kv_cache_dtype=fp8"))
+    assert "accuracy" in line and "--kv-cache-dtype fp8" in done.command
+    for path in (done.yaml_path, done.compose_path):
+        assert f"# {line}" in path.read_text()
+    assert not any("Not checked" in n for n in export_all(t, config, tmp_path / "plain", config.model).notes)
+    fixed = config.model_copy(update={"engine_args": {**config.engine_args, "kv_cache_dtype": "fp8"}})
+    assert not any("Not checked" in n for n in export_all(t, fixed, tmp_path / "fixed", config.model).notes)
