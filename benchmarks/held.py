@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import shutil
 import statistics
 import sys
@@ -57,7 +58,8 @@ from optimizer.measurement.metrics import summarize  # noqa: E402
 from optimizer.measurement.replay import replay  # noqa: E402
 from optimizer.measurement.workload import build_workload  # noqa: E402
 from optimizer.config.model import inspect_model  # noqa: E402
-from optimizer.search.attrs import BASELINE, ENGINE_PARAMS, RESULT, RUN  # noqa: E402
+from optimizer.search.attrs import BASELINE, ENGINE_PARAMS, RUN  # noqa: E402
+from optimizer.search.confirmed import run_rate_rps  # noqa: E402
 from optimizer.search.runner import engine_base_args, model_path, prepare  # noqa: E402
 from optimizer.search.study import default_storage_url, storage_for  # noqa: E402
 
@@ -160,8 +162,9 @@ def decided(studies_dir: Path, name: str):
 
 def defaults_now(config, studies_dir: Path, trials: int) -> list[float]:
     """vLLM's defaults' rate at the limit now: `trials` trials through the study's own objective (engine start,
-    warm-up, probes sized by evidence, the pooled fit), early stopping off, on a scratch copy of the study's SQLite
-    database (the study itself is not written)."""
+    warm-up, probes sized by evidence, the pooled fit's rate, read as a confirmation run's: `run_rate_rps`), early
+    stopping off, on a scratch copy of the study's SQLite database (the study itself is not written); trials that met
+    the limit nowhere are left out."""
     url = default_storage_url(config.study_name, studies_dir)
     if not url.startswith("sqlite:///"):
         raise SystemExit("--rescale copies the study's SQLite database; this study is not in one")
@@ -176,8 +179,8 @@ def defaults_now(config, studies_dir: Path, trials: int) -> list[float]:
         for _ in range(trials):
             prepared.study.enqueue_trial({}, user_attrs={**RUN.item(True), **BASELINE.item(True)})
         prepared.study.optimize(prepared.objective, n_trials=trials)
-        rates = [RESULT.of(t).get("rate_rps") for t in prepared.study.trials[before:]]
-    return [r for r in rates if r is not None]
+        rates = [run_rate_rps(t) for t in prepared.study.trials[before:]]  # the pooled fit's, as a round's run
+    return [r for r in rates if 0 < r < math.inf]
 
 
 def main() -> None:
@@ -215,8 +218,8 @@ def main() -> None:
     if args.rescale:
         base_run = c.base
         then = c.rate_interval(base_run).median if base_run is not None else None
-        if then is None:
-            raise SystemExit("--rescale needs vLLM's defaults in the study's rounds")
+        if not (then and math.isfinite(then) and then > 0):
+            raise SystemExit("--rescale needs vLLM's defaults with a rate at the limit in the study's rounds")
         now = defaults_now(config, Path(args.studies_dir), args.rescale)
         if not now:
             raise SystemExit("--rescale: vLLM's defaults met the limit at no rate now")

@@ -241,7 +241,8 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16").removeprefix("torch.")
     dtype_bytes = dtype_size(dtype)
     if dtype_bytes == 4:  # vLLM's dtype "auto" serves a float32 checkpoint in 16 bits (config/model.py
-        weights_bytes, dtype_bytes = weights_bytes // 2, 2  # _resolve_auto_dtype), its weights and KV cache alike
+        dtype_bytes = 2  # _resolve_auto_dtype), its weights and KV cache alike; packed quantized weights stay as stored
+        weights_bytes = weights_bytes if config.get("quantization_config") else weights_bytes // 2
     # estimated from the architecture, every expert of a mixture counted (config/weights.py); measured weights keep the
     # estimate's share of experts (by parameters where the quantization is one it does not know)
     known = weights_split(text_config, dtype_bytes, config.get("quantization_config"))

@@ -17,9 +17,9 @@ router. Which layers are mixtures follows the model's own config keys:
 Quantized checkpoints (`quantization_config`, or an older ModelOpt checkpoint's `hf_quant_config.json`) count their
 linear layers at the stored width: GPTQ/AWQ `bits`, compressed-tensors' narrowest weight `num_bits` (a mixed checkpoint
 is undercounted, never over), FP8 1 byte, MXFP4 4.25 bits (gpt-oss's experts; fp_quant's mxfp4), NVFP4 4.5, DeepSeek
-V4's experts in MXFP4 unless its `expert_dtype` is fp8; embeddings stay in the checkpoint's dtype. A quantization this
-does not know leaves the weights unknown (0: the preflight then checks the rest and vLLM's own start decides), never a
-guess at full width that would prune configs that fit.
+V4's experts in MXFP4 unless its `expert_dtype` is fp8 and the rest in FP8; embeddings stay in the checkpoint's
+dtype. A quantization this does not know leaves the weights unknown (0: the preflight then checks the rest and
+vLLM's own start decides), never a guess at full width that would prune configs that fit.
 
 The experts' share is kept apart (`weights_split`): vLLM shards a mixture's experts over tensor x data parallel ranks
 (its FusedMoE flattens the two, expert parallelism or not), the rest over tensor ranks only.
@@ -94,31 +94,32 @@ def mlp_params(cfg: dict[str, Any], mixture: bool) -> tuple[int, int]:
     return experts * 3 * h * size, shared + h * experts
 
 
-def quantized_bits(q: Any, cfg: dict[str, Any] | None = None) -> tuple[float, bool] | None:
-    """(bits a quantized linear weight is stored in, whether only the experts are) for a checkpoint's
-    `quantization_config` (`cfg`: the model's config, for DeepSeek V4's experts); (16, False) without one (the caller
-    caps it at the dtype's width); None: a quantization this does not know."""
+def quantized_bits(q: Any, cfg: dict[str, Any] | None = None) -> tuple[float, float] | None:
+    """(bits a mixture's expert weight is stored in, bits the other linear weights are) for a checkpoint's
+    `quantization_config` (`cfg`: the model's config, for DeepSeek V4's experts); (16, 16) without one (the caller
+    caps both at the dtype's width); None: a quantization this does not know."""
     if not isinstance(q, dict):
-        return 16.0, False
+        return 16.0, 16.0
     method = str(q.get("quant_method") or "").lower()
-    if str((cfg or {}).get("model_type", "")).startswith("deepseek_v4") and (cfg or {}).get("expert_dtype") != "fp8":
-        return MXFP4_BITS, True  # vLLM keeps V4's experts in MXFP4 (its attention in FP8: undercounted, never over)
+    if str((cfg or {}).get("model_type", "")).startswith("deepseek_v4"):  # vLLM keeps V4's experts in MXFP4 (unless
+        return (8.0 if (cfg or {}).get("expert_dtype") == "fp8" else MXFP4_BITS), 8.0  # fp8), the rest in FP8
     if method in ("mxfp4", "gpt_oss_mxfp4"):
-        return MXFP4_BITS, True
+        return MXFP4_BITS, 16.0  # gpt-oss: experts only, attention in the checkpoint's dtype
     if method == "fp_quant":
-        return (NVFP4_BITS if str(q.get("forward_dtype", "")).lower() == "nvfp4" else MXFP4_BITS), False
+        bits = NVFP4_BITS if str(q.get("forward_dtype", "")).lower() == "nvfp4" else MXFP4_BITS
+        return bits, bits
     if method in FP8_METHODS:
-        return 8.0, False
+        return 8.0, 8.0
     if method.startswith("modelopt") or "quant_algo" in q or isinstance(q.get("quantization"), dict):
         algo = str(q.get("quant_algo") or (q.get("quantization") or {}).get("quant_algo") or "").upper()
-        return (8.0, False) if algo == "FP8" else (NVFP4_BITS, False) if algo == "NVFP4" else None
+        return (8.0, 8.0) if algo == "FP8" else (NVFP4_BITS, NVFP4_BITS) if algo == "NVFP4" else None
     if method == "compressed-tensors":
         widths = [g.get("weights", {}).get("num_bits") for g in (q.get("config_groups") or {}).values()
                   if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
         widths = [w for w in widths if isinstance(w, int)]
-        return (float(min(widths)), False) if widths else None
+        return (float(min(widths)),) * 2 if widths else None
     bits = _int(q, "bits", "w_bit", "weight_bits")
-    return (float(bits), False) if bits else None
+    return (float(bits), float(bits)) if bits else None
 
 
 def weights_split(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = None) -> tuple[int, int] | None:
@@ -128,7 +129,7 @@ def weights_split(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = Non
     stored = quantized_bits(cfg.get("quantization_config") if quantization is None else quantization, cfg)
     if stored is None:
         return None
-    bits, experts_only = stored
+    expert_bits, dense_bits = stored
     h, vocab = _int(cfg, "hidden_size"), _int(cfg, "vocab_size", default=32000)
     embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
     experts = dense = 0
@@ -137,9 +138,8 @@ def weights_split(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = Non
         e, rest = mlp_params(cfg, mixture)
         experts, dense = experts + e, dense + rest + attention
     full = dtype_bytes * 8.0
-    dense_bits = full if experts_only or bits >= full else bits
-    expert_bytes = int(experts * min(bits, full) / 8)
-    return int(embeddings * dtype_bytes + dense * dense_bits / 8) + expert_bytes, expert_bytes
+    expert_bytes = int(experts * min(expert_bits, full) / 8)
+    return int(embeddings * dtype_bytes + dense * min(dense_bits, full) / 8) + expert_bytes, expert_bytes
 
 
 def estimated_weights_bytes(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = None) -> int:

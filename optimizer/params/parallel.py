@@ -2,7 +2,8 @@
 
 vLLM splits the weights over tensor x pipeline parallel ranks, and the KV cache's heads over tensor-parallel ranks
 (each rank keeps max(1, kv_heads // tp) of them: vLLM replicates KV heads when tp exceeds their count), layers over
-pipeline ranks. Data-parallel replicas each hold a whole copy. Memory is checked per GPU, against the smallest GPU
+pipeline ranks. Data-parallel replicas each hold a whole copy, but for a mixture's experts, which vLLM's FusedMoE
+shards over tensor x data parallel ranks. Memory is checked per GPU, against the smallest GPU
 the config uses; throughput is compared per GPU when layouts differ.
 """
 

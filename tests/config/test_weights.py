@@ -70,19 +70,19 @@ def test_a_quantized_checkpoint_counts_its_stored_width():
     awq = estimated_weights_bytes(MIXTRAL_8X7B, 2, {"quant_method": "awq", "bits": 4, "group_size": 128})
     assert awq == pytest.approx(0.26e9 * 2 + 46.4e9 / 2, rel=0.02)
     w8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 8}}}}
-    assert quantized_bits(w8) == (8.0, False)
+    assert quantized_bits(w8) == (8.0, 8.0)
     mixed = {"quant_method": "compressed-tensors", "config_groups": {"attn": {"weights": {"num_bits": 8}},
                                                                       "experts": {"weights": {"num_bits": 4}}}}
-    assert quantized_bits(mixed) == (4.0, False)  # the narrowest: undercounted, never over
+    assert quantized_bits(mixed) == (4.0, 4.0)  # the narrowest: undercounted, never over
     assert quantized_bits({"quant_method": "bitsandbytes", "load_in_4bit": True}) is None  # not a vLLM 0.32 method
     # stored 4-bit whatever their names say: fp_quant's mxfp4/nvfp4, ModelOpt's NVFP4, DeepSeek V4's experts
-    assert quantized_bits({"quant_method": "fp_quant", "forward_dtype": "mxfp4"}) == (MXFP4_BITS, False)
-    assert quantized_bits({"quant_method": "fp_quant", "forward_dtype": "nvfp4"}) == (NVFP4_BITS, False)
-    assert quantized_bits({"quant_method": "modelopt", "quant_algo": "NVFP4"}) == (NVFP4_BITS, False)
-    assert quantized_bits({"quant_method": "modelopt", "quant_algo": "FP8"}) == (8.0, False)
+    assert quantized_bits({"quant_method": "fp_quant", "forward_dtype": "mxfp4"}) == (MXFP4_BITS, MXFP4_BITS)
+    assert quantized_bits({"quant_method": "fp_quant", "forward_dtype": "nvfp4"}) == (NVFP4_BITS, NVFP4_BITS)
+    assert quantized_bits({"quant_method": "modelopt", "quant_algo": "NVFP4"}) == (NVFP4_BITS, NVFP4_BITS)
+    assert quantized_bits({"quant_method": "modelopt", "quant_algo": "FP8"}) == (8.0, 8.0)
     v4 = {**DEEPSEEK_V3, "model_type": "deepseek_v4"}
-    assert quantized_bits(DEEPSEEK_FP8, v4) == (MXFP4_BITS, True)
-    assert quantized_bits(DEEPSEEK_FP8, {**v4, "expert_dtype": "fp8"}) == (8.0, False)
+    assert quantized_bits(DEEPSEEK_FP8, v4) == (MXFP4_BITS, 8.0)  # its attention and shared experts in FP8
+    assert quantized_bits(DEEPSEEK_FP8, {**v4, "expert_dtype": "fp8"}) == (8.0, 8.0)
 
 
 def test_a_quantization_it_does_not_know_leaves_the_weights_unknown():
