@@ -30,6 +30,7 @@ ARM_BF16_FEATURES = ("bf16",)
 RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
                   "amx_int8", "asimd", "sve", "bf16", "i8mm")
 HALF_DTYPES = ("bfloat16", "float16", "half", "bf16", "fp16")
+FULL_DTYPES = ("float32", "float", "fp32")
 TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")  # as the dynamic loader names them: libtcmalloc_minimal.so.4
 ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")  # an LD_PRELOAD naming one of these already chose its allocator
 TCMALLOC_SONAME = "libtcmalloc_minimal.so.4"  # Debian's libtcmalloc-minimal4, where the exporting machine has none
@@ -124,8 +125,17 @@ class DtypeChoice:
 
 
 def choose_dtype(model_dtype: str, device: str, cpu: CpuInfo) -> DtypeChoice:
-    """Pure: float32 for a half-precision model on a CPU without native bf16; else the model's own dtype."""
+    """Pure: float32 for a half-precision or float32 model on a CPU without native bf16 (vLLM's dtype "auto" serves a
+    float32 model in bfloat16 on x86 and on GPUs: its `_resolve_auto_dtype`); else vLLM's own choice."""
     own = model_dtype.replace("torch.", "")
+    if own in FULL_DTYPES:
+        if device != "cpu":
+            return DtypeChoice(None, f"16-bit, as vLLM serves a {own} model on {device} (its dtype auto)")
+        if not cpu.native_bf16:
+            return DtypeChoice("float32", f"the model is {own}, which vLLM would serve in bfloat16, but "
+                                          f"{cpu.bf16_evidence}: emulated, several times slower than float32")
+        return DtypeChoice(None, f"bfloat16, as vLLM serves a {own} model (its dtype auto); {cpu.bf16_evidence}: "
+                                 f"native half precision")
     if device != "cpu":
         return DtypeChoice(None, f"the model's own ({own}) on {device}")
     if own in HALF_DTYPES and not cpu.native_bf16:

@@ -63,7 +63,12 @@ def test_float32_for_a_half_model_on_a_cpu_without_native_bf16():
     assert slow.dtype == "float32" and "no avx512_bf16 or amx_bf16" in slow.reason
     assert choose_dtype("float16", "cpu", epyc).dtype == "float32"
     assert choose_dtype("bfloat16", "cpu", xeon).dtype is None  # the model's own
-    assert choose_dtype("float32", "cpu", epyc).dtype is None
+    # vLLM's dtype auto serves a float32 model in bfloat16 (x86 CPUs, GPUs): emulated on the EPYC, so float32 there
+    full = choose_dtype("float32", "cpu", epyc)
+    assert full.dtype == "float32" and "vLLM would serve in bfloat16" in full.reason
+    native = choose_dtype("float32", "cpu", xeon)
+    assert native.dtype is None and native.reason.startswith("bfloat16, as vLLM serves a float32 model")
+    assert choose_dtype("float32", "cuda", epyc).dtype is None
     assert choose_dtype("bfloat16", "cuda", epyc).dtype is None  # a GPU computes bf16 whatever the host CPU
 
 
