@@ -18,6 +18,7 @@ from typing import Any
 
 from optimizer.config.weights import weights_split
 from optimizer.core.errors import UsageError
+from optimizer.hardware.machine import FULL_DTYPES
 
 @dataclass(frozen=True)
 class DemoShape:
@@ -283,4 +284,4 @@ def uses_mla(text_config: dict, env: Mapping[str, str] | None = None) -> bool:
 
 def dtype_size(dtype: str) -> int:
     """Bytes per value of a torch dtype name (float32/float -> 4, the half types -> 2)."""
-    return 4 if dtype.removeprefix("torch.") in ("float32", "float", "fp32") else 2
+    return 4 if dtype.removeprefix("torch.") in FULL_DTYPES else 2
