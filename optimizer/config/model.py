@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from optimizer.config.layers import cache_layers, indexer_bytes_per_token
 from optimizer.config.weights import weights_split
 from optimizer.core.errors import UsageError
 from optimizer.hardware.machine import FULL_DTYPES
@@ -85,6 +86,11 @@ MLA_MODEL_TYPES = frozenset({
     "kimi_linear", "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid", "bailing_hybrid_mtp",
     "bailing_hybrid_v3_mtp", "hy_v4", "hy_v4_mtp"})
 
+# Of them, those whose vLLM class reads `use_mla` and builds ordinary attention when VLLM_MLA_DISABLE is set
+# (deepseek_v2.py, AXK1.py, glm4_moe_lite.py, openpangu.py); the others keep their latent whatever it says
+MLA_SWITCHABLE = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_mtp", "kimi_k2", "axk1", "glm4_moe_lite",
+                            "glm4_moe_lite_mtp", "pangu_ultra_moe", "pangu_ultra_moe_mtp"})
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -101,6 +107,15 @@ class ModelInfo:
     dtype: str = "bfloat16"  # the checkpoint's (config.json torch_dtype)
     mla: bool = False  # multi-head latent attention (DeepSeek V2/V3, Kimi K2): one latent per token and layer
     expert_bytes: int = 0  # of weights_bytes, a mixture's experts (sharded over data parallel ranks too)
+    # DeepSeek V3.2's sparse attention: each indexer layer's own cache of fp8 keys and their scales, per token over
+    # all layers (`indexer_bytes_per_token`); in bytes whatever the KV cache's dtype, on every tensor-parallel rank
+    indexer_bytes: int = 0
+    # the two caches VLLM_MLA_DISABLE chooses between, for a model whose MLA it can turn off: (the latent's head
+    # size, the heads and head size with MLA off); () where it chooses nothing (`under_env`)
+    mla_switch: tuple[int, ...] = ()
+    # of num_layers (the layers with a per-token cache: config/layers.py), those with a sliding window of so many tokens
+    sliding_layers: int = 0
+    sliding_window: int = 0
 
     def served_as(self, dtype: str | None) -> ModelInfo:
         """The same model served in `dtype` (None or "auto": its own): weights and KV cache in that many bytes."""
@@ -112,11 +127,37 @@ class ModelInfo:
         return replace(self, dtype_bytes=size, weights_bytes=self.weights_bytes * size // self.dtype_bytes,
                        expert_bytes=self.expert_bytes * size // self.dtype_bytes, dtype=dtype)
 
+    def under_env(self, env: Mapping[str, str]) -> ModelInfo:
+        """Pure: the model as vLLM runs it where `env` (a trial's `env:` parameters) sets VLLM_MLA_DISABLE, which
+        this process's own environment decided at `model_info`: the latent cache, or every head's keys and values."""
+        if not self.mla_switch or "VLLM_MLA_DISABLE" not in env:
+            return self
+        mla = mla_enabled(env)
+        latent, heads, head_dim = self.mla_switch
+        return replace(self, mla=mla, num_kv_heads=1 if mla else heads, head_dim=latent if mla else head_dim)
+
     @property
     def kv_bytes_per_token(self) -> int:
         """Keys and values of one token over all layers (0 when the architecture is not understood); with MLA the one
-        latent vector vLLM caches instead (its MLAAttentionSpec: one head of kv_lora_rank + qk_rope_head_dim, no V)."""
-        return (1 if self.mla else 2) * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        latent vector vLLM caches instead (its MLAAttentionSpec: one head of kv_lora_rank + qk_rope_head_dim, no V),
+        and a sparse model's indexer caches beside it."""
+        return self.num_layers * self.kv_bytes_per_layer + self.indexer_bytes if self.head_dim else 0
+
+    @property
+    def kv_bytes_per_layer(self) -> int:
+        """One token's cache in one attention layer (the indexer's aside)."""
+        return (1 if self.mla else 2) * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def kv_bytes_one_sequence(self, max_model_len: int, in_flight_tokens: int = 0, windows_kept: bool = True) -> int:
+        """At least the cache one sequence of `max_model_len` tokens needs, as vLLM checks it at start (`kv_cache_utils.
+        check_enough_kv_cache_memory`, from each layer's `max_memory_usage_bytes`): a sliding layer keeps its window and
+        the `in_flight_tokens` (max_num_batched_tokens, the least vLLM keeps in flight; 0 where unknown) where
+        `windows_kept` (config/layers.py says where), else every token as full attention does."""
+        full = self.kv_bytes_per_token * max_model_len
+        if not (windows_kept and self.sliding_layers and self.sliding_window) or not self.head_dim:
+            return full
+        kept = min(self.sliding_window - 1 + in_flight_tokens, max_model_len)
+        return full - self.sliding_layers * self.kv_bytes_per_layer * (max_model_len - kept)
 
 
 def cache_dir() -> Path:
@@ -197,7 +238,7 @@ def inspect_model(model: str, dummy_weights: bool = False) -> ModelInfo:
             raise UsageError(f"cannot load model {model!r} from the hub ({type(exc).__name__}): check the id, the "
                              f"network and HF_TOKEN, or give a local directory") from None
         resolved = model
-    weights = safetensors_weights_bytes(Path(resolved)) if looks_local else 0
+    weights = safetensors_weights_bytes(Path(resolved), config.get("text_config") or config) if looks_local else 0
     legacy = Path(resolved) / "hf_quant_config.json"  # ModelOpt <= 0.29 wrote its quantization here (vLLM reads it)
     if looks_local and "quantization_config" not in config and legacy.is_file():
         try:
@@ -207,8 +248,9 @@ def inspect_model(model: str, dummy_weights: bool = False) -> ModelInfo:
     return model_info(config, resolved, 0 if dummy_weights else weights)
 
 
-def safetensors_weights_bytes(path: Path) -> int:
-    """Bytes of the safetensors files vLLM loads from a local directory, each counted once.
+def safetensors_weights_bytes(path: Path, text_config: dict | None = None) -> int:
+    """Bytes of the safetensors files vLLM loads from a local directory, each counted once, less the multi-token
+    prediction layers of `text_config`'s model (`spec_layer_bytes`), which the base model does not load.
 
     As vLLM 0.32's DefaultModelLoader chooses them (`_prepare_weights`, load_format auto): a directory with
     `consolidated*.safetensors` is loaded in the Mistral format (those files, filtered by
@@ -225,7 +267,31 @@ def safetensors_weights_bytes(path: Path) -> int:
         except (json.JSONDecodeError, KeyError, AttributeError, TypeError):
             raise UsageError(f"{index} is not a safetensors index (no weight_map): fix or remove it") from None
         files = [f for f in files if f.name in named]
-    return sum(f.stat().st_size for f in files)
+    return sum(f.stat().st_size for f in files) - (spec_layer_bytes(files, text_config) if text_config else 0)
+
+
+def spec_layer_bytes(files: list[Path], text_config: dict) -> int:
+    """Bytes of the tensors of a checkpoint's multi-token prediction layers (DeepSeek V3's and GLM-4.5's
+    `num_nextn_predict_layers` past `num_hidden_layers`, Qwen3-Next's `mtp.`), read from each file's safetensors header:
+    vLLM's base model skips them (models/utils.py `skip_spec_layers`, qwen3_next.py's `mtp.` mapper); only an MTP
+    draft loads them. DeepSeek-V3's one layer holds ~11.5 GB of its 688: 1.4 GiB a GPU at TP=8. 0 where a header
+    cannot be read."""
+    base, extra = int(text_config.get("num_hidden_layers") or 0), int(text_config.get("num_nextn_predict_layers") or 0)
+    if not extra and text_config.get("model_type") != "qwen3_next":
+        return 0
+    prefixes = tuple(f"{head}layers.{base + i}." for i in range(extra)
+                     for head in ("model.", "", "model.language_model.")) + ("mtp.",)
+    total = 0
+    for f in files:
+        try:
+            with f.open("rb") as fh:
+                size = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(size)) if 0 < size < 1 << 27 else {}
+        except (OSError, ValueError):
+            return 0
+        total += sum(int(t["data_offsets"][1]) - int(t["data_offsets"][0]) for name, t in header.items()
+                     if name.startswith(prefixes) and isinstance(t, dict) and "data_offsets" in t)
+    return total
 
 
 def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
@@ -235,7 +301,8 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     vocab = int(text_config.get("vocab_size") or 32000)
     hidden = int(text_config.get("hidden_size") or 0)
     heads = int(text_config.get("num_attention_heads") or 0)
-    layers = int(text_config.get("num_hidden_layers") or 0)
+    cached = cache_layers(text_config)
+    layers = cached.attention
     kv_heads = int(text_config.get("num_key_value_heads") or heads)
     head_dim = int(text_config.get("head_dim") or (hidden // heads if heads else 0))
     mla = uses_mla(text_config)
@@ -251,23 +318,33 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     weights = weights_bytes or (known[0] if known else 0)
     experts = int(weights * share[1] / share[0]) if share and share[0] else 0
     rope, nope = int(text_config.get("qk_rope_head_dim") or 0), int(text_config.get("qk_nope_head_dim") or 0)
-    if mla and "compress_ratios" in text_config:  # DeepSeek V4's compressed, sparse cache: not modelled, unchecked
-        kv_heads, head_dim = 1, 0
-    elif mla:  # vLLM caches one latent per token and layer, on every tensor-parallel rank alike (1 KV head)
-        kv_heads, head_dim = 1, int(text_config["kv_lora_rank"]) + rope
-    elif text_config.get("model_type") in MLA_MODEL_TYPES and text_config.get("kv_lora_rank") is not None \
-            and rope and nope:  # MLA turned off (VLLM_MLA_DISABLE): vLLM's head size for it
-        head_dim = rope + nope
+    latent = uses_mla(text_config, {})  # whatever VLLM_MLA_DISABLE says
+    switch: tuple[int, ...] = ()
+    if latent and text_config.get("model_type") in MLA_SWITCHABLE and "compress_ratios" not in text_config \
+            and "index_topk" not in text_config and rope and nope:
+        # VLLM_MLA_DISABLE builds DeepseekV2Attention: K of rope + nope and V padded to it, for every attention head
+        # (vllm/model_executor/models/deepseek_v2.py); a sparse model (index_topk) keeps its latent whatever it says
+        switch = (int(text_config["kv_lora_rank"]) + rope, heads, rope + nope)
+    indexer = 0
+    if latent and "compress_ratios" in text_config:  # DeepSeek V4's compressed, sparse cache: not modelled, unchecked
+        mla, kv_heads, head_dim = True, 1, 0
+    elif latent and (mla or not switch):
+        # vLLM caches one latent per token and layer, on every tensor-parallel rank alike (1 KV head)
+        mla, kv_heads, head_dim = True, 1, int(text_config["kv_lora_rank"]) + rope
+        indexer = indexer_bytes_per_token(text_config)
+    elif switch:  # MLA turned off (VLLM_MLA_DISABLE in this process's environment)
+        kv_heads, head_dim = switch[1], switch[2]
     return ModelInfo(path=path, vocab_size=vocab, max_len=max_len, num_layers=layers, num_kv_heads=kv_heads,
                      head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights), dtype=dtype, mla=mla,
-                     expert_bytes=experts)
+                     expert_bytes=experts, indexer_bytes=indexer, mla_switch=switch, sliding_layers=cached.sliding,
+                     sliding_window=cached.window)
 
 
 def uses_mla(text_config: dict, env: Mapping[str, str] | None = None) -> bool:
     """Pure: whether vLLM 0.32 runs the model with multi-head latent attention, as its `is_deepseek_mla` and `use_mla`
     decide: a model type of its list with a `kv_lora_rank` (DeepSeek V4's sparse layout, `compress_ratios`: a
-    `head_dim`), not a bidirectional variant, and VLLM_MLA_DISABLE unset or 0 (in this process's environment; an
-    `env:VLLM_MLA_DISABLE` of the search space is not read here). Other models with a `kv_lora_rank` (MiniCPM3) run
+    `head_dim`), not a bidirectional variant, and VLLM_MLA_DISABLE unset or 0 (in this process's environment; a
+    trial's `env:VLLM_MLA_DISABLE`: `ModelInfo.under_env`). Other models with a `kv_lora_rank` (MiniCPM3) run
     ordinary attention."""
     if text_config.get("model_type") not in MLA_MODEL_TYPES or text_config.get("is_causal", True) is False:
         return False
@@ -276,8 +353,13 @@ def uses_mla(text_config: dict, env: Mapping[str, str] | None = None) -> bool:
             return False
     elif text_config.get("kv_lora_rank") is None:
         return False
+    return mla_enabled(os.environ if env is None else env)
+
+
+def mla_enabled(env: Mapping[str, str]) -> bool:
+    """Pure: VLLM_MLA_DISABLE in `env` unset or 0."""
     try:  # as vllm/envs.py reads it: bool(int(...)); a value it cannot read stops vLLM's own start anyway
-        return not int((os.environ if env is None else env).get("VLLM_MLA_DISABLE", "0"))
+        return not int(env.get("VLLM_MLA_DISABLE", "0"))
     except ValueError:
         return True
 

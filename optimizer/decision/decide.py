@@ -26,6 +26,7 @@ from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import beats, required_gain
 from optimizer.measurement.rerank import Answer, pareto_front, rank_curve, recommend
 from optimizer.measurement.sequential import FIRST_LOOK_ROUND, PROJECTED_ROUNDS, Outcome
+from optimizer.params.accuracy import accuracy_line
 from optimizer.params.deploy import label as deploy_label
 from optimizer.search.attrs import CURVE
 from optimizer.search.confirm import run_estimate_s
@@ -248,6 +249,8 @@ def caveats(d: Decision) -> list[str]:
         out.append(f"trial #{d.best.number}'s throughput is a lower bound: the highest Poisson rate it tried "
                    f"({rate_text(p.get('offered_rate_rps'))}) already meets the limit (TTFT P99 "
                    f"{format_ms(p['ttft_p99_ms'])}), so it may sustain more: {_measure_hint(d)}")
+    if d.best is not d.baseline and (line := accuracy_line(d.best.trial.params)):
+        out.append(line)  # the export says it too (decision/export.py): a deployer may read only the run's end
     confirmed = {c.number for c in d.confirmation.configs} if d.confirmed and d.confirmation else set()
     others = [v.number for v in d.views if v.ranked.answer == Answer.LOWER_BOUND and v is not d.best
               and v.number not in confirmed]

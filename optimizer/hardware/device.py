@@ -148,19 +148,30 @@ def _nvml_module(nvml: Any | None) -> Any:
 def visible_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) -> list[Gpu]:
     """Every GPU this process may use, in CUDA's order (CUDA_VISIBLE_DEVICES applied as `visible_indices` does),
     through NVML; under a list of MIG instances the one it uses (`visible_mig`), with that instance's memory; []
-    without NVML or a driver."""
+    without NVML or a driver, or where one of them cannot be read (`unreadable_gpus` names it)."""
+    gpus, unreadable = _read_visible(nvml, env)
+    return [] if unreadable else gpus
+
+
+def unreadable_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) -> list[int]:
+    """The physical indices (as `nvidia-smi` numbers them) of the GPUs this process would use that NVML cannot read:
+    lost, in reset. [] where every one reads, or there is no NVML at all."""
+    return _read_visible(nvml, env)[1]
+
+
+def _read_visible(nvml: Any | None, env: Mapping[str, str] | None) -> tuple[list[Gpu], list[int]]:
     env = os.environ if env is None else env
     try:
         nvml = _nvml_module(nvml)
         nvml.nvmlInit()
     except Exception:  # no nvidia-ml-py, no libnvidia-ml.so, no driver: no GPU for us
-        return []
+        return [], []
     try:
         visible = env.get("CUDA_VISIBLE_DEVICES")
         if visible is not None and visible.startswith(MIG_PREFIX):
             mig = visible_mig(visible)
-            return [] if mig is None else [_mig_gpu(nvml, mig)]
-        gpus = []
+            return ([] if mig is None else [_mig_gpu(nvml, mig)]), []
+        gpus, unreadable = [], []
         handles: list[Any] = []
         uuids: list[str] = []
         for i in range(int(nvml.nvmlDeviceGetCount())):
@@ -173,16 +184,19 @@ def visible_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = None) 
             uuids.append(uuid)
         for index in visible_indices(visible, uuids):
             handle, uuid = handles[index], uuids[index]
-            if handle is None:  # one this process would use: it cannot start on it
-                return []
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-            gpus.append(Gpu(index=index, uuid=uuid, name=str(nvml.nvmlDeviceGetName(handle)),
-                            memory_total_bytes=int(memory.total), memory_free_bytes=int(memory.free),
-                            compute_capability=(int(major), int(minor))))
-        return gpus
-    except Exception:  # a GPU it uses that NVML cannot read further: treat the host as having none we can use
-        return []
+            try:
+                if handle is None:  # one this process would use: it cannot start on it
+                    raise LookupError(index)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+                gpus.append(Gpu(index=index, uuid=uuid, name=str(nvml.nvmlDeviceGetName(handle)),
+                                memory_total_bytes=int(memory.total), memory_free_bytes=int(memory.free),
+                                compute_capability=(int(major), int(minor))))
+            except Exception:  # a GPU it uses that NVML cannot read further
+                unreadable.append(index)
+        return gpus, unreadable
+    except Exception:  # NVML failing as a whole (a MIG instance it cannot find): no GPU we can use
+        return [], []
     finally:
         try:
             nvml.nvmlShutdown()
@@ -224,11 +238,17 @@ def detect_device(nvml: Any | None = None, build: Build | None = None,
     build = installed_build() if build is None else build
     if build.device != CUDA:
         return CPU
-    if visible_gpus(nvml, env):
+    gpus, lost = _read_visible(nvml, env)  # one reading: a GPU lost in between is named, not missed
+    if gpus and not lost:
         return CUDA
     env = os.environ if env is None else env
     visible = env.get("CUDA_VISIBLE_DEVICES")
     named = "unset" if visible is None else repr(visible)
+    if lost:
+        which = ", ".join(str(i) for i in lost)
+        raise UsageError(f"NVML cannot read GPU {which} (as `nvidia-smi` numbers them), which this process would use "
+                         f"(CUDA_VISIBLE_DEVICES {named}): check it with `nvidia-smi -i {lost[0]}` (lost, or in "
+                         f"reset?), or leave it out of CUDA_VISIBLE_DEVICES")
     raise UsageError(f"vLLM's CUDA build ({build.describe()}) is installed, but NVML finds no GPU this process may "
                      f"use (CUDA_VISIBLE_DEVICES {named}): check the driver with `nvidia-smi` and "
                      f"CUDA_VISIBLE_DEVICES, or tune on this machine's CPU with the CPU build (./install.sh cpu in a "

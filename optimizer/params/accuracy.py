@@ -1,7 +1,7 @@
 """Pure: which searched engine arguments change what the model computes, not only how fast it serves. A study drives
 the engine with token ids and measures speed: it never sees an answer, so a recommendation that carries one of these
-says to check the model's accuracy before it is deployed (vLLM itself warns of an accuracy drop for an fp8 KV cache
-without calibrated scales)."""
+says to check the model's outputs before it is deployed (vLLM itself warns of an accuracy drop for an fp8 KV cache
+without calibrated scales, and of a crash or incorrect outputs with chunked prefill turned off)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,17 @@ def accuracy_line(searched: Mapping[str, Any]) -> str | None:
         changed["kv_cache_dtype"] = searched["kv_cache_dtype"]
     if searched.get("quantization") in ONLINE_QUANTIZATION:
         changed["quantization"] = searched["quantization"]
-    if not changed:
+    # vLLM 0.32 (engine/arg_utils.py) warns when it is turned off for a model that supports it: "may cause the engine
+    # to crash or produce incorrect outputs"
+    unsupported = searched.get("enable_chunked_prefill") is False
+    if not changed and not unsupported:
         return None
-    return ("Not checked: " + ", ".join(f"{k}={v}" for k, v in changed.items()) + " changes what the model computes, "
-            "not only its speed, and this study measured speed alone (token ids, no answers): check the model's "
-            "accuracy with it on your own task before deploying, or search without it.")
+    what = []
+    if changed:
+        what.append(", ".join(f"{k}={v}" for k, v in changed.items()) + " changes what the model computes, not only "
+                    "its speed")
+    if unsupported:
+        what.append("enable_chunked_prefill=False is not officially supported by vLLM for a model that supports "
+                    "chunked prefill (it warns that the engine may crash or produce incorrect outputs)")
+    return ("Not checked: " + "; ".join(what) + ". This study measured speed alone (token ids, no answers): check "
+            "the model's accuracy with it on your own task before deploying, or search without it.")

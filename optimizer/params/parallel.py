@@ -58,6 +58,8 @@ def per_gpu(model: ModelInfo, params: dict[str, Any]) -> ModelInfo:
     return replace(model, weights_bytes=math.ceil(rest / (tp * pp)) + math.ceil(model.expert_bytes / (tp * pp * dp)),
                    expert_bytes=math.ceil(model.expert_bytes / (tp * pp * dp)),
                    num_layers=math.ceil(model.num_layers / pp) if model.num_layers else 0,
+                   indexer_bytes=math.ceil(model.indexer_bytes / pp),
+                   sliding_layers=min(math.ceil(model.sliding_layers / pp), math.ceil(model.num_layers / pp)),
                    num_kv_heads=max(1, model.num_kv_heads // tp) if model.num_kv_heads else 0)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from optimizer.config.model import ModelInfo
 from optimizer.core.clock import Clock
 from optimizer.core.errors import OptimizerError
+from optimizer.params.open_space import split_env
 from optimizer.params.parallel import per_gpu
 
 GIB = 1024**3
@@ -95,15 +96,25 @@ class MemoryEstimate:
 def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: DeviceMemory,
              mean_request_tokens: float) -> MemoryEstimate:
     """Pure: what the config asks for and what is left for the KV cache, in the dtype it serves and per GPU of its
-    layout (with tensor/pipeline parallelism each GPU holds a share: optimizer/params/parallel.py)."""
-    model = per_gpu(model.served_as(params.get("dtype")), params)
+    layout (with tensor/pipeline parallelism each GPU holds a share: optimizer/params/parallel.py), with the cache
+    its own `env:` parameters choose (VLLM_MLA_DISABLE: `ModelInfo.under_env`), its sliding layers holding their
+    windows only where vLLM keeps them so (config/layers.py)."""
+    model = per_gpu(model.served_as(params.get("dtype")).under_env(split_env(params)[1]), params)
     fraction = float(params.get("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION))
     requested = int(fraction * memory.total_bytes)
     reserve = RUNTIME_RESERVE_BYTES.get(device, RUNTIME_RESERVE_BYTES["cuda"])
     kv_budget = requested - model.weights_bytes - reserve
+    fixed_kv = params.get("kv_cache_memory_bytes")
+    if isinstance(fixed_kv, (int, float)) and not isinstance(fixed_kv, bool) and fixed_kv > 0:
+        kv_budget = int(fixed_kv)  # vLLM's KV cache then takes that, whatever the fraction says
     model_len = int(params.get("max_model_len", model.max_len))
     per_token = model.kv_bytes_per_token
-    one_seq = per_token * model_len
+    # a sliding layer keeps its window where vLLM's hybrid KV cache manager runs (on GPUs, unless turned off), or
+    # where every layer slides (uniform specs: nothing to promote to full attention)
+    hybrid_manager = device != "cpu" and not params.get("disable_hybrid_kv_cache_manager")
+    windows_kept = not params.get("disable_sliding_window") \
+        and (hybrid_manager or 0 < model.num_layers == model.sliding_layers)
+    one_seq = model.kv_bytes_one_sequence(model_len, int(params.get("max_num_batched_tokens") or 0), windows_kept)
     fit = kv_budget / (per_token * mean_request_tokens) if per_token and mean_request_tokens else float("inf")
     headroom = 0
     if device == "cpu":

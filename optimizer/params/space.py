@@ -142,10 +142,13 @@ def parse_space_yaml(data: dict[str, Any]) -> SpaceSpec:
     return SpaceSpec(ranges=ranges, fixed=fixed)
 
 
-def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: WorkloadSpec, mla: bool = False) -> Space:
+def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: WorkloadSpec, mla: bool = False,
+            engine_args: dict[str, Any] | None = None) -> Space:
     """Defaults for `device`, overridden by the user's ranges and fixed values. A model with multi-head latent
     attention (`mla`) leaves `block_size` to vLLM: its MLA kernels each take their own (FlashMLA 64, CUTLASS MLA
-    128, FlashInfer MLA 32 or 64, the CPU's 16), and a size set by hand turns away the ones that do not take it."""
+    128, FlashInfer MLA 32 or 64, the CPU's 16), and a size set by hand turns away the ones that do not take it.
+    With `enforce_eager` fixed (in the study's `engine_args` or the space), no CUDA graph is captured: vLLM sets
+    `max_cudagraph_capture_size` to 0 (vllm/config/vllm.py), and a search of it would only spend trials."""
     known_engine_args = _engine_arg_names()
     for name in spec.fixed:
         if name not in SEARCHABLE and name not in known_engine_args and not name.startswith(ENV_PREFIX):
@@ -161,6 +164,8 @@ def resolve(spec: SpaceSpec, device: str, model_max_len: int, workload: Workload
         dists.pop("block_size")
     if device == "cuda":
         dists.update(cuda_knobs())
+        if {**(engine_args or {}), **spec.fixed}.get("enforce_eager"):
+            dists.pop("max_cudagraph_capture_size")
     if model_max_len > need:
         dists["max_model_len"] = IntRange(low=need, high=model_max_len, log=True)
     fixed: dict[str, Any] = {} if "max_model_len" in dists else {"max_model_len": model_max_len}

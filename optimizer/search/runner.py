@@ -93,7 +93,8 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     path = model_path(config)
     info = inspect_model(path, config.dummy_weights)
-    resolve(config.space, config.device, info.max_len, config.workload, info.mla)  # bad input fails before any write
+    # bad input fails before any write
+    resolve(config.space, config.device, info.max_len, config.workload, info.mla, config.engine_args)
     storage = storage_for(config.storage_url)
     new_study = stored_config(storage, config.study_name) is None
     logs_dir = studies_dir / f"{config.study_name}.logs"
@@ -103,7 +104,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         path = model_path(config)
         info = inspect_model(path, config.dummy_weights)
     info = info.served_as(config.engine_args.get("dtype") or config.space.fixed.get("dtype"))
-    space = resolve(config.space, config.device, info.max_len, config.workload, info.mla)
+    space = resolve(config.space, config.device, info.max_len, config.workload, info.mla, config.engine_args)
     workload = build_workload(config.workload, info.vocab_size)
     if config.model_is_default:
         say(f"model: embedded default {config.model} (Llama architecture, random weights) at {path}")

@@ -54,3 +54,26 @@ def test_a_broken_index_names_the_file(sharded):
     (sharded / "model.safetensors.index.json").write_text("{}")
     with pytest.raises(UsageError, match="model.safetensors.index.json is not a safetensors index"):
         inspect_model(str(sharded))
+
+
+def test_multi_token_prediction_layers_are_not_counted(tmp_path):
+    """DeepSeek V3's layer 61 (num_nextn_predict_layers past num_hidden_layers) is in its files, but vLLM's base model
+    skips it (models/utils.py skip_spec_layers): ~11.5 GB of 688, 1.4 GiB a GPU at TP=8, counted against the KV
+    cache until 2026-12-06. The tensors' sizes come from the files' own safetensors headers."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from optimizer.config.model import model_info
+
+    config = {**DEFAULT_MODEL_CONFIG, "model_type": "deepseek_v3", "num_hidden_layers": 2,
+              "num_nextn_predict_layers": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    layer = np.zeros(MIB // 2, dtype=np.float16)  # 1 MiB
+    save_file({"model.layers.0.w": layer, "model.layers.1.w": layer, "model.embed_tokens.weight": layer},
+              str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"model.layers.2.w": layer, "model.layers.2.eh_proj.weight": layer},  # the MTP layer
+              str(tmp_path / "model-00002-of-00002.safetensors"))
+    on_disk = sum(f.stat().st_size for f in tmp_path.glob("*.safetensors"))
+    assert safetensors_weights_bytes(tmp_path, config) == on_disk - 2 * MIB
+    assert safetensors_weights_bytes(tmp_path, {**config, "num_nextn_predict_layers": 0}) == on_disk
+    assert inspect_model(str(tmp_path)).weights_bytes == model_info(config, "m", on_disk - 2 * MIB).weights_bytes

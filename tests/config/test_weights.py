@@ -136,6 +136,10 @@ def test_only_what_changes_the_models_numbers_asks_for_an_accuracy_check():
     assert "quantization=fp8" in accuracy_line({"quantization": "fp8"})  # made on the fly from a 16-bit checkpoint
     assert accuracy_line({"quantization": "gptq_marlin"}) is None  # a kernel of the checkpoint's own format
     assert accuracy_line({"kv_cache_dtype": "bfloat16", "max_num_seqs": 64}) is None
+    # vLLM 0.32 warns that turning chunked prefill off for a model that supports it may crash or give wrong outputs
+    off = accuracy_line({"enable_chunked_prefill": False, "kv_cache_dtype": "fp8"})
+    assert "enable_chunked_prefill=False is not officially supported" in off and "kv_cache_dtype=fp8 changes" in off
+    assert accuracy_line({"enable_chunked_prefill": True}) is None
 
 
 def test_a_float32_checkpoint_counts_as_vllm_serves_it_in_16_bits():

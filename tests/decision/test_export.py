@@ -235,3 +235,40 @@ def test_a_searched_fp8_kv_cache_is_exported_with_the_accuracy_check_it_did_not_
     assert not any("Not checked" in n for n in export_all(t, config, tmp_path / "plain", config.model).notes)
     fixed = config.model_copy(update={"engine_args": {**config.engine_args, "kv_cache_dtype": "fp8"}})
     assert not any("Not checked" in n for n in export_all(t, fixed, tmp_path / "fixed", config.model).notes)
+
+
+def test_the_compose_runs_the_vllm_version_measured_and_a_hub_model_from_the_host_s_cache(syn):
+    """`latest` ran whatever vLLM was newest, whose defaults (memory fraction, batch limits, async scheduling) may
+    not be the ones measured; a hub model was downloaded again on every `up`, and a gated one failed."""
+    from tests.repo.test_docker_files import interpolate
+
+    study, config, tmp_path = syn
+    done = export_all(recommended(study), config, tmp_path / "hub", "meta-llama/Llama-3.1-8B-Instruct",
+                      machine={"vllm": "0.32.0+cu129"})
+    service = yaml.safe_load(done.compose_path.read_text())["services"]["vllm"]
+    assert interpolate(service["image"], {}) == "vllm/vllm-openai:v0.32.0"
+    assert interpolate(service["image"], {"VLLM_IMAGE": "mine:1"}) == "mine:1"
+    cache = ["/home/u/.cache/huggingface:/root/.cache/huggingface"]
+    assert interpolate(service["volumes"], {"HOME": "/home/u"}) == cache
+    assert service["environment"] == ["VLLM_API_KEY", "HF_TOKEN"]  # passed through when set, never written down
+    unknown = export_all(recommended(study), config, tmp_path / "old", config.model, machine={})
+    image = yaml.safe_load(unknown.compose_path.read_text())["services"]["vllm"]["image"]
+    assert interpolate(image, {}) == "vllm/vllm-openai:latest"  # a study that did not record its vLLM
+    from optimizer.decision.compose import image as image_of
+
+    assert image_of("0.33.0rc1") == image_of("0.32.1.dev3+g1234") == "vllm/vllm-openai:latest"  # no such tag
+
+
+def test_a_block_size_vllm_chose_for_its_gpu_is_left_to_vllm_where_the_study_did_not_choose_it(syn):
+    """An MLA model's space leaves block_size to vLLM (FlashMLA took 64 on the GPU measured); exported, that 64 would
+    turn away CUTLASS MLA (128) and FlashInfer MLA (32) on the GPU deployed. A searched or fixed one is exported."""
+    study, config, tmp_path = syn
+    trial = recommended(study)
+    trial.user_attrs["engine_config"] = {**trial.user_attrs["engine_config"], "block_size": 64}
+    assert "block_size" not in serve_args(trial, config, config.model)
+    trial.user_attrs["engine_params"] = {**trial.user_attrs["engine_params"], "block_size": 64}
+    assert serve_args(trial, config, config.model)["block_size"] == 64
+    trial.user_attrs["engine_params"] = {k: v for k, v in trial.user_attrs["engine_params"].items()
+                                         if k != "block_size"}
+    fixed = config.model_copy(update={"engine_args": {**config.engine_args, "block_size": 64}})
+    assert serve_args(trial, fixed, config.model)["block_size"] == 64

@@ -334,3 +334,23 @@ def test_trial_table_fits_a_terminal_and_names_where_every_column_is(syn, capsys
     rc, out, _ = cli(capsys, "report", "--study", "syn", "--studies-dir", str(tmp_path), "--trial", "1", "--format",
                      "csv")
     assert rc == 0 and {"sent_rate_rps", "tpot_p99_ms", "e2e_p99_ms"} <= set(out.splitlines()[0].split(","))
+
+
+def test_a_recommendation_that_changes_the_model_s_numbers_says_so_at_the_run_end(tmp_path, monkeypatch):
+    """The export's accuracy line (params/accuracy.py) is in the decision's notes too, so the run's end and
+    `optimize report` repeat it: a user who deploys from the console reads it. Only for what was searched."""
+    from optuna.distributions import CategoricalDistribution
+
+    from optimizer.decision.report import summary_text
+
+    monkeypatch.setitem(synthetic.DISTRIBUTIONS, "kv_cache_dtype", CategoricalDistribution(["auto", "fp8"]))
+    monkeypatch.setitem(synthetic.PARAMS, 2, {**synthetic.PARAMS[2], "kv_cache_dtype": "fp8"})
+    monkeypatch.setitem(synthetic.PARAMS, 4, {**synthetic.PARAMS[4], "kv_cache_dtype": "auto"})  # every distribution
+    study, config = synthetic.build(tmp_path)
+    d = decide(study, config)
+    assert d.best.number == 2
+    assert [n for n in d.notes if n.startswith("Not checked: kv_cache_dtype=fp8")]
+    assert "note: Not checked: kv_cache_dtype=fp8 changes what the model computes" in summary_text(study, config)
+    monkeypatch.setitem(synthetic.PARAMS, 2, {**synthetic.PARAMS[2], "kv_cache_dtype": "auto"})
+    clean, config = synthetic.build(tmp_path, name="clean")
+    assert not [n for n in decide(clean, config).notes if n.startswith("Not checked")]

@@ -10,7 +10,7 @@ import pytest
 from optimizer.cli.main import main
 from optimizer.core.errors import UsageError
 from optimizer.hardware.device import (Build, check_build, detect_device, installed_build, resolve_device,
-                                      visible_gpus, visible_indices, visible_mig)
+                                      unreadable_gpus, visible_gpus, visible_indices, visible_mig)
 from optimizer.params.preflight import DeviceMemory
 from tests.conftest import REPO
 from tests.support.fake_nvml import GIB, FakeNvml
@@ -79,6 +79,18 @@ def test_a_gpu_nvml_cannot_read_hides_only_itself():
     assert [g.index for g in visible_gpus(FakeNvml(unreadable={1}), env={"CUDA_VISIBLE_DEVICES": "0,2"})] == [0, 2]
     assert visible_gpus(FakeNvml(unreadable={1}), env={"CUDA_VISIBLE_DEVICES": "0,1"}) == []  # it would use it
     assert visible_gpus(FakeNvml(unreadable={1}), env={}) == []  # all of them, the lost one too
+
+
+def test_a_lost_gpu_the_process_would_use_is_named_in_the_error():
+    """It used to read as no GPU at all: "NVML finds no GPU", with eight on the host and one of them lost."""
+    assert unreadable_gpus(FakeNvml(unreadable={1}), env={"CUDA_VISIBLE_DEVICES": "0,1"}) == [1]
+    assert unreadable_gpus(FakeNvml(unreadable={1}), env={"CUDA_VISIBLE_DEVICES": "0,2"}) == []  # not one it uses
+    with pytest.raises(UsageError, match=r"NVML cannot read GPU 3 .*CUDA_VISIBLE_DEVICES '3'.*nvidia-smi -i 3"):
+        detect_device(FakeNvml(unreadable={3}), CUDA_BUILD, env={"CUDA_VISIBLE_DEVICES": "3"})
+    with pytest.raises(UsageError, match=r"NVML cannot read GPU 0, 5 .*unset"):
+        detect_device(FakeNvml(unreadable={0, 5}), CUDA_BUILD, env={})
+    # a GPU whose handle reads but whose memory does not (it fell off the bus after the count)
+    assert unreadable_gpus(FakeNvml(lost_after_readings=0), env={}) == list(range(8))
 
 
 def test_cuda_visible_devices_selects_gpus_by_index_or_uuid():

@@ -67,6 +67,11 @@ def test_the_cuda_defaults_add_the_gpu_knobs_and_nothing_lossy():
                             "max_cudagraph_capture_size": Choice(choices=[128, 256, 512])}
     dists = resolve(SpaceSpec(), "cuda", 8192, WorkloadSpec()).dists
     assert "async_scheduling" in dists and "max_cudagraph_capture_size" in dists and "kv_cache_dtype" not in dists
+    # eager mode captures no CUDA graph (vLLM sets the size to 0): its size is not searched
+    eager = resolve(SpaceSpec(), "cuda", 8192, WorkloadSpec(), engine_args={"enforce_eager": True}).dists
+    assert "max_cudagraph_capture_size" not in eager and "async_scheduling" in eager
+    fixed = resolve(SpaceSpec(fixed={"enforce_eager": True}), "cuda", 8192, WorkloadSpec()).dists
+    assert "max_cudagraph_capture_size" not in fixed
 
 
 def test_an_mla_model_leaves_the_block_size_to_vllm():

@@ -79,6 +79,58 @@ def test_an_mla_model_caches_one_latent_per_token_and_layer(monkeypatch):
     assert not off.mla and off.kv_bytes_per_token == 2 * 61 * 128 * (128 + 64) * 2
 
 
+def test_a_trial_s_own_vllm_mla_disable_chooses_the_cache_its_preflight_checks(monkeypatch):
+    """A space with `env:VLLM_MLA_DISABLE` runs some trials with the latent and some with every head's K and V
+    (DeepseekV2Attention: num_attention_heads of K, and V padded to it, of qk_nope + qk_rope): 128k tokens fit
+    eight H200s with the one, not the other. The process's own environment decides only where the trial says
+    nothing."""
+    monkeypatch.delenv("VLLM_MLA_DISABLE", raising=False)
+    v3 = model_info({**DEEPSEEK_V3, "num_key_value_heads": 1}, "deepseek-ai/DeepSeek-V3", weights_bytes=int(671e9))
+    h200 = DeviceMemory(total_bytes=140 * GIB, available_bytes=139 * GIB)
+    params = {"gpu_memory_utilization": 0.7, "tensor_parallel_size": 8, "max_model_len": 131072}
+    assert memory_problems(estimate(params, v3, "cuda", h200, 2000)) == []
+    off = estimate({**params, "env:VLLM_MLA_DISABLE": True}, v3, "cuda", h200, 2000)  # split_env: True -> "1"
+    assert off.kv_one_sequence_bytes == 2 * 61 * (128 // 8) * (128 + 64) * 2 * 131072  # heads, not kv heads
+    assert "one max_model_len sequence needs" in memory_problems(off)[0]
+    on = estimate({**params, "env:VLLM_MLA_DISABLE": "0"}, v3, "cuda", h200, 2000)
+    assert on.kv_one_sequence_bytes == 61 * (512 + 64) * 2 * 131072
+    monkeypatch.setenv("VLLM_MLA_DISABLE", "1")  # off for the process: a trial may turn it on again
+    v3_off = model_info(DEEPSEEK_V3, "deepseek-ai/DeepSeek-V3", weights_bytes=int(671e9))
+    assert not v3_off.mla and v3_off.under_env({"VLLM_MLA_DISABLE": "0"}).kv_bytes_per_token == 61 * 576 * 2
+    assert v3_off.under_env({}) == v3_off
+    assert model_info(LLAMA_70B, "m").under_env({"VLLM_MLA_DISABLE": "1"}) == model_info(LLAMA_70B, "m")
+    # LongCat-Flash's class builds its MLA whatever the variable says (only DeepSeek V2's kin read use_mla)
+    longcat = model_info({**DEEPSEEK_V3, "model_type": "longcat_flash"}, "longcat")
+    assert longcat.mla and longcat.kv_bytes_per_token == 61 * 576 * 2 and not longcat.mla_switch
+    # DeepSeek V4 (compress_ratios, an index_topk of its own) with MLA off for the process: unchecked, not a crash
+    v4 = {**DEEPSEEK_V3, "model_type": "deepseek_v4", "compress_ratios": [4], "head_dim": 512, "index_topk": 512}
+    v4.pop("kv_lora_rank")
+    assert model_info(v4, "v4").kv_bytes_per_token == 0
+
+
+DEEPSEEK_V32 = {**DEEPSEEK_V3, "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+                "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
+
+
+def test_a_sparse_model_caches_its_indexer_keys_beside_the_latent(monkeypatch):
+    """DeepSeek V3.2: each layer's indexer keeps 128 fp8 keys and a 4-byte scale a token (DeepseekV32IndexerCache,
+    uint8 whatever the KV cache's dtype), on every tensor rank, beside the latent; VLLM_MLA_DISABLE does not change
+    its attention (DeepseekV32Attention is MLA on CUDA). IndexCache skips some layers' indexers."""
+    monkeypatch.delenv("VLLM_MLA_DISABLE", raising=False)
+    v32 = model_info(DEEPSEEK_V32, "deepseek-ai/DeepSeek-V3.2", weights_bytes=int(671e9))
+    assert v32.mla and v32.kv_bytes_per_token == 61 * (576 * 2 + 132)  # 78,324 bytes a token
+    assert per_gpu(v32, {"tensor_parallel_size": 8}).kv_bytes_per_token == v32.kv_bytes_per_token
+    assert per_gpu(v32, {"kv_cache_dtype": "fp8"}).kv_bytes_per_token == 61 * (576 + 132)  # the indexer stays
+    assert per_gpu(v32, {"pipeline_parallel_size": 2}).kv_bytes_per_token == 31 * 576 * 2 + 61 * 132 // 2
+    assert v32.under_env({"VLLM_MLA_DISABLE": "1"}) == v32
+    monkeypatch.setenv("VLLM_MLA_DISABLE", "1")
+    assert model_info(DEEPSEEK_V32, "v32").kv_bytes_per_token == v32.kv_bytes_per_token
+    # every second layer from the second (index_skip_topk_offset 2): layers 0, 1, 3, 5, ..., 59 keep theirs
+    assert model_info({**DEEPSEEK_V32, "index_topk_freq": 2}, "m").indexer_bytes == 31 * 132
+    assert model_info({**DEEPSEEK_V32, "index_topk_pattern": "FS" * 30 + "F"}, "m").indexer_bytes == 31 * 132
+    assert model_info(DEEPSEEK_V3, "m").indexer_bytes == 0
+
+
 def test_every_visible_gpu_is_probed_and_a_layout_gets_its_own(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     devices = [("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0))] * 7 + [("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0))]

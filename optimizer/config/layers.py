@@ -1,0 +1,117 @@
+"""Pure: which layers of a model keep a KV cache that grows with every token, as vLLM 0.32 builds them from the
+model's `config.json` (a transformers config as read from disk, before transformers fills its defaults in).
+
+vLLM gives each attention layer a cache spec (vllm/v1/kv_cache_interface.py): full attention keeps every token of a
+sequence; a sliding-window layer (Gemma 2/3, gpt-oss, Mistral 7B v0.1) keeps its window and the tokens in flight
+(`SlidingWindowSpec.max_admission_blocks_per_request`: window - 1 + the tokens in flight, at most max_model_len);
+a Mamba, linear-attention or convolution layer of a hybrid model (Jamba, Nemotron-H, Qwen3-Next, MiniMax) keeps a
+state of fixed size, nothing per token. A model with both full and sliding layers keeps the windows apart only under
+the hybrid KV cache manager, on GPUs: on the CPU build, or with `disable_hybrid_kv_cache_manager`, its sliding layers
+are promoted to full attention (`kv_cache_utils.unify_hybrid_kv_cache_specs`); one whose layers all slide (Mistral 7B
+v0.1, Phi-3-mini-4k) keeps its windows anywhere, as its specs are uniform. A layer type it does not know counts as
+none, and so do a hybrid model's layers where no key says which attend: the memory check must never reject what vLLM
+would start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# `layer_types` values (transformers' configs): a sparse model's attention (DeepSeek V3.2's and GLM-5's indexed,
+# MiniMax M3's) and a parallel hybrid's (Falcon-H1, Zamba2: attention beside the Mamba mixer) cache every token too
+FULL_TYPES = frozenset({"full_attention", "attention", "chunked_attention", "global_attention", "indexed_attention",
+                        "deepseek_sparse_attention", "qwen_sparse_attention", "minimax_m3_sparse", "hybrid"})
+SLIDING_TYPES = frozenset({"sliding_attention", "local_attention", "hybrid_sliding"})
+# the model types whose every layer is a state-space layer (vllm/model_executor/models/mamba*.py)
+SSM_ONLY_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba"})
+# keys of a hybrid model's state layers: where they are present and no key says which layers attend, none is counted
+HYBRID_KEYS = ("mamba_d_state", "ssm_state_size", "mamba_d_conv", "linear_num_key_heads", "linear_conv_kernel_dim",
+               "conv_L_cache", "short_conv_kernel", "mamba_n_heads", "mamba_expand")
+# One full layer in every `sliding_window_pattern` when config.json does not list `layer_types`, as transformers'
+# configs build them: Gemma 2 (every other), Gemma 3 (6 by default), Cohere 2 (Command R7B, Command A: 4)
+GEMMA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+
+
+@dataclass(frozen=True)
+class CacheLayers:
+    """How many layers keep keys and values of every token, and how many of them only a window of them."""
+
+    attention: int  # layers with a per-token cache, sliding ones included
+    sliding: int = 0  # of them, with a sliding window of `window` tokens
+    window: int = 0
+
+
+def cache_layers(text_config: dict) -> CacheLayers:
+    """The layers of `text_config` that cache tokens, read as vLLM's model code reads them (see the module's doc)."""
+    layers = int(text_config.get("num_hidden_layers") or 0)
+    window = text_config.get("sliding_window")
+    if text_config.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
+        window = 0  # Qwen2/Qwen3 keep a sliding_window they do not use; 0 is "none" to vLLM
+    kinds = text_config.get("layer_types")
+    if isinstance(kinds, list) and kinds:
+        sliding = sum(1 for k in kinds if k in SLIDING_TYPES) if window else 0
+        full = sum(1 for k in kinds if k in FULL_TYPES or (k in SLIDING_TYPES and not window))
+        return CacheLayers(full + sliding, sliding, window)
+    attending = _hybrid_attention_layers(text_config, layers)
+    if attending is not None:
+        return CacheLayers(attending)
+    if text_config.get("model_type") in SSM_ONLY_TYPES:
+        return CacheLayers(0)
+    if any(key in text_config for key in HYBRID_KEYS):
+        return CacheLayers(0)  # a hybrid whose attention layers this does not read: its cache goes unchecked
+    if not window:
+        return CacheLayers(layers)
+    pattern = GEMMA_PATTERN.get(str(text_config.get("model_type")))
+    if pattern is not None:
+        pattern = int(text_config.get("sliding_window_pattern") or pattern)
+        return CacheLayers(layers, sum(1 for i in range(layers) if (i + 1) % pattern), window)
+    if text_config.get("use_sliding_window"):  # Qwen2's: the layers from max_window_layers on
+        first = layers if text_config.get("max_window_layers") is None else int(text_config["max_window_layers"])
+        return CacheLayers(layers, max(layers - first, 0), window)
+    return CacheLayers(layers, layers, window)  # a model-wide window (Mistral 7B v0.1): every layer
+
+
+def _hybrid_attention_layers(text_config: dict, layers: int) -> int | None:
+    """A hybrid model's attention layers, from the key its family names them by; None where it has none."""
+    pattern = text_config.get("hybrid_override_pattern")  # Nemotron-H: "*" attention, "M" Mamba, "-" MLP
+    if isinstance(pattern, str) and pattern:
+        return pattern.count("*")
+    kinds = text_config.get("layers_block_type")  # Bamba, Granite 4 hybrids: "attention" or "mamba"
+    if isinstance(kinds, list) and kinds:
+        return sum(1 for k in kinds if k == "attention")
+    indices = text_config.get("attn_layer_indices")
+    if isinstance(indices, list):
+        return len(indices)
+    period, offset = text_config.get("attn_layer_period"), text_config.get("attn_layer_offset")  # Jamba
+    if isinstance(period, int) and period > 0 and isinstance(offset, int):
+        return sum(1 for i in range(layers) if i % period == offset)
+    interval = text_config.get("full_attention_interval")  # Qwen3-Next before its layer_types
+    if isinstance(interval, int) and interval > 0:
+        return layers // interval
+    types = text_config.get("attn_type_list")  # MiniMax: 1 softmax attention, 0 lightning (linear) attention
+    if isinstance(types, list) and types:
+        return sum(1 for t in types if t == 1)
+    return None
+
+
+def indexer_bytes_per_token(text_config: dict) -> int:
+    """A sparse-attention model's indexer caches per token over its layers (0 for others), as vLLM 0.32 builds them
+    for DeepSeek V3.2 and its aliases (vllm/model_executor/models/deepseek_v32/attention.py on CUDA, deepseek_v2.py
+    elsewhere: the same rule):
+    a config with `index_topk` gives each layer an indexer, but those its IndexCache skips (every `index_topk_freq`-th
+    from `index_skip_topk_offset`, or an "S" in `index_topk_pattern`), each caching per token `index_head_dim` fp8
+    values and a 4-byte scale per 128 of them (132 bytes for the usual 128)."""
+    if "index_topk" not in text_config:
+        return 0
+    layers = int(text_config.get("num_hidden_layers") or 0)
+    dim = int(text_config.get("index_head_dim") or 128)
+    freq = int(text_config.get("index_topk_freq") or 1)
+    offset = int(text_config.get("index_skip_topk_offset", 2))
+    pattern = text_config.get("index_topk_pattern")
+
+    def skipped(layer: int) -> bool:
+        if pattern is None:
+            return max(layer - offset + 1, 0) % freq != 0
+        return layer < len(pattern) and pattern[layer] == "S"
+
+    return sum(1 for layer in range(layers) if not skipped(layer)) * (dim + dim // 128 * 4)

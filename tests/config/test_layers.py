@@ -1,0 +1,112 @@
+"""Which layers keep a per-token KV cache (optimizer/config/layers.py), read from published config.json fields, and
+what one sequence of max_model_len then needs, as vLLM 0.32 checks it at start: a sliding layer keeps its window on
+GPUs (the hybrid KV cache manager), every token on the CPU build; a hybrid model's state layers keep nothing per
+token. Counting every layer as full attention rejected vLLM's own defaults for Gemma 3 on an H100."""
+
+import pytest
+
+from optimizer.config.layers import CacheLayers, cache_layers
+from optimizer.config.model import model_info
+from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
+
+GEMMA3_27B = {  # google/gemma-3-27b-it config.json: its text_config, the fields read
+    "architectures": ["Gemma3ForConditionalGeneration"], "torch_dtype": "bfloat16",
+    "text_config": {"model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504,
+                    "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
+                    "sliding_window": 1024, "sliding_window_pattern": 6, "vocab_size": 262208,
+                    "max_position_embeddings": 131072}}
+GPT_OSS_120B = {"model_type": "gpt_oss", "num_hidden_layers": 36, "sliding_window": 128,
+                "layer_types": ["sliding_attention", "full_attention"] * 18, "num_key_value_heads": 8, "head_dim": 64}
+QWEN25_7B = {"model_type": "qwen2", "num_hidden_layers": 28, "sliding_window": 131072, "use_sliding_window": False,
+             "max_window_layers": 28}
+MISTRAL_7B_V01 = {"model_type": "mistral", "num_hidden_layers": 32, "sliding_window": 4096}
+JAMBA = {"model_type": "jamba", "num_hidden_layers": 32, "attn_layer_period": 8, "attn_layer_offset": 4,
+         "mamba_d_state": 16}
+NEMOTRON_H_8B = {"model_type": "nemotron_h", "num_hidden_layers": 52,
+                 "hybrid_override_pattern": "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-M-M-M-M-M-M-M-"}
+QWEN3_NEXT = {"model_type": "qwen3_next", "num_hidden_layers": 48,
+              "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 12}
+
+
+def test_layers_by_their_families_keys():
+    # Gemma 3 without layer_types: one full layer in six, as transformers' Gemma3Config builds them
+    assert cache_layers(GEMMA3_27B["text_config"]) == CacheLayers(62, 52, 1024)
+    assert cache_layers(GPT_OSS_120B) == CacheLayers(36, 18, 128)
+    assert cache_layers(QWEN25_7B) == CacheLayers(28)  # a window it does not use
+    assert cache_layers(MISTRAL_7B_V01) == CacheLayers(32, 32, 4096)  # a model-wide window: every layer
+    assert cache_layers({**MISTRAL_7B_V01, "sliding_window": None}) == CacheLayers(32)
+    assert cache_layers(JAMBA) == CacheLayers(4)  # layers 4, 12, 20, 28 attend; the rest are Mamba
+    assert cache_layers(NEMOTRON_H_8B) == CacheLayers(NEMOTRON_H_8B["hybrid_override_pattern"].count("*"))
+    assert cache_layers(QWEN3_NEXT) == CacheLayers(12)  # one full attention layer in four
+    assert cache_layers({"model_type": "mamba", "num_hidden_layers": 64}) == CacheLayers(0)
+    # a hybrid whose attention layers it cannot read: none counted (unchecked), never all of them
+    assert cache_layers({"model_type": "new_hybrid", "num_hidden_layers": 40, "ssm_state_size": 128}) == CacheLayers(0)
+    assert cache_layers({"model_type": "llama", "num_hidden_layers": 80}) == CacheLayers(80)
+    # Cohere 2 (Command R7B): one full layer in four, as Gemma's rule with its own pattern
+    assert cache_layers({"model_type": "cohere2", "num_hidden_layers": 32, "sliding_window": 4096,
+                         "sliding_window_pattern": 4}) == CacheLayers(32, 24, 4096)
+    # a sparse model's layer_types (transformers 5 writes them for DeepSeek V3.2): attention that caches every token
+    assert cache_layers({"num_hidden_layers": 61, "layer_types": ["indexed_attention"] * 61}) == CacheLayers(61)
+    every = cache_layers({**QWEN25_7B, "use_sliding_window": True, "max_window_layers": 0})
+    assert every == CacheLayers(28, 28, 131072)  # sliding from layer 0 on
+
+
+def test_a_sliding_layer_keeps_its_window_and_the_tokens_in_flight():
+    gpt = model_info(GPT_OSS_120B, "gpt-oss")
+    per_layer = 2 * 8 * 64 * 2
+    assert gpt.kv_bytes_per_token == 36 * per_layer
+    # vLLM's SlidingWindowSpec: window - 1 + max_num_batched_tokens of a sequence, at most max_model_len
+    assert gpt.kv_bytes_one_sequence(131072, 8192) == 18 * per_layer * 131072 + 18 * per_layer * (127 + 8192)
+    assert gpt.kv_bytes_one_sequence(4096, 8192) == 36 * per_layer * 4096  # the window and more: every token
+    assert gpt.kv_bytes_one_sequence(131072, 8192, windows_kept=False) == 36 * per_layer * 131072
+
+
+def test_a_model_whose_every_layer_slides_keeps_its_windows_on_the_cpu_build_too():
+    """Its specs are uniform: vLLM has nothing to promote to full attention (kv_cache_utils), hybrid manager or not."""
+    mistral = model_info({**MISTRAL_7B_V01, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+                          "max_position_embeddings": 32768}, "mistral", weights_bytes=14 * GIB)
+    cpu = DeviceMemory(total_bytes=64 * GIB, available_bytes=60 * GIB)
+    est = estimate({"max_model_len": 32768, "max_num_batched_tokens": 2048}, mistral, "cpu", cpu, 1000)
+    assert est.kv_one_sequence_bytes == 32 * (2 * 8 * 128 * 2) * (4095 + 2048)  # not every one of 32768 tokens
+    off = estimate({"max_model_len": 32768, "disable_sliding_window": True}, mistral, "cpu", cpu, 1000)
+    assert off.kv_one_sequence_bytes == mistral.kv_bytes_per_token * 32768
+
+
+def test_vllm_s_defaults_for_gemma3_27b_fit_an_h100_and_not_the_cpu_build_s_cache():
+    """The helper's case from vLLM 0.32's code: 62 layers, 52 of them with a 1024-token window; at 131k tokens and
+    0.92 of an H100, one sequence needs about 14 GiB on the GPU (10 full layers, 52 windows), 62 GiB as full attention,
+    with ~21 GiB left for the cache beside 51 GiB of weights."""
+    gemma = model_info(GEMMA3_27B, "google/gemma-3-27b-it", weights_bytes=int(54.9e9))
+    h100 = DeviceMemory(total_bytes=int(79.6 * GIB), available_bytes=int(79 * GIB))
+    defaults = {"max_model_len": 131072, "max_num_batched_tokens": 8192}
+    on_gpu = estimate(defaults, gemma, "cuda", h100, 1000)
+    assert memory_problems(on_gpu) == [] and 13 * GIB < on_gpu.kv_one_sequence_bytes < 15 * GIB
+    full = estimate({**defaults, "disable_hybrid_kv_cache_manager": True}, gemma, "cuda", h100, 1000)
+    assert full.kv_one_sequence_bytes == gemma.kv_bytes_per_token * 131072  # ~62 GiB: every layer as full attention
+    assert "one max_model_len sequence needs" in memory_problems(full)[0]
+    big_cpu = DeviceMemory(total_bytes=512 * GIB, available_bytes=500 * GIB)  # the CPU build: no hybrid manager
+    assert estimate(defaults, gemma, "cpu", big_cpu, 1000).kv_one_sequence_bytes == gemma.kv_bytes_per_token * 131072
+
+
+def test_kv_cache_memory_bytes_is_the_cache_whatever_the_fraction():
+    """vLLM's kv_cache_memory_bytes takes the place of the profiled budget (gpu_worker.py): a fraction too small for
+    the weights does not stop it."""
+    llama = model_info({"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+                        "num_key_value_heads": 8, "hidden_size": 4096, "max_position_embeddings": 8192}, "m",
+                       weights_bytes=16 * GIB)
+    h100 = DeviceMemory(total_bytes=80 * GIB, available_bytes=79 * GIB)
+    low = {"gpu_memory_utilization": 0.15, "max_model_len": 8192}
+    assert "leave no room for the KV cache" in memory_problems(estimate(low, llama, "cuda", h100, 1000))[0]
+    fixed = estimate({**low, "kv_cache_memory_bytes": 8 * GIB}, llama, "cuda", h100, 1000)
+    assert fixed.kv_budget_bytes == 8 * GIB and memory_problems(fixed) == []
+    assert estimate({**low, "kv_cache_memory_bytes": 8.0e9}, llama, "cuda", h100, 1000).kv_budget_bytes == 8_000_000_000
+
+
+@pytest.mark.parametrize("config", [GPT_OSS_120B, JAMBA])
+def test_pipeline_ranks_split_the_sliding_layers_too(config):
+    from optimizer.params.parallel import per_gpu
+
+    info = model_info({**config, "num_attention_heads": 8, "hidden_size": 512}, "m")
+    half = per_gpu(info, {"pipeline_parallel_size": 2})
+    assert half.num_layers == -(-info.num_layers // 2) and half.sliding_layers <= half.num_layers
+    assert half.sliding_layers == -(-info.sliding_layers // 2)
