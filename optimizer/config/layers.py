@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# `layer_types` values (transformers' configs): a sparse model's attention (DeepSeek V3.2's and GLM-5's indexed,
+# `layer_types` values (transformers' configs): a sparse model's attention (DeepSeek V3.2's and glm_moe_dsa's indexed,
 # MiniMax M3's) and a parallel hybrid's (Falcon-H1, Zamba2: attention beside the Mamba mixer) cache every token too
 FULL_TYPES = frozenset({"full_attention", "attention", "chunked_attention", "global_attention", "indexed_attention",
                         "deepseek_sparse_attention", "qwen_sparse_attention", "minimax_m3_sparse", "hybrid"})
@@ -63,10 +63,12 @@ def cache_layers(text_config: dict) -> CacheLayers:
         return CacheLayers(layers)
     pattern = GEMMA_PATTERN.get(str(text_config.get("model_type")))
     if pattern is not None:
-        pattern = int(text_config.get("sliding_window_pattern") or pattern)
+        given = text_config.get("sliding_window_pattern")
+        pattern = given if isinstance(given, int) and given > 0 else pattern
         return CacheLayers(layers, sum(1 for i in range(layers) if (i + 1) % pattern), window)
-    if text_config.get("use_sliding_window"):  # Qwen2's: the layers from max_window_layers on
-        first = layers if text_config.get("max_window_layers") is None else int(text_config["max_window_layers"])
+    if text_config.get("use_sliding_window"):  # Qwen2's: the layers from max_window_layers on (transformers: 28)
+        given = text_config.get("max_window_layers")
+        first = given if isinstance(given, int) else 28
         return CacheLayers(layers, max(layers - first, 0), window)
     return CacheLayers(layers, layers, window)  # a model-wide window (Mistral 7B v0.1): every layer
 
@@ -98,15 +100,17 @@ def indexer_bytes_per_token(text_config: dict) -> int:
     """A sparse-attention model's indexer caches per token over its layers (0 for others), as vLLM 0.32 builds them
     for DeepSeek V3.2 and its aliases (vllm/model_executor/models/deepseek_v32/attention.py on CUDA, deepseek_v2.py
     elsewhere: the same rule):
-    a config with `index_topk` gives each layer an indexer, but those its IndexCache skips (every `index_topk_freq`-th
-    from `index_skip_topk_offset`, or an "S" in `index_topk_pattern`), each caching per token `index_head_dim` fp8
-    values and a 4-byte scale per 128 of them (132 bytes for the usual 128)."""
+    a config with `index_topk` gives each layer an indexer, but those its IndexCache skips (it keeps the layers before
+    `index_skip_topk_offset` - 1 and every `index_topk_freq`-th from there, or those without an "S" in
+    `index_topk_pattern`), each caching per token `index_head_dim` fp8 values and a 4-byte scale per 128 of them
+    (132 bytes for the usual 128)."""
     if "index_topk" not in text_config:
         return 0
     layers = int(text_config.get("num_hidden_layers") or 0)
     dim = int(text_config.get("index_head_dim") or 128)
     freq = int(text_config.get("index_topk_freq") or 1)
-    offset = int(text_config.get("index_skip_topk_offset", 2))
+    given = text_config.get("index_skip_topk_offset")
+    offset = given if isinstance(given, int) else 2
     pattern = text_config.get("index_topk_pattern")
 
     def skipped(layer: int) -> bool:

@@ -141,7 +141,8 @@ class ModelInfo:
         """Keys and values of one token over all layers (0 when the architecture is not understood); with MLA the one
         latent vector vLLM caches instead (its MLAAttentionSpec: one head of kv_lora_rank + qk_rope_head_dim, no V),
         and a sparse model's indexer caches beside it."""
-        return self.num_layers * self.kv_bytes_per_layer + self.indexer_bytes if self.head_dim else 0
+        return self.num_layers * self.kv_bytes_per_layer + self.indexer_bytes if self.head_dim and self.dtype_bytes \
+            else 0
 
     @property
     def kv_bytes_per_layer(self) -> int:

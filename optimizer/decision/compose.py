@@ -42,7 +42,7 @@ def image(vllm_version: str | None) -> str:
     """The vLLM image the numbers were measured with: the official one at the study's vLLM version (its local part,
     "+cu129" or "+cpu", dropped), or `latest` where the study did not record a release. Defaults the export leaves to
     vLLM (the memory fraction, the batch limits, async scheduling) change between versions."""
-    found = re.fullmatch(r"(\d+\.\d+\.\d+)(\+.*)?", vllm_version or "")  # a release: a dev or rc build has no tag
+    found = re.fullmatch(r"(\d+(?:\.\d+){2,3})(\+.*)?", vllm_version or "")  # a release: a dev or rc build has no tag
     return f"vllm/vllm-openai:v{found.group(1)}" if found else "vllm/vllm-openai:latest"
 
 

@@ -232,9 +232,10 @@ def driver_version(nvml: Any | None = None) -> str | None:
 
 def detect_device(nvml: Any | None = None, build: Build | None = None,
                   env: Mapping[str, str] | None = None) -> str:
-    """`cuda` when the CUDA build is installed and NVML sees a GPU this process may use, `cpu` otherwise; a
-    UsageError naming the fix where the CUDA build sees none (no driver, CUDA_VISIBLE_DEVICES naming none): that
-    build cannot run on the CPU, and a CPU study of it would only fail to start every engine."""
+    """`cuda` when the CUDA build is installed and NVML reads every GPU this process would use, `cpu` otherwise; a
+    UsageError naming the fix where the CUDA build sees none (no driver, CUDA_VISIBLE_DEVICES naming none), or cannot
+    read one it would use (naming that GPU): that build cannot run on the CPU, and a CPU study of it would only fail
+    to start every engine."""
     build = installed_build() if build is None else build
     if build.device != CUDA:
         return CPU

@@ -58,7 +58,9 @@ def per_gpu(model: ModelInfo, params: dict[str, Any]) -> ModelInfo:
     return replace(model, weights_bytes=math.ceil(rest / (tp * pp)) + math.ceil(model.expert_bytes / (tp * pp * dp)),
                    expert_bytes=math.ceil(model.expert_bytes / (tp * pp * dp)),
                    num_layers=math.ceil(model.num_layers / pp) if model.num_layers else 0,
-                   indexer_bytes=math.ceil(model.indexer_bytes / pp),
+                   # the largest stage's share, as for the layers (the first stages take ceil(L / pp) of them)
+                   indexer_bytes=math.ceil(model.indexer_bytes * math.ceil(model.num_layers / pp) / model.num_layers)
+                   if model.num_layers else 0,
                    sliding_layers=min(math.ceil(model.sliding_layers / pp), math.ceil(model.num_layers / pp)),
                    num_kv_heads=max(1, model.num_kv_heads // tp) if model.num_kv_heads else 0)
 

@@ -22,8 +22,8 @@ QWEN25_7B = {"model_type": "qwen2", "num_hidden_layers": 28, "sliding_window": 1
 MISTRAL_7B_V01 = {"model_type": "mistral", "num_hidden_layers": 32, "sliding_window": 4096}
 JAMBA = {"model_type": "jamba", "num_hidden_layers": 32, "attn_layer_period": 8, "attn_layer_offset": 4,
          "mamba_d_state": 16}
-NEMOTRON_H_8B = {"model_type": "nemotron_h", "num_hidden_layers": 52,
-                 "hybrid_override_pattern": "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-M-M-M-M-M-M-M-"}
+NEMOTRON_H = {"model_type": "nemotron_h", "num_hidden_layers": 58,  # the form of Nemotron-H's pattern, not a copy
+              "hybrid_override_pattern": "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-M-M-M-M-M-M-M-"}
 QWEN3_NEXT = {"model_type": "qwen3_next", "num_hidden_layers": 48,
               "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 12}
 
@@ -36,7 +36,7 @@ def test_layers_by_their_families_keys():
     assert cache_layers(MISTRAL_7B_V01) == CacheLayers(32, 32, 4096)  # a model-wide window: every layer
     assert cache_layers({**MISTRAL_7B_V01, "sliding_window": None}) == CacheLayers(32)
     assert cache_layers(JAMBA) == CacheLayers(4)  # layers 4, 12, 20, 28 attend; the rest are Mamba
-    assert cache_layers(NEMOTRON_H_8B) == CacheLayers(NEMOTRON_H_8B["hybrid_override_pattern"].count("*"))
+    assert cache_layers(NEMOTRON_H) == CacheLayers(4)  # its "*" layers attend
     assert cache_layers(QWEN3_NEXT) == CacheLayers(12)  # one full attention layer in four
     assert cache_layers({"model_type": "mamba", "num_hidden_layers": 64}) == CacheLayers(0)
     # a hybrid whose attention layers it cannot read: none counted (unchecked), never all of them
@@ -49,6 +49,9 @@ def test_layers_by_their_families_keys():
     assert cache_layers({"num_hidden_layers": 61, "layer_types": ["indexed_attention"] * 61}) == CacheLayers(61)
     every = cache_layers({**QWEN25_7B, "use_sliding_window": True, "max_window_layers": 0})
     assert every == CacheLayers(28, 28, 131072)  # sliding from layer 0 on
+    # without max_window_layers, transformers' default: from layer 28 on
+    assert cache_layers({"model_type": "qwen2", "num_hidden_layers": 36, "sliding_window": 4096,
+                         "use_sliding_window": True}) == CacheLayers(36, 8, 4096)
 
 
 def test_a_sliding_layer_keeps_its_window_and_the_tokens_in_flight():

@@ -257,6 +257,7 @@ def test_the_compose_runs_the_vllm_version_measured_and_a_hub_model_from_the_hos
     from optimizer.decision.compose import image as image_of
 
     assert image_of("0.33.0rc1") == image_of("0.32.1.dev3+g1234") == "vllm/vllm-openai:latest"  # no such tag
+    assert image_of("0.10.1.1") == "vllm/vllm-openai:v0.10.1.1"
 
 
 def test_a_block_size_vllm_chose_for_its_gpu_is_left_to_vllm_where_the_study_did_not_choose_it(syn):
