@@ -1,7 +1,8 @@
 """Which layers keep a per-token KV cache (optimizer/config/layers.py), read from published config.json fields, and
 what one sequence of max_model_len then needs, as vLLM 0.32 checks it at start: a sliding layer keeps its window on
-GPUs (the hybrid KV cache manager), every token on the CPU build; a hybrid model's state layers keep nothing per
-token. Counting every layer as full attention rejected vLLM's own defaults for Gemma 3 on an H100."""
+GPUs (the hybrid KV cache manager) and wherever every layer slides, every token on the CPU build otherwise; a hybrid
+model's state layers keep nothing per token. Counting every layer as full attention rejected vLLM's own defaults for
+Gemma 3 on an H100."""
 
 import pytest
 
