@@ -306,7 +306,8 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     layers = cached.attention
     kv_heads = int(text_config.get("num_key_value_heads") or heads)
     head_dim = int(text_config.get("head_dim") or (hidden // heads if heads else 0))
-    mla = uses_mla(text_config)
+    latent = uses_mla(text_config, {})  # the architecture's own, whatever VLLM_MLA_DISABLE says
+    mla = latent and mla_enabled(os.environ)  # as this process's environment runs it
     dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16").removeprefix("torch.")
     dtype_bytes = dtype_size(dtype)
     if dtype_bytes == 4:  # vLLM's dtype "auto" serves a float32 checkpoint in 16 bits (config/model.py
@@ -319,7 +320,6 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     weights = weights_bytes or (known[0] if known else 0)
     experts = int(weights * share[1] / share[0]) if share and share[0] else 0
     rope, nope = int(text_config.get("qk_rope_head_dim") or 0), int(text_config.get("qk_nope_head_dim") or 0)
-    latent = uses_mla(text_config, {})  # whatever VLLM_MLA_DISABLE says
     switch: tuple[int, ...] = ()
     if latent and text_config.get("model_type") in MLA_SWITCHABLE and "compress_ratios" not in text_config \
             and "index_topk" not in text_config and rope and nope:

@@ -100,9 +100,9 @@ def quantized_bits(q: Any, cfg: dict[str, Any] | None = None) -> tuple[float, fl
     caps both at the dtype's width); None: a quantization this does not know."""
     if not isinstance(q, dict):
         return 16.0, 16.0
-    method = str(q.get("quant_method") or "").lower()
-    if str((cfg or {}).get("model_type", "")).startswith("deepseek_v4"):  # vLLM keeps V4's experts in MXFP4 (unless
-        return (8.0 if (cfg or {}).get("expert_dtype") == "fp8" else MXFP4_BITS), 8.0  # fp8), the rest in FP8
+    method, cfg = str(q.get("quant_method") or "").lower(), cfg or {}
+    if str(cfg.get("model_type", "")).startswith("deepseek_v4"):  # vLLM keeps V4's experts in MXFP4 (unless fp8),
+        return (8.0 if cfg.get("expert_dtype") == "fp8" else MXFP4_BITS), 8.0  # the rest in FP8
     if method in ("mxfp4", "gpt_oss_mxfp4"):
         return MXFP4_BITS, 16.0  # gpt-oss: experts only, attention in the checkpoint's dtype
     if method == "fp_quant":
@@ -141,8 +141,3 @@ def weights_split(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = Non
     expert_bytes = int(experts * min(expert_bits, full) / 8)
     return int(embeddings * dtype_bytes + dense * min(dense_bits, full) / 8) + expert_bytes, expert_bytes
 
-
-def estimated_weights_bytes(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = None) -> int:
-    """`weights_split`'s total; 0 for a quantization this does not know (the weights unknown)."""
-    split = weights_split(cfg, dtype_bytes, quantization)
-    return split[0] if split else 0

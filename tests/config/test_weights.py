@@ -7,10 +7,17 @@ import json
 import pytest
 
 from optimizer.config.model import inspect_model, model_info
-from optimizer.config.weights import MXFP4_BITS, NVFP4_BITS, estimated_weights_bytes, mixture_layers, quantized_bits
+from optimizer.config.weights import MXFP4_BITS, NVFP4_BITS, mixture_layers, quantized_bits, weights_split
 from optimizer.params.accuracy import accuracy_line
 from optimizer.params.parallel import per_gpu
 from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
+
+
+def estimated_weights_bytes(cfg, dtype_bytes, quantization=None) -> int:
+    """`weights_split`'s total; 0 for a quantization it does not know."""
+    split = weights_split(cfg, dtype_bytes, quantization)
+    return split[0] if split else 0
+
 
 MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json, the fields read
     "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
