@@ -152,8 +152,8 @@ class ModelInfo:
     def kv_bytes_one_sequence(self, max_model_len: int, in_flight_tokens: int = 0, windows_kept: bool = True) -> int:
         """At least the cache one sequence of `max_model_len` tokens needs, as vLLM checks it at start (`kv_cache_utils.
         check_enough_kv_cache_memory`, from each layer's `max_memory_usage_bytes`): a sliding layer keeps its window and
-        the `in_flight_tokens` (max_num_batched_tokens, the least vLLM keeps in flight; 0 where unknown) where
-        `windows_kept` (config/layers.py says where), else every token as full attention does."""
+        the `in_flight_tokens` (max_num_batched_tokens x the batches in flight, params/parallel.py; 0 where unknown)
+        where `windows_kept` (config/layers.py says where), else every token as full attention does."""
         full = self.kv_bytes_per_token * max_model_len
         if not (windows_kept and self.sliding_layers and self.sliding_window) or not self.head_dim:
             return full

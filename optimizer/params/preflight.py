@@ -22,7 +22,7 @@ from optimizer.config.model import ModelInfo
 from optimizer.core.clock import Clock
 from optimizer.core.errors import OptimizerError
 from optimizer.params.open_space import split_env
-from optimizer.params.parallel import per_gpu
+from optimizer.params.parallel import batches_in_flight, per_gpu
 
 GIB = 1024**3
 # Memory the engine needs besides weights and KV cache (runtime, activations, buffers). On CPU, measured here:
@@ -99,7 +99,8 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
     layout (with tensor/pipeline parallelism each GPU holds a share: optimizer/params/parallel.py), with the cache
     its own `env:` parameters choose (VLLM_MLA_DISABLE: `ModelInfo.under_env`), its sliding layers holding their
     windows only where vLLM keeps them so (config/layers.py)."""
-    model = per_gpu(model.served_as(params.get("dtype")).under_env(split_env(params)[1]), params)
+    env = split_env(params)[1]
+    model = per_gpu(model.served_as(params.get("dtype")).under_env(env), params)
     fraction = float(params.get("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION))
     requested = int(fraction * memory.total_bytes)
     reserve = RUNTIME_RESERVE_BYTES.get(device, RUNTIME_RESERVE_BYTES["cuda"])
@@ -114,7 +115,8 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
     hybrid_manager = device != "cpu" and not params.get("disable_hybrid_kv_cache_manager")
     windows_kept = not params.get("disable_sliding_window") \
         and (hybrid_manager or 0 < model.num_layers == model.sliding_layers)
-    one_seq = model.kv_bytes_one_sequence(model_len, int(params.get("max_num_batched_tokens") or 0), windows_kept)
+    in_flight = batches_in_flight(params, device, env) * int(params.get("max_num_batched_tokens") or 0)
+    one_seq = model.kv_bytes_one_sequence(model_len, in_flight, windows_kept)
     fit = kv_budget / (per_token * mean_request_tokens) if per_token and mean_request_tokens else float("inf")
     headroom = 0
     if device == "cpu":

@@ -8,6 +8,7 @@ import pytest
 
 from optimizer.config.layers import CacheLayers, cache_layers
 from optimizer.config.model import model_info
+from optimizer.params.parallel import batches_in_flight
 from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
 
 GEMMA3_27B = {  # google/gemma-3-27b-it config.json: its text_config, the fields read
@@ -65,6 +66,22 @@ def test_a_sliding_layer_keeps_its_window_and_the_tokens_in_flight():
     assert gpt.kv_bytes_one_sequence(131072, 8192, windows_kept=False) == 36 * per_layer * 131072
 
 
+def test_the_batches_in_flight_as_vllm_counts_them():
+    """vLLM 0.32's VllmConfig.max_concurrent_batches, whose batches' tokens a sliding layer keeps beside its window:
+    async scheduling (on unless the config says otherwise) keeps the pipeline's stages + 1 in flight on the V2 model
+    runner (the default where Triton is), 2 on the V1 runner without a pipeline; the CPU build turns it off."""
+    v1 = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert batches_in_flight({}, "cuda", {}) == 2
+    assert batches_in_flight({"async_scheduling": False}, "cuda", {}) == 1
+    assert batches_in_flight({"pipeline_parallel_size": 4}, "cuda", {}) == 5
+    assert batches_in_flight({}, "cuda", v1) == 2
+    assert batches_in_flight({"pipeline_parallel_size": 4}, "cuda", v1) == 4  # V1 turns async off with a pipeline
+    assert batches_in_flight({"pipeline_parallel_size": 2, "async_scheduling": True}, "cuda", v1) == 2  # the stages
+    assert batches_in_flight({"distributed_executor_backend": "ray"}, "cuda", {}) == 1  # Ray's executor lacks it
+    assert batches_in_flight({}, "cpu", {}) == 1
+    assert batches_in_flight({"pipeline_parallel_size": 2, "async_scheduling": True}, "cpu", {}) == 2
+
+
 def test_a_model_whose_every_layer_slides_keeps_its_windows_on_the_cpu_build_too():
     """Its specs are uniform: vLLM has nothing to promote to full attention (kv_cache_utils), hybrid manager or not."""
     mistral = model_info({**MISTRAL_7B_V01, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
@@ -78,13 +95,17 @@ def test_a_model_whose_every_layer_slides_keeps_its_windows_on_the_cpu_build_too
 
 def test_vllm_s_defaults_for_gemma3_27b_fit_an_h100_and_not_the_cpu_build_s_cache():
     """The helper's case from vLLM 0.32's code: 62 layers, 52 of them with a 1024-token window; at 131k tokens and
-    0.92 of an H100, one sequence needs about 14 GiB on the GPU (10 full layers, 52 windows), 62 GiB as full attention,
-    with ~21 GiB left for the cache beside 51 GiB of weights."""
+    0.92 of an H100, one sequence needs about 17 GiB on the GPU (10 full layers, 52 windows and two batches of 8192
+    tokens in flight under async scheduling; 14 without it), 62 GiB as full attention, with ~21 GiB left for the cache
+    beside 51 GiB of weights."""
     gemma = model_info(GEMMA3_27B, "google/gemma-3-27b-it", weights_bytes=int(54.9e9))
     h100 = DeviceMemory(total_bytes=int(79.6 * GIB), available_bytes=int(79 * GIB))
     defaults = {"max_model_len": 131072, "max_num_batched_tokens": 8192}
     on_gpu = estimate(defaults, gemma, "cuda", h100, 1000)
-    assert memory_problems(on_gpu) == [] and 13 * GIB < on_gpu.kv_one_sequence_bytes < 15 * GIB
+    assert memory_problems(on_gpu) == [] and 16 * GIB < on_gpu.kv_one_sequence_bytes < 18 * GIB
+    in_turn = estimate({**defaults, "async_scheduling": False}, gemma, "cuda", h100, 1000)
+    assert 13 * GIB < in_turn.kv_one_sequence_bytes < 15 * GIB
+    assert on_gpu.kv_one_sequence_bytes - in_turn.kv_one_sequence_bytes == 52 * (2 * 16 * 128 * 2) * 8192
     full = estimate({**defaults, "disable_hybrid_kv_cache_manager": True}, gemma, "cuda", h100, 1000)
     assert full.kv_one_sequence_bytes == gemma.kv_bytes_per_token * 131072  # ~62 GiB: every layer as full attention
     assert "one max_model_len sequence needs" in memory_problems(full)[0]
