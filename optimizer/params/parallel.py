@@ -71,9 +71,11 @@ def batches_in_flight(params: dict[str, Any], device: str, env: dict[str, str]) 
     scheduling, the pipeline's stages + 1 on vLLM's V2 model runner (its default where Triton is: GPUs; `env` is the
     trial's `env:` parameters, VLLM_USE_V2_MODEL_RUNNER=0 turns it off), 2 on the V1 runner without pipeline
     parallelism; else the pipeline's stages. vLLM turns async scheduling on unless the config says otherwise, but for
-    pipeline parallelism on the V1 runner and the Ray executor, which lacks it; its CPU build turns it off."""
+    pipeline parallelism on the V1 runner and the Ray executor, which lacks it; its CPU build turns it off. With
+    speculative decoding, whose methods it turns it off for in part, the stages alone (the lenient side: a start
+    decides)."""
     pp = _size(params, "pipeline_parallel_size")
-    if device == "cpu":
+    if device == "cpu" or params.get("speculative_config"):
         return pp
     v2 = env.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() not in ("0", "false")
     on = params.get("async_scheduling")
