@@ -16,8 +16,8 @@ at the same times on an engine that runs the same code reads alike unless the en
 engine's first minutes under load are what its later replays outrun.
 
 `--pairs N` instead keeps two engines alive at once and replays on them in turn: an engine slower than its partner
-throughout is the engine's start; both moving together is the machine's minute. (On the 2-core Xeon both read slower
-than any engine alone: the idle one's processes keep polling.)
+throughout is the engine's start; both moving together is the machine's minute. (On the 2-core Xeon both read as
+slow as the slowest engine alone or slower: the idle one's processes may cost the other.)
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def probes_text(result) -> str:
 
 
 async def one_draw(base, deploy_as, params, config, workload, prior_rps: float, log: Path):
-    """(first run, second run, the fit over the full replays) on one fresh engine."""
+    """(first run, second run, the fit over the full replays) on one fresh engine; None where one found no rate."""
     engine = VllmEngine(base, deploy_as=deploy_as)
     await engine.start(params, log)
     clock = MonotonicClock()
@@ -55,6 +55,9 @@ async def one_draw(base, deploy_as, params, config, workload, prior_rps: float, 
     try:
         first = await TrialReplays(engine, workload, config, clock, None, 0, []).measure(
             None, confirm=prior_spec([prior_rps]))
+        if first.fit is None:
+            print(f"    run: {probes_text(first)} -> no rate at the limit: no full replays", flush=True)
+            return None
         print(f"    run: {probes_text(first)} -> {first.fit.rate_rps:.2f} req/s", flush=True)
         rate, counts = first.fit.rate_rps, []
         for f in FACTORS + FACTORS[::-1]:
@@ -68,10 +71,12 @@ async def one_draw(base, deploy_as, params, config, workload, prior_rps: float, 
                   f"{fifths}", flush=True)
         second = await TrialReplays(engine, workload, config, clock, None, 0, []).measure(
             None, confirm=prior_spec([prior_rps]))
-        print(f"    run again: {probes_text(second)} -> {second.fit.rate_rps:.2f} req/s", flush=True)
+        again = f"{second.fit.rate_rps:.2f} req/s" if second.fit is not None else "no rate at the limit"
+        print(f"    run again: {probes_text(second)} -> {again}", flush=True)
     finally:
         await engine.shutdown()
-    return first.fit, second.fit, fit_rate_at_limit(counts, resamples=0, remeasure_cv=0.0)
+    full = fit_rate_at_limit(counts, resamples=0, remeasure_cv=0.0)
+    return None if second.fit is None or full is None else (first.fit, second.fit, full)
 
 
 def main() -> None:
@@ -94,12 +99,18 @@ def main() -> None:
         workload = build_workload(config.workload.model_copy(update={"seed": config.workload.seed + DRAWS_FROM + k}),
                                   vocab)
         print(f"draw {k}: vLLM's defaults, from the rounds' {prior:.2f} req/s", flush=True)
-        a, b, full = asyncio.run(one_draw(base, config.deploy_as, ENGINE_PARAMS.of(c.base.trial), config, workload,
-                                          prior, Path(args.out) / f"same-draw-{k}.log"))
+        found = asyncio.run(one_draw(base, config.deploy_as, ENGINE_PARAMS.of(c.base.trial), config, workload,
+                                     prior, Path(args.out) / f"same-draw-{k}.log"))
+        if found is None:
+            print(f"  draw {k}: a run or the full replays found no rate at the limit; left out", flush=True)
+            continue
+        a, b, full = found
         print(f"  run {a.rate_rps:.2f} [{a.low_rps:.2f}, {a.high_rps:.2f}], again {b.rate_rps:.2f} [{b.low_rps:.2f}, "
               f"{b.high_rps:.2f}]; the full replays' fit {full.rate_rps:.2f} [{full.low_rps:.2f}, {full.high_rps:.2f}]",
               flush=True)
         rows.append((a.rate_rps, b.rate_rps, full.rate_rps))
+    if not rows:
+        raise SystemExit("no draw gave a rate at the limit")
     gaps = [math.log(math.sqrt(a * b) / f) for a, b, f in rows]
     again = [math.log(b / a) for a, b, _ in rows]
     print(f"log(run / full replays), the two runs' geometric mean: {', '.join(f'{x:+.1%}' for x in gaps)}; mean "

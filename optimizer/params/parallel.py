@@ -70,17 +70,17 @@ def batches_in_flight(params: dict[str, Any], device: str, env: dict[str, str]) 
     layer keeps their tokens beside its window (`max_in_flight_tokens`: this x max_num_batched_tokens). With async
     scheduling, the pipeline's stages + 1 on vLLM's V2 model runner (its default where Triton is: GPUs; `env` is the
     trial's `env:` parameters, VLLM_USE_V2_MODEL_RUNNER=0 turns it off), 2 on the V1 runner without pipeline
-    parallelism; else the pipeline's stages. vLLM turns async scheduling on unless the config says otherwise, but for
-    pipeline parallelism on the V1 runner and the Ray executor, which lacks it; its CPU build turns it off. With
-    speculative decoding, whose methods it turns it off for in part, the stages alone (the lenient side: a start
-    decides)."""
+    parallelism; else the pipeline's stages. vLLM turns async scheduling on unless the config says otherwise (its
+    executors have it, Ray's V2 executor too), but for pipeline parallelism on the V1 runner; its CPU build turns it
+    off. With speculative decoding, whose methods it turns it off for in part, the stages alone (the lenient side: a
+    start decides)."""
     pp = _size(params, "pipeline_parallel_size")
     if device == "cpu" or params.get("speculative_config"):
         return pp
     v2 = env.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() not in ("0", "false")
     on = params.get("async_scheduling")
     if on is None:
-        on = params.get("distributed_executor_backend") != "ray" and (pp == 1 or v2)
+        on = pp == 1 or v2
     if on and v2:
         return pp + 1
     return 2 if on and pp == 1 else pp

@@ -76,8 +76,7 @@ def test_the_batches_in_flight_as_vllm_counts_them():
     assert batches_in_flight({"pipeline_parallel_size": 4}, "cuda", {}) == 5
     assert batches_in_flight({}, "cuda", v1) == 2
     assert batches_in_flight({"pipeline_parallel_size": 4}, "cuda", v1) == 4  # V1 turns async off with a pipeline
-    assert batches_in_flight({"pipeline_parallel_size": 2, "async_scheduling": True}, "cuda", v1) == 2  # the stages
-    assert batches_in_flight({"distributed_executor_backend": "ray"}, "cuda", {}) == 1  # Ray's executor lacks it
+    assert batches_in_flight({"distributed_executor_backend": "ray"}, "cuda", {}) == 2  # Ray's V2 executor has it
     assert batches_in_flight({}, "cpu", {}) == 1
     assert batches_in_flight({"speculative_config": {"method": "ngram"}}, "cuda", {}) == 1  # lenient
     assert batches_in_flight({"pipeline_parallel_size": 2, "async_scheduling": True}, "cpu", {}) == 2
