@@ -22,6 +22,7 @@ from optimizer.config.model import ModelInfo
 from optimizer.core.clock import Clock
 from optimizer.core.errors import OptimizerError
 from optimizer.params.open_space import split_env
+from optimizer.params.deploy import batch_defaults
 from optimizer.params.parallel import batches_in_flight, per_gpu
 
 GIB = 1024**3
@@ -123,6 +124,17 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
         headroom = max(int(CPU_HEADROOM_FRACTION * memory.total_bytes), CPU_HEADROOM_MIN_BYTES)
     return MemoryEstimate(requested, memory.available_bytes, model.weights_bytes, reserve, kv_budget, one_seq,
                           max(fit, 0.0), headroom)
+
+
+def with_batch_default(params: dict[str, Any], deploy_as: str, device: str, memory_total_bytes: int,
+                       device_name: str = "") -> dict[str, Any]:
+    """Pure: `params` with the max_num_batched_tokens vLLM gives the deployment where they leave it to vLLM
+    (params/deploy.py: `vllm serve` on an H100 8192, on an A100 2048), which `estimate` counts in flight beside a
+    sliding window; as they are where they set it, or turn chunked prefill off (vLLM then takes at least
+    max_model_len: left uncounted, the lenient side)."""
+    if params.get("max_num_batched_tokens") is not None or params.get("enable_chunked_prefill") is False:
+        return params
+    return {**params, "max_num_batched_tokens": batch_defaults(deploy_as, device, memory_total_bytes, device_name)[1]}
 
 
 def memory_problems(est: MemoryEstimate) -> list[str]:

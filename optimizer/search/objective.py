@@ -32,7 +32,7 @@ from optimizer.measurement.workload import Workload, build_workload, fixed_load_
 from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
 from optimizer.params.preflight import (
     VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere, layout_probe, memory_problems,
-    most_free_for, wait_for_memory,
+    most_free_for, wait_for_memory, with_batch_default,
 )
 from optimizer.params.space import Space
 from optimizer.search.attrs import (
@@ -103,6 +103,7 @@ class Objective:
     breaker: StartFailureBreaker = field(default_factory=StartFailureBreaker)  # stops a run the machine breaks
     gpu_count: int | None = None  # GPUs visible to this process (found on the first trial on cuda)
     served_factory: EngineFactory | None = None  # `vllm serve` for the confirmation's runs as served (None: none)
+    gpu_name: str = ""  # the first GPU's name ("" on CPU): vLLM's batch defaults depend on it (params/deploy.py)
     # the confirmation's draws, by seed; not an init field, so a copy (dataclasses.replace) starts its own
     round_workloads: dict[int, Workload] = field(default_factory=dict, init=False, repr=False)
 
@@ -228,6 +229,7 @@ class Objective:
         memory = probe() if self.model is not None else None
         if memory is None:
             return params
+        sized = with_batch_default(sized, self.config.deploy_as, self.config.device, memory.total_bytes, self.gpu_name)
         est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len)
         most_free = most_free_for(self.most_free_bytes, gpus)
         problems = memory_problems(est)

@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial
 from optimizer.config.model import ModelInfo, default_model, inspect_model
 from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
+from optimizer.hardware.device import gpu_name
 from optimizer.hardware.machine import describe, fingerprint
 from optimizer.measurement.engine import EngineFactory
 from optimizer.measurement.stability import P99Stability
@@ -128,6 +129,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         memory_probe=memory_probe or (lambda: DeviceMemory.probe(config.device)),
         records=records,
         served_factory=served_factory if config.serves_after else None,
+        gpu_name=gpu_name(config.device),
     )
     choice = None
     if pilot_first:
@@ -317,7 +319,6 @@ def trial_estimate(prepared: Prepared) -> Callable[[], float | None]:
 def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective,
               studies_dir: Path, say: Callable[..., None]) -> None:
     """`--prescreen N`: N simulated trials (study NAME.sim), their best and least certain configs queued first."""
-    from optimizer.hardware.device import gpu_name
     from optimizer.params.preflight import DeviceMemory
     from optimizer.search.prescreen import DEFAULT_DEVICE_MEMORY_BYTES, run_prescreen
     from optimizer.engines.sim.steptime import StepTimeModel

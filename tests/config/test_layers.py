@@ -9,7 +9,7 @@ import pytest
 from optimizer.config.layers import CacheLayers, cache_layers
 from optimizer.config.model import model_info
 from optimizer.params.parallel import batches_in_flight
-from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
+from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems, with_batch_default
 
 GEMMA3_27B = {  # google/gemma-3-27b-it config.json: its text_config, the fields read
     "architectures": ["Gemma3ForConditionalGeneration"], "torch_dtype": "bfloat16",
@@ -82,6 +82,20 @@ def test_the_batches_in_flight_as_vllm_counts_them():
     assert batches_in_flight({"pipeline_parallel_size": 2, "async_scheduling": True}, "cpu", {}) == 2
 
 
+def test_vllm_s_token_budget_where_the_config_leaves_it_to_vllm():
+    """vLLM 0.32's get_batch_defaults for `vllm serve` (params/deploy.py): 8192 tokens on an H100, 2048 on an A100 of
+    the same memory; a config's own value stays, and with chunked prefill off none is filled in (vLLM takes at least
+    max_model_len then: left uncounted, the lenient side)."""
+    h100, a100 = int(79.6 * GIB), int(79.2 * GIB)
+    assert with_batch_default({}, "serve", "cuda", h100, "NVIDIA H100 80GB HBM3") == {"max_num_batched_tokens": 8192}
+    assert with_batch_default({}, "serve", "cuda", a100, "NVIDIA A100-SXM4-80GB") == {"max_num_batched_tokens": 2048}
+    assert with_batch_default({}, "llm", "cuda", h100, "NVIDIA H100 80GB HBM3") == {"max_num_batched_tokens": 16384}
+    assert with_batch_default({"max_num_batched_tokens": 512}, "serve", "cuda", h100) == {"max_num_batched_tokens": 512}
+    assert with_batch_default({"enable_chunked_prefill": False}, "serve", "cuda", h100) == \
+        {"enable_chunked_prefill": False}
+    assert with_batch_default({}, "serve", "cpu", 64 * GIB) == {"max_num_batched_tokens": 2048}
+
+
 def test_a_model_whose_every_layer_slides_keeps_its_windows_on_the_cpu_build_too():
     """Its specs are uniform: vLLM has nothing to promote to full attention (kv_cache_utils), hybrid manager or not."""
     mistral = model_info({**MISTRAL_7B_V01, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
@@ -106,6 +120,10 @@ def test_vllm_s_defaults_for_gemma3_27b_fit_an_h100_and_not_the_cpu_build_s_cach
     in_turn = estimate({**defaults, "async_scheduling": False}, gemma, "cuda", h100, 1000)
     assert 13 * GIB < in_turn.kv_one_sequence_bytes < 15 * GIB
     assert on_gpu.kv_one_sequence_bytes - in_turn.kv_one_sequence_bytes == 52 * (2 * 16 * 128 * 2) * 8192
+    # left to vLLM, the token budget is the one `vllm serve` gets on an H100 (params/deploy.py): the same 8192
+    unset = estimate(with_batch_default({"max_model_len": 131072}, "serve", "cuda", h100.total_bytes,
+                                        "NVIDIA H100 80GB HBM3"), gemma, "cuda", h100, 1000)
+    assert unset.kv_one_sequence_bytes == on_gpu.kv_one_sequence_bytes
     full = estimate({**defaults, "disable_hybrid_kv_cache_manager": True}, gemma, "cuda", h100, 1000)
     assert full.kv_one_sequence_bytes == gemma.kv_bytes_per_token * 131072  # ~62 GiB: every layer as full attention
     assert "one max_model_len sequence needs" in memory_problems(full)[0]

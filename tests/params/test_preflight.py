@@ -3,6 +3,7 @@
 The sampler learning to avoid an infeasible region is in tests/search/test_study.py (the study's own sampler)."""
 
 import asyncio
+from dataclasses import replace
 
 import optuna
 import pytest
@@ -187,3 +188,23 @@ def test_the_memory_of_a_layout_is_its_gpus_smallest():
     assert mem.for_gpus(2) == DeviceMemory(80 * GIB, 60 * GIB, mem.per_gpu)
     assert mem.for_gpus(3) == mem.for_gpus(8) == DeviceMemory(40 * GIB, 2 * GIB, mem.per_gpu)
     assert MEM.for_gpus(4) is MEM  # the CPU's memory, or GPUs not read one by one
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat")
+def test_vllm_s_own_token_budget_counts_where_the_config_leaves_it_unset(objective):
+    """A sliding layer keeps the tokens of the batches in flight beside its window (vLLM 0.32's SlidingWindowSpec).
+    Where the config leaves max_num_batched_tokens to vLLM, the preflight counts what vLLM gives `vllm serve` on this
+    GPU (10 GiB: 2048, params/deploy.py), two batches of it under async scheduling; a config's own value where set."""
+    obj, study = objective
+    obj.model = replace(MODEL, max_len=32768, num_layers=32, num_kv_heads=8, head_dim=128, sliding_layers=32,
+                        sliding_window=4096)
+    obj.memory_probe, _ = scripted_probe(8)
+    base = {"gpu_memory_utilization": 0.5, "max_model_len": 32768}
+    _, unset = preflight(obj, study, base)
+    _, given = preflight(obj, study, {**base, "max_num_batched_tokens": 512})
+    per_token_layer = 2 * 8 * 128 * 2
+    assert unset.user_attrs["memory_estimate_gib"]["kv_one_sequence_bytes"] == \
+        round(32 * per_token_layer * (4095 + 2 * 2048) / GIB, 3)
+    assert given.user_attrs["memory_estimate_gib"]["kv_one_sequence_bytes"] == \
+        round(32 * per_token_layer * (4095 + 2 * 512) / GIB, 3)
+
