@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import math
 import os
-import statistics
 import sys
 import threading
 import time
@@ -90,10 +89,8 @@ async def measured(engine, workload, rate: float, limit_ms: float, clock) -> str
     records = await replay(engine, workload.requests, workload.arrivals_s(rate), clock)
     c = count(sorted(records, key=lambda r: (r.sent_s, r.index)), math.inf, limit_ms)
     m = summarize(records, rate)
-    tpot_ms = statistics.median((r.chunk_times_s[-1] - r.first_token_s) / (len(r.chunk_times_s) - 1) * 1000
-                                for r in records if r.ok and r.first_token_s is not None and len(r.chunk_times_s) > 1)
     return (f"{c.over:4d} of {c.resolved} over; TTFT P50 {m.ttft.p50_ms:5.1f} P99 {m.ttft.p99_ms:6.1f} ms; "
-            f"TPOT P50 {tpot_ms:5.2f} ms")
+            f"TPOT P50 {m.tpot.p50_ms:5.2f} ms")
 
 
 async def one_engine(base, deploy_as, params, workload, rate, replays, limit_ms, warm, log, extra: int = 0) -> None:

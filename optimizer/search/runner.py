@@ -319,7 +319,6 @@ def trial_estimate(prepared: Prepared) -> Callable[[], float | None]:
 def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective,
               studies_dir: Path, say: Callable[..., None]) -> None:
     """`--prescreen N`: N simulated trials (study NAME.sim), their best and least certain configs queued first."""
-    from optimizer.params.preflight import DeviceMemory
     from optimizer.search.prescreen import DEFAULT_DEVICE_MEMORY_BYTES, run_prescreen
     from optimizer.engines.sim.steptime import StepTimeModel
 
@@ -329,7 +328,7 @@ def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages
     run_prescreen(study, storage, config, objective.space, objective.workload, objective.model, time_model,
                   config.prescreen, logs_dir=studies_dir / f"{config.study_name}.sim.logs",
                   device_memory_bytes=memory.total_bytes if memory else DEFAULT_DEVICE_MEMORY_BYTES,
-                  device_name=gpu_name(config.device), say=say)
+                  device_name=objective.gpu_name, say=say)
 
 
 def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
