@@ -116,6 +116,8 @@ class ModelInfo:
     # of num_layers (the layers with a per-token cache: config/layers.py), those with a sliding window of so many tokens
     sliding_layers: int = 0
     sliding_window: int = 0
+    # an MLA layer's token in a packed layout (kv_cache_dtype fp8_ds_mla: 656 bytes; params/parallel.py), 0 otherwise
+    packed_layer_bytes: int = 0
 
     def served_as(self, dtype: str | None) -> ModelInfo:
         """The same model served in `dtype` (None or "auto": its own): weights and KV cache in that many bytes."""
@@ -147,6 +149,8 @@ class ModelInfo:
     @property
     def kv_bytes_per_layer(self) -> int:
         """One token's cache in one attention layer (the indexer's aside)."""
+        if self.mla and self.packed_layer_bytes:
+            return self.packed_layer_bytes
         return (1 if self.mla else 2) * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     def kv_bytes_one_sequence(self, max_model_len: int, in_flight_tokens: int = 0, windows_kept: bool = True) -> int:

@@ -36,10 +36,14 @@ def searches_layout(params_seen: list[dict[str, Any]]) -> bool:
 
 # bytes per KV cache element by `kv_cache_dtype` (vllm/config/cache.py CacheDType); "auto" is the model's dtype.
 # The per-token-head caches keep a scale beside each head's bytes, which this leaves out (a little under: only clear
-# cases are rejected). The packed ones (nvfp4*, turboquant_*, ultraquant_*, int4_*, the MLA layouts) are not here:
-# their KV cache goes unchecked, the real start decides.
+# cases are rejected). The packed ones (nvfp4*, turboquant_*, ultraquant_*, int4_*) are not here: their KV cache goes
+# unchecked, the real start decides. vLLM serves a sparse MLA model's fp8 in DeepSeek's packed layout on some
+# backends (656 bytes, not 576): the GPU decides, so fp8 counts its 1 byte, the lenient side.
 KV_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1,
                   "fp8_per_token_head": 1, "int8_per_token_head": 1}
+# DeepSeek's packed MLA layouts: one token's latent (NoPE part quantized, its scales, RoPE part in 16 bits) in so many
+# bytes a layer (the MLA layer's get_kv_cache_spec, `state_content_bytes`); an MLA model's only
+PACKED_MLA_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 
 
 def per_gpu(model: ModelInfo, params: dict[str, Any]) -> ModelInfo:
@@ -47,7 +51,9 @@ def per_gpu(model: ModelInfo, params: dict[str, Any]) -> ModelInfo:
     ranks), and of the KV cache's layers and heads, in the KV cache's dtype (`kv_cache_dtype`: fp8 halves a 16-bit
     model's KV bytes per token)."""
     kv_dtype = str(params.get("kv_cache_dtype") or "auto")
-    if kv_dtype != "auto":  # a dtype the table lacks: 0 bytes, "not understood" (ModelInfo), its KV cache unchecked
+    if kv_dtype in PACKED_MLA_BYTES and model.mla:
+        model = replace(model, packed_layer_bytes=PACKED_MLA_BYTES[kv_dtype])
+    elif kv_dtype != "auto":  # a dtype the tables lack: 0 bytes, "not understood" (ModelInfo), its KV cache unchecked
         model = replace(model, dtype_bytes=KV_DTYPE_BYTES.get(kv_dtype, 0))
     tp, pp, dp = (_size(params, name) for name in ("tensor_parallel_size", "pipeline_parallel_size",
                                                    "data_parallel_size"))

@@ -14,7 +14,7 @@ teaching the sampler a false out-of-memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -95,12 +95,13 @@ class MemoryEstimate:
 
 
 def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: DeviceMemory,
-             mean_request_tokens: float) -> MemoryEstimate:
+             mean_request_tokens: float, process_env: Mapping[str, str] | None = None) -> MemoryEstimate:
     """Pure: what the config asks for and what is left for the KV cache, in the dtype it serves and per GPU of its
     layout (with tensor/pipeline parallelism each GPU holds a share: optimizer/params/parallel.py), with the cache
-    its own `env:` parameters choose (VLLM_MLA_DISABLE: `ModelInfo.under_env`), its sliding layers holding their
-    windows only where vLLM keeps them so (config/layers.py)."""
-    env = split_env(params)[1]
+    the environment its engine starts in chooses (VLLM_MLA_DISABLE: `ModelInfo.under_env`; VLLM_USE_V2_MODEL_RUNNER:
+    the batches in flight): `process_env`, the one it inherits, under its own `env:` parameters; its sliding layers
+    holding their windows only where vLLM keeps them so (config/layers.py)."""
+    env = {**(process_env or {}), **split_env(params)[1]}
     model = per_gpu(model.served_as(params.get("dtype")).under_env(env), params)
     fraction = float(params.get("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION))
     requested = int(fraction * memory.total_bytes)
@@ -129,12 +130,14 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
 def with_batch_default(params: dict[str, Any], deploy_as: str, device: str, memory_total_bytes: int,
                        device_name: str = "") -> dict[str, Any]:
     """Pure: `params` with the max_num_batched_tokens vLLM gives the deployment where they leave it to vLLM
-    (params/deploy.py: `vllm serve` on an H100 8192, on an A100 2048), which `estimate` counts in flight beside a
-    sliding window; as they are where they set it, or turn chunked prefill off (vLLM then takes at least
-    max_model_len: left uncounted, the lenient side)."""
+    (params/deploy.py: `vllm serve` on an H100 8192, on an A100 2048; on the CPU build x its tensor x pipeline
+    parallel ranks), which `estimate` counts in flight beside a sliding window; as they are where they set it, or
+    turn chunked prefill off (vLLM then takes at least max_model_len: left uncounted, the lenient side)."""
     if params.get("max_num_batched_tokens") is not None or params.get("enable_chunked_prefill") is False:
         return params
-    return {**params, "max_num_batched_tokens": batch_defaults(deploy_as, device, memory_total_bytes, device_name)[1]}
+    world_size = int(params.get("tensor_parallel_size") or 1) * int(params.get("pipeline_parallel_size") or 1)
+    return {**params, "max_num_batched_tokens": batch_defaults(deploy_as, device, memory_total_bytes, device_name,
+                                                               world_size)[1]}
 
 
 def memory_problems(est: MemoryEstimate) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -52,15 +53,13 @@ from optimizer.search.study import in_confirmation_study
 CONSTRAINT = "ttft_p99_over_limit_ms"
 # The constraint value of a config that cannot run at all: worse than any measured SLO miss.
 CANNOT_RUN_MS = 1e7
-# On the CPU build, when vLLM's default memory fraction (0.92) does not fit beside other processes: the middle of
-# the CPU space's range (optimizer/params/space.py), so that the probe's engine start, made with it, predicts a
-# trial's.
+# On the CPU build, where vLLM's default memory fraction (0.92) does not fit beside other processes: the middle of
+# the CPU space's range (params/space.py), so that the probe's engine start, made with it, predicts a trial's.
 CPU_BASELINE_MEMORY_FALLBACK = 0.2
 # The baseline's replays at a load the workload fixes (closed-loop clients, a trace at its own timestamps): their
 # spread is the study's noise level there. A rate search needs none: its probes' pooled fit gives its interval.
 BASELINE_REPEATS = 3
-# How each stored trial was measured: evidence-sized probes and a pooled fit. Trials stored before have none
-# (fixed-length replays judged one by one: MEASURED_BEFORE).
+# How each stored trial was measured; trials stored before have none (fixed-length replays: MEASURED_BEFORE)
 MEASUREMENT = "probes sized by evidence, pooled fit"
 MEASURED_BEFORE = "fixed-length replays"
 
@@ -230,7 +229,8 @@ class Objective:
         if memory is None:
             return params
         sized = with_batch_default(sized, self.config.deploy_as, self.config.device, memory.total_bytes, self.gpu_name)
-        est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len)
+        est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len,
+                       os.environ)  # the engine starts in this process's environment, under the trial's `env:`
         most_free = most_free_for(self.most_free_bytes, gpus)
         problems = memory_problems(est)
         if problems and held_elsewhere(est, most_free, memory.total_bytes):
@@ -241,7 +241,7 @@ class Objective:
             memory = await wait_for_memory(
                 probe, lambda m: not memory_problems(replace(est, available_bytes=m.available_bytes)),
                 self.clock, self.memory_wait_s, self.memory_poll_s, needed, most_free) or memory
-            est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len)
+            est = replace(est, available_bytes=memory.available_bytes)  # the same device: only what is free moved
             problems = memory_problems(est)
         MEMORY_ESTIMATE_GIB.set(trial, est.to_dict())
         if problems and self._may_fall_back(trial, params):

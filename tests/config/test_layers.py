@@ -94,6 +94,9 @@ def test_vllm_s_token_budget_where_the_config_leaves_it_to_vllm():
     assert with_batch_default({"enable_chunked_prefill": False}, "serve", "cuda", h100) == \
         {"enable_chunked_prefill": False}
     assert with_batch_default({}, "serve", "cpu", 64 * GIB) == {"max_num_batched_tokens": 2048}
+    # the CPU build's default scales with its tensor x pipeline parallel ranks (get_batch_defaults' world_size)
+    assert with_batch_default({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, "serve", "cpu", 64 * GIB) == \
+        {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "max_num_batched_tokens": 4 * 2048}
 
 
 def test_a_model_whose_every_layer_slides_keeps_its_windows_on_the_cpu_build_too():

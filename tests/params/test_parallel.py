@@ -121,6 +121,10 @@ def test_a_sparse_model_caches_its_indexer_keys_beside_the_latent(monkeypatch):
     assert v32.mla and v32.kv_bytes_per_token == 61 * (576 * 2 + 132)  # 78,324 bytes a token
     assert per_gpu(v32, {"tensor_parallel_size": 8}).kv_bytes_per_token == v32.kv_bytes_per_token
     assert per_gpu(v32, {"kv_cache_dtype": "fp8"}).kv_bytes_per_token == 61 * (576 + 132)  # the indexer stays
+    # DeepSeek's packed layouts (the MLA layer's state_content_bytes): 656 and 352 bytes a layer, the indexer beside
+    assert per_gpu(v32, {"kv_cache_dtype": "fp8_ds_mla"}).kv_bytes_per_token == 61 * (656 + 132)
+    assert per_gpu(v32, {"kv_cache_dtype": "nvfp4_ds_mla"}).kv_bytes_per_token == 61 * (352 + 132)
+    assert per_gpu(model_info(LLAMA_70B, "m"), {"kv_cache_dtype": "fp8_ds_mla"}).kv_bytes_per_token == 0  # unchecked
     # the largest stage: 31 of the 61 layers, their latents and their indexers
     assert per_gpu(v32, {"pipeline_parallel_size": 2}).kv_bytes_per_token == 31 * (576 * 2 + 132)
     assert v32.under_env({"VLLM_MLA_DISABLE": "1"}) == v32

@@ -208,3 +208,23 @@ def test_vllm_s_own_token_budget_counts_where_the_config_leaves_it_unset(objecti
     assert given.user_attrs["memory_estimate_gib"]["kv_one_sequence_bytes"] == \
         round(32 * per_token_layer * (4095 + 2 * 512) / GIB, 3)
 
+
+@pytest.mark.filterwarnings("ignore:Heartbeat")
+def test_the_engine_s_environment_counts_the_batches_in_flight_the_trial_s_own_first(objective, monkeypatch):
+    """The engine starts in this process's environment under the trial's `env:` parameters: VLLM_USE_V2_MODEL_RUNNER=0
+    exported by hand keeps one batch fewer in flight with a pipeline of 2 (V1 runner: async off, the 2 stages), a
+    trial's own `env:VLLM_USE_V2_MODEL_RUNNER` wins over it (stages + 1)."""
+    obj, study = objective
+    obj.model = replace(MODEL, max_len=32768, num_layers=32, num_kv_heads=8, head_dim=128, sliding_layers=32,
+                        sliding_window=4096)
+    obj.memory_probe, _ = scripted_probe(8)
+    base = {"gpu_memory_utilization": 0.5, "max_model_len": 32768, "max_num_batched_tokens": 512}
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    _, v1 = preflight(obj, study, {**base, "pipeline_parallel_size": 2})
+    _, own = preflight(obj, study, {**base, "pipeline_parallel_size": 2, "env:VLLM_USE_V2_MODEL_RUNNER": "1"})
+    per_token_layer = 2 * 8 * 128 * 2  # 16 of the 32 sliding layers a stage
+    assert v1.user_attrs["memory_estimate_gib"]["kv_one_sequence_bytes"] == \
+        round(16 * per_token_layer * (4095 + 2 * 512) / GIB, 3)
+    assert own.user_attrs["memory_estimate_gib"]["kv_one_sequence_bytes"] == \
+        round(16 * per_token_layer * (4095 + 3 * 512) / GIB, 3)
+
