@@ -3,14 +3,14 @@ model's `config.json` (a transformers config as read from disk, before transform
 
 vLLM gives each attention layer a cache spec (vllm/v1/kv_cache_interface.py): full attention keeps every token of a
 sequence; a sliding-window layer (Gemma 2/3, gpt-oss, Mistral 7B v0.1) keeps its window and the tokens in flight
-(`SlidingWindowSpec.max_admission_blocks_per_request`: window - 1 + the tokens in flight, at most max_model_len);
-a Mamba, linear-attention or convolution layer of a hybrid model (Jamba, Nemotron-H, Qwen3-Next, MiniMax) keeps a
-state of fixed size, nothing per token. A model with both full and sliding layers keeps the windows apart only under
-the hybrid KV cache manager, on GPUs: on the CPU build, or with `disable_hybrid_kv_cache_manager`, its sliding layers
-are promoted to full attention (`kv_cache_utils.unify_hybrid_kv_cache_specs`); one whose layers all slide (Mistral 7B
-v0.1, Phi-3-mini-4k) keeps its windows anywhere, as its specs are uniform. A layer type it does not know counts as
-none, and so do a hybrid model's layers where no key says which attend: the memory check must never reject what vLLM
-would start.
+(`SlidingWindowSpec.max_admission_blocks_per_request`: window - 1 + the tokens in flight, at most max_model_len); a
+Mamba, linear-attention or convolution layer of a hybrid model (Jamba, Nemotron-H, Granite 4, Qwen3-Next, Zamba2, LFM2,
+Kimi Linear) keeps a state of fixed size, nothing per token (the state is not counted: a little under). A model with
+both full and sliding layers keeps the windows apart only under the hybrid KV cache manager, on GPUs: on the CPU build,
+or with `disable_hybrid_kv_cache_manager`, its sliding layers are promoted to full attention
+(`kv_cache_utils.unify_hybrid_kv_cache_specs`); one whose layers all slide (Mistral 7B v0.1, Phi-3-mini-4k) keeps its
+windows anywhere, as its specs are uniform. A layer type it does not know counts as none, and so do a hybrid model's
+layers where no key says which attend: the memory check must never reject what vLLM would start.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ SLIDING_TYPES = frozenset({"sliding_attention", "local_attention", "hybrid_slidi
 SSM_ONLY_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba"})
 # keys of a hybrid model's state layers: where they are present and no key says which layers attend, none is counted
 HYBRID_KEYS = ("mamba_d_state", "ssm_state_size", "mamba_d_conv", "linear_num_key_heads", "linear_conv_kernel_dim",
-               "conv_L_cache", "short_conv_kernel", "mamba_n_heads", "mamba_expand")
+               "conv_L_cache", "short_conv_kernel", "mamba_n_heads", "mamba_expand", "linear_attn_config")
 # One full layer in every `sliding_window_pattern` when config.json does not list `layer_types`, as transformers'
 # configs build them: Gemma 2 (every other), Gemma 3 (6 by default), Cohere 2 (Command R7B, Command A: 4)
 GEMMA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
@@ -74,22 +74,33 @@ def cache_layers(text_config: dict) -> CacheLayers:
 
 
 def _hybrid_attention_layers(text_config: dict, layers: int) -> int | None:
-    """A hybrid model's attention layers, from the key its family names them by; None where it has none."""
+    """A hybrid model's attention layers, from the key its family names them by (vLLM 0.32's model classes, with
+    transformers' defaults where config.json leaves a key out); None where it has none."""
+    kind = text_config.get("model_type")
     pattern = text_config.get("hybrid_override_pattern")  # Nemotron-H: "*" attention, "M" Mamba, "-" MLP
     if isinstance(pattern, str) and pattern:
         return pattern.count("*")
-    kinds = text_config.get("layers_block_type")  # Bamba, Granite 4 hybrids: "attention" or "mamba"
+    kinds = text_config.get("layers_block_type")  # Granite 4, Nemotron-H (either spelling), Zamba2's "hybrid" blocks
     if isinstance(kinds, list) and kinds:
-        return sum(1 for k in kinds if k == "attention")
-    indices = text_config.get("attn_layer_indices")
+        return sum(1 for k in kinds if k in ("attention", "full_attention", "hybrid"))
+    linear = text_config.get("linear_attn_config")  # Kimi Linear: its KDA layers by number (from 1), MLA the others
+    if isinstance(linear, dict) and isinstance(linear.get("kda_layers"), list):
+        return layers - sum(1 for i in range(1, layers + 1) if i in linear["kda_layers"])
+    indices = text_config.get("attn_layer_indices") or text_config.get("full_attn_idxs")  # LFM2's fallback
     if isinstance(indices, list):
         return len(indices)
-    period, offset = text_config.get("attn_layer_period"), text_config.get("attn_layer_offset")  # Jamba
+    period, offset = text_config.get("attn_layer_period"), text_config.get("attn_layer_offset")  # Jamba: 8, 4
+    if kind == "jamba":
+        period, offset = period if isinstance(period, int) else 8, offset if isinstance(offset, int) else 4
     if isinstance(period, int) and period > 0 and isinstance(offset, int):
         return sum(1 for i in range(layers) if i % period == offset)
-    interval = text_config.get("full_attention_interval")  # Qwen3-Next before its layer_types
+    interval = text_config.get("full_attention_interval")  # Qwen3-Next before its layer_types (transformers: 4)
+    if kind == "qwen3_next" and not isinstance(interval, int):
+        interval = 4
     if isinstance(interval, int) and interval > 0:
         return layers // interval
+    if kind == "falcon_h1":  # a parallel hybrid: attention beside the Mamba mixer in every layer
+        return layers
     types = text_config.get("attn_type_list")  # MiniMax: 1 softmax attention, 0 lightning (linear) attention
     if isinstance(types, list) and types:
         return sum(1 for t in types if t == 1)

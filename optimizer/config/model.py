@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.config.layers import cache_layers, indexer_bytes_per_token
-from optimizer.config.weights import weights_split
+from optimizer.config.weights import expert_count, weights_split
 from optimizer.core.errors import UsageError
 from optimizer.hardware.machine import FULL_DTYPES
 
@@ -118,6 +118,8 @@ class ModelInfo:
     sliding_window: int = 0
     # an MLA layer's token in a packed layout (kv_cache_dtype fp8_ds_mla: 656 bytes; params/parallel.py), 0 otherwise
     packed_layer_bytes: int = 0
+    hidden_size: int = 0
+    mlp_size: int = 0  # a dense model's MLP width (intermediate_size); 0 for a mixture of experts, or unknown
 
     def served_as(self, dtype: str | None) -> ModelInfo:
         """The same model served in `dtype` (None or "auto": its own): weights and KV cache in that many bytes."""
@@ -330,6 +332,8 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
         # VLLM_MLA_DISABLE builds DeepseekV2Attention: K of rope + nope and V padded to it, for every attention head
         # (vllm/model_executor/models/deepseek_v2.py); a sparse model (index_topk) keeps its latent whatever it says
         switch = (int(text_config["kv_lora_rank"]) + rope, heads, rope + nope)
+    mlp = text_config.get("intermediate_size")  # a list in some models (per layer): unknown, 0
+    mlp = mlp if isinstance(mlp, int) and not expert_count(text_config) else 0
     indexer = 0
     if latent and "compress_ratios" in text_config:  # DeepSeek V4's compressed, sparse cache: not modelled, unchecked
         mla, kv_heads, head_dim = True, 1, 0
@@ -342,7 +346,7 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     return ModelInfo(path=path, vocab_size=vocab, max_len=max_len, num_layers=layers, num_kv_heads=kv_heads,
                      head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights), dtype=dtype, mla=mla,
                      expert_bytes=experts, indexer_bytes=indexer, mla_switch=switch, sliding_layers=cached.sliding,
-                     sliding_window=cached.window)
+                     sliding_window=cached.window, hidden_size=hidden, mlp_size=mlp)
 
 
 def uses_mla(text_config: dict, env: Mapping[str, str] | None = None) -> bool:

@@ -33,7 +33,7 @@ from optimizer.engines.sim.virtual import simulate
 from optimizer.measurement.metrics import RequestRecord
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import batch_defaults
-from optimizer.params.preflight import GIB, RUNTIME_RESERVE_BYTES, VLLM_DEFAULT_MEMORY_FRACTION
+from optimizer.params.preflight import CPU_RESERVE_BYTES, GIB, VLLM_DEFAULT_MEMORY_FRACTION, gpu_reserve_bytes
 from optimizer.params.space import SEARCHABLE, check_constraints
 
 # vLLM 0.32's defaults for what the simulator models (what the real engines resolved on each device).
@@ -91,7 +91,7 @@ class SimulatedEngine:
         if out["gpu_memory_utilization"] > self.max_memory_fraction:
             raise EngineStartError(f"simulated: gpu_memory_utilization {out['gpu_memory_utilization']} asks for "
                                    f"more memory than the device has free", failures.OUT_OF_MEMORY)
-        reserve = RUNTIME_RESERVE_BYTES.get(self.device, RUNTIME_RESERVE_BYTES["cuda"])
+        reserve = CPU_RESERVE_BYTES if self.device == "cpu" else gpu_reserve_bytes(out, self.model, {})
         kv_bytes = requested - self.model.weights_bytes - reserve
         per_block = max(self.model.kv_bytes_per_token, 1) * out["block_size"]
         blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0

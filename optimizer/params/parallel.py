@@ -71,6 +71,12 @@ def per_gpu(model: ModelInfo, params: dict[str, Any]) -> ModelInfo:
                    num_kv_heads=max(1, model.num_kv_heads // tp) if model.num_kv_heads else 0)
 
 
+def v2_model_runner(env: dict[str, str]) -> bool:
+    """Pure: whether vLLM 0.32 runs its V2 model runner on a GPU (its default where Triton is) in `env`: unless
+    VLLM_USE_V2_MODEL_RUNNER says 0 (a feature V2 lacks, some speculative methods, also turns it off)."""
+    return env.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() not in ("0", "false")
+
+
 def batches_in_flight(params: dict[str, Any], device: str, env: dict[str, str]) -> int:
     """Pure: how many batches vLLM 0.32 keeps in flight at once (`VllmConfig.max_concurrent_batches`); a sliding-window
     layer keeps their tokens beside its window (`max_in_flight_tokens`: this x max_num_batched_tokens). With async
@@ -83,7 +89,7 @@ def batches_in_flight(params: dict[str, Any], device: str, env: dict[str, str]) 
     pp = _size(params, "pipeline_parallel_size")
     if device == "cpu" or params.get("speculative_config"):
         return pp
-    v2 = env.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() not in ("0", "false")
+    v2 = v2_model_runner(env)
     on = params.get("async_scheduling")
     if on is None:
         on = pp == 1 or v2

@@ -23,12 +23,12 @@ from optimizer.core.clock import Clock
 from optimizer.core.errors import OptimizerError
 from optimizer.params.open_space import split_env
 from optimizer.params.deploy import batch_defaults
-from optimizer.params.parallel import batches_in_flight, per_gpu
+from optimizer.params.parallel import batches_in_flight, per_gpu, v2_model_runner
 
 GIB = 1024**3
-# Memory the engine needs besides weights and KV cache (runtime, activations, buffers). On CPU, measured here:
-# 0.67-0.69 GiB for the 17M-parameter default model. On GPUs, CUDA context and activation peaks.
-RUNTIME_RESERVE_BYTES = {"cpu": int(0.6 * GIB), "cuda": int(1.0 * GIB)}
+# Memory the engine needs besides weights and KV cache (runtime, activations, buffers) on the CPU build, measured
+# here: 0.67-0.69 GiB for the 17M-parameter default model. On GPUs: `gpu_reserve_bytes`.
+CPU_RESERVE_BYTES = int(0.6 * GIB)
 # On the CPU build the KV cache is ordinary memory shared with everything else on the machine: a config that
 # leaves less than this free (vLLM's default 0.92 of a 24 GiB machine did) thrashes, hangs and dies mid-replay.
 CPU_HEADROOM_FRACTION, CPU_HEADROOM_MIN_BYTES = 0.1, 2 * GIB
@@ -94,6 +94,32 @@ class MemoryEstimate:
         return {k: round(v / GIB, 3) if k.endswith("_bytes") else round(v, 1) for k, v in asdict(self).items()}
 
 
+def gpu_reserve_bytes(params: dict[str, Any], model: ModelInfo, env: dict[str, str]) -> int:
+    """Pure: at least what vLLM 0.32 takes on each GPU besides weights and KV cache, as its start counts it
+    (`Worker.determine_available_memory`: all allocated since a snapshot taken after CUDA's context and NCCL, plus
+    `profile_run`'s peak; CUDA graphs come on top, measured, not counted here). A lower bound, from the tensors that
+    provably coexist, for `model` as served (its dtype, before the KV cache's):
+
+    - the last stage's sampler state of the V2 model runner, allocated whatever a request asks for: `output_bin_counts`
+      (max_num_seqs x vocab int32: 1 GiB for Gemma 3's vocab at 1024 sequences), `prompt_bin_mask` and the grammar
+      bitmask (a bit per token each);
+    - the profile run's peak over max_num_batched_tokens tokens: the residual and a dense MLP's gate and up
+      projections (2 x intermediate_size, a tensor-parallel share; none counted for a mixture), or the logits of one
+      row per sequence (min(max_num_seqs, tokens)) in the served dtype, with their float32 copy on the V1 runner.
+
+    Where the V2 runner is not certain (VLLM_USE_V2_MODEL_RUNNER=0, speculative decoding) the smaller of the two.
+    Token budgets vLLM resolves (`with_batch_default`) count; one left unknown counts none."""
+    tp = int(params.get("tensor_parallel_size") or 1)
+    seqs, tokens = int(params.get("max_num_seqs") or 0), int(params.get("max_num_batched_tokens") or 0)
+    rows, vocab, dt = min(seqs, tokens), model.vocab_size, model.dtype_bytes or 2
+    mlp = dt * tokens * (model.hidden_size + 2 * model.mlp_size) // tp
+    logits = dt * (tokens + rows) * model.hidden_size // tp + dt * rows * vocab
+    v2 = 4 * seqs * vocab + 2 * 4 * seqs * -(-vocab // 32) + max(mlp, logits)
+    if v2_model_runner(env) and not params.get("speculative_config"):
+        return v2
+    return min(v2, max(mlp, logits + 4 * rows * vocab))
+
+
 def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: DeviceMemory,
              mean_request_tokens: float, process_env: Mapping[str, str] | None = None) -> MemoryEstimate:
     """Pure: what the config asks for and what is left for the KV cache, in the dtype it serves and per GPU of its
@@ -102,10 +128,11 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
     the batches in flight): `process_env`, the one it inherits, under its own `env:` parameters; its sliding layers
     holding their windows only where vLLM keeps them so (config/layers.py)."""
     env = {**(process_env or {}), **split_env(params)[1]}
-    model = per_gpu(model.served_as(params.get("dtype")).under_env(env), params)
+    served = model.served_as(params.get("dtype")).under_env(env)
+    reserve = CPU_RESERVE_BYTES if device == "cpu" else gpu_reserve_bytes(params, served, env)
+    model = per_gpu(served, params)
     fraction = float(params.get("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION))
     requested = int(fraction * memory.total_bytes)
-    reserve = RUNTIME_RESERVE_BYTES.get(device, RUNTIME_RESERVE_BYTES["cuda"])
     kv_budget = requested - model.weights_bytes - reserve
     fixed_kv = params.get("kv_cache_memory_bytes")
     if isinstance(fixed_kv, (int, float)) and not isinstance(fixed_kv, bool) and fixed_kv > 0:
@@ -129,15 +156,20 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
 
 def with_batch_default(params: dict[str, Any], deploy_as: str, device: str, memory_total_bytes: int,
                        device_name: str = "") -> dict[str, Any]:
-    """Pure: `params` with the max_num_batched_tokens vLLM gives the deployment where they leave it to vLLM
-    (params/deploy.py: `vllm serve` on an H100 8192, on an A100 2048; on the CPU build x its tensor x pipeline
-    parallel ranks), which `estimate` counts in flight beside a sliding window; as they are where they set it, or
-    turn chunked prefill off (vLLM then takes at least max_model_len: left uncounted, the lenient side)."""
-    if params.get("max_num_batched_tokens") is not None or params.get("enable_chunked_prefill") is False:
-        return params
+    """Pure: `params` with the max_num_seqs and max_num_batched_tokens vLLM gives the deployment where they leave
+    them to vLLM (params/deploy.py: `vllm serve` on an H100 1024 and 8192, on an A100 256 and 2048; on the CPU build x
+    its tensor x pipeline parallel ranks), which `estimate` counts: the sampler's state and the profile run's peak
+    (`gpu_reserve_bytes`), the tokens in flight beside a sliding window. Their own values where they set them; no
+    token budget where they turn chunked prefill off (vLLM then takes at least max_model_len: left uncounted, the
+    lenient side)."""
     world_size = int(params.get("tensor_parallel_size") or 1) * int(params.get("pipeline_parallel_size") or 1)
-    return {**params, "max_num_batched_tokens": batch_defaults(deploy_as, device, memory_total_bytes, device_name,
-                                                               world_size)[1]}
+    seqs, tokens = batch_defaults(deploy_as, device, memory_total_bytes, device_name, world_size)
+    out = dict(params)
+    if out.get("max_num_seqs") is None:
+        out["max_num_seqs"] = seqs
+    if out.get("max_num_batched_tokens") is None and out.get("enable_chunked_prefill") is not False:
+        out["max_num_batched_tokens"] = tokens
+    return out
 
 
 def memory_problems(est: MemoryEstimate) -> list[str]:

@@ -41,6 +41,28 @@ def test_layers_by_their_families_keys():
     assert cache_layers(NEMOTRON_H) == CacheLayers(4)  # its "*" layers attend
     assert cache_layers(QWEN3_NEXT) == CacheLayers(12)  # one full attention layer in four
     assert cache_layers({"model_type": "mamba", "num_hidden_layers": 64}) == CacheLayers(0)
+    # Kimi Linear: its KDA layers numbered from 1, MLA in the rest (the form of Kimi-Linear-48B-A3B's config: 7 of
+    # 27); counting all 27 would reject a context vLLM serves
+    kda = [i for i in range(1, 28) if i % 4 and i != 27]
+    kimi = {"model_type": "kimi_linear", "num_hidden_layers": 27, "kv_lora_rank": 512,
+            "linear_attn_config": {"kda_layers": kda, "full_attn_layers": [4, 8, 12, 16, 20, 24, 27]}}
+    assert cache_layers(kimi) == CacheLayers(7)
+    assert model_info({**kimi, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128}, "k").kv_bytes_per_token == 7 * 576 * 2
+    assert cache_layers({**kimi, "linear_attn_config": {"kda_layers": [], "full_attn_layers": []}}) == CacheLayers(27)
+    # transformers' spellings and defaults where config.json leaves a key out
+    assert cache_layers({"model_type": "nemotron_h", "num_hidden_layers": 4,
+                         "layers_block_type": ["linear_attention", "full_attention", "mlp", "linear_attention"]}) \
+        == CacheLayers(1)
+    assert cache_layers({"model_type": "zamba2", "num_hidden_layers": 6,
+                         "layers_block_type": ["mamba", "mamba", "hybrid", "mamba", "mamba", "hybrid"]}) \
+        == CacheLayers(2)  # a shared attention block in each "hybrid" layer
+    assert cache_layers({"model_type": "jamba", "num_hidden_layers": 32, "mamba_d_state": 16}) == CacheLayers(4)
+    assert cache_layers({"model_type": "qwen3_next", "num_hidden_layers": 48, "linear_num_key_heads": 16}) == \
+        CacheLayers(12)  # full_attention_interval 4
+    assert cache_layers({"model_type": "falcon_h1", "num_hidden_layers": 44, "mamba_d_state": 256}) == \
+        CacheLayers(44)  # attention beside the Mamba mixer in every layer
+    assert cache_layers({"model_type": "lfm2", "num_hidden_layers": 16, "conv_L_cache": 3,
+                         "full_attn_idxs": [2, 5, 8, 10, 12, 14]}) == CacheLayers(6)
     # a hybrid whose attention layers it cannot read: none counted (unchecked), never all of them
     assert cache_layers({"model_type": "new_hybrid", "num_hidden_layers": 40, "ssm_state_size": 128}) == CacheLayers(0)
     assert cache_layers({"model_type": "llama", "num_hidden_layers": 80}) == CacheLayers(80)
@@ -87,16 +109,20 @@ def test_vllm_s_token_budget_where_the_config_leaves_it_to_vllm():
     the same memory; a config's own value stays, and with chunked prefill off none is filled in (vLLM takes at least
     max_model_len then: left uncounted, the lenient side)."""
     h100, a100 = int(79.6 * GIB), int(79.2 * GIB)
-    assert with_batch_default({}, "serve", "cuda", h100, "NVIDIA H100 80GB HBM3") == {"max_num_batched_tokens": 8192}
-    assert with_batch_default({}, "serve", "cuda", a100, "NVIDIA A100-SXM4-80GB") == {"max_num_batched_tokens": 2048}
-    assert with_batch_default({}, "llm", "cuda", h100, "NVIDIA H100 80GB HBM3") == {"max_num_batched_tokens": 16384}
-    assert with_batch_default({"max_num_batched_tokens": 512}, "serve", "cuda", h100) == {"max_num_batched_tokens": 512}
+
+    def tokens(params, deploy_as, device, memory, name=""):
+        return with_batch_default(params, deploy_as, device, memory, name).get("max_num_batched_tokens")
+
+    assert tokens({}, "serve", "cuda", h100, "NVIDIA H100 80GB HBM3") == 8192
+    assert tokens({}, "serve", "cuda", a100, "NVIDIA A100-SXM4-80GB") == 2048
+    assert tokens({}, "llm", "cuda", h100, "NVIDIA H100 80GB HBM3") == 16384
+    assert with_batch_default({"max_num_batched_tokens": 512, "max_num_seqs": 64}, "serve", "cuda", h100) == \
+        {"max_num_batched_tokens": 512, "max_num_seqs": 64}
     assert with_batch_default({"enable_chunked_prefill": False}, "serve", "cuda", h100) == \
-        {"enable_chunked_prefill": False}
-    assert with_batch_default({}, "serve", "cpu", 64 * GIB) == {"max_num_batched_tokens": 2048}
-    # the CPU build's default scales with its tensor x pipeline parallel ranks (get_batch_defaults' world_size)
-    assert with_batch_default({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, "serve", "cpu", 64 * GIB) == \
-        {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "max_num_batched_tokens": 4 * 2048}
+        {"enable_chunked_prefill": False, "max_num_seqs": 1024}
+    assert with_batch_default({}, "serve", "cpu", 64 * GIB) == {"max_num_seqs": 128, "max_num_batched_tokens": 2048}
+    # the CPU build's defaults scale with its tensor x pipeline parallel ranks (get_batch_defaults' world_size)
+    assert tokens({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, "serve", "cpu", 64 * GIB) == 4 * 2048
 
 
 def test_a_model_whose_every_layer_slides_keeps_its_windows_on_the_cpu_build_too():
@@ -127,6 +153,10 @@ def test_vllm_s_defaults_for_gemma3_27b_fit_an_h100_and_not_the_cpu_build_s_cach
     unset = estimate(with_batch_default({"max_model_len": 131072}, "serve", "cuda", h100.total_bytes,
                                         "NVIDIA H100 80GB HBM3"), gemma, "cuda", h100, 1000)
     assert unset.kv_one_sequence_bytes == on_gpu.kv_one_sequence_bytes
+    # and its 1024 sequences: the V2 sampler's counts of 262,208 tokens each (1.0 GiB) and two bitmasks, beside the
+    # profile run's MLP over 8192 tokens (0.74 GiB): 1.8 GiB of runtime, still room for the sequence
+    assert unset.reserve_bytes == 4 * 1024 * 262208 + 2 * 4 * 1024 * 8194 + 2 * 8192 * (5376 + 2 * 21504)
+    assert memory_problems(unset) == []
     full = estimate({**defaults, "disable_hybrid_kv_cache_manager": True}, gemma, "cuda", h100, 1000)
     assert full.kv_one_sequence_bytes == gemma.kv_bytes_per_token * 131072  # ~62 GiB: every layer as full attention
     assert "one max_model_len sequence needs" in memory_problems(full)[0]

@@ -31,10 +31,28 @@ def test_kv_bytes_per_token():
 def test_fitting_config_has_no_problems():
     est = estimate({"gpu_memory_utilization": 0.5, "max_model_len": 4096}, MODEL, "cuda", MEM, 1024)
     assert est.requested_bytes == 5 * GIB
-    assert est.kv_budget_bytes == 5 * GIB - 1 * GIB - 1 * GIB  # weights and the CUDA runtime reserve
+    assert est.kv_budget_bytes == 5 * GIB - 1 * GIB  # weights; no batch sizes, no runtime reserve counted
     assert est.kv_one_sequence_bytes == 2048 * 4096
-    assert est.sequences_that_fit == pytest.approx(3 * GIB / (2048 * 1024))
+    assert est.sequences_that_fit == pytest.approx(4 * GIB / (2048 * 1024))
     assert memory_problems(est) == []
+
+
+def test_the_gpu_runtime_reserve_is_what_vllm_s_profiling_counts_at_least():
+    """vLLM 0.32's start on a GPU (gpu_reserve_bytes): the V2 runner's sampler state (max_num_seqs x vocab int32
+    counts, two bitmasks of a bit per token) and the profile run's larger peak, here a dense MLP's residual and gate
+    and up projections over max_num_batched_tokens tokens (2 bytes each); the V1 runner has no sampler state, and its
+    logits' float32 copy at most."""
+    model = replace(MODEL, hidden_size=128, mlp_size=512)
+    batch = {"gpu_memory_utilization": 0.5, "max_num_seqs": 256, "max_num_batched_tokens": 2048}
+    mlp = 2 * 2048 * (128 + 2 * 512)
+    est = estimate(batch, model, "cuda", MEM, 1024)
+    assert est.reserve_bytes == 4 * 256 * 1000 + 2 * 4 * 256 * 32 + mlp  # ceil(1000 / 32) words a row
+    assert est.kv_budget_bytes == 5 * GIB - 1 * GIB - est.reserve_bytes
+    v1 = estimate(batch, model, "cuda", MEM, 1024, {"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    assert v1.reserve_bytes == mlp  # > the logits of 256 rows: 2 x (2048 + 256) x 128 + (2 + 4) x 256 x 1000
+    assert estimate({**batch, "tensor_parallel_size": 2}, model, "cuda", MEM, 1024).reserve_bytes == \
+        4 * 256 * 1000 + 2 * 4 * 256 * 32 + mlp // 2  # the MLP's share; the sampler's counts on every rank
+    assert estimate(batch, model, "cpu", MEM, 1024).reserve_bytes == int(0.6 * GIB)  # measured on the CPU build
 
 
 def test_more_than_is_free_is_rejected_with_the_fix():
@@ -43,7 +61,7 @@ def test_more_than_is_free_is_rejected_with_the_fix():
 
 
 def test_no_room_for_kv_cache():
-    problems = memory_problems(estimate({"gpu_memory_utilization": 0.2}, MODEL, "cuda", MEM, 1024))
+    problems = memory_problems(estimate({"gpu_memory_utilization": 0.1}, MODEL, "cuda", MEM, 1024))
     assert problems and "no room for the KV cache" in problems[0]
 
 
