@@ -119,7 +119,7 @@ class ModelInfo:
     # an MLA layer's token in a packed layout (kv_cache_dtype fp8_ds_mla: 656 bytes; params/parallel.py), 0 otherwise
     packed_layer_bytes: int = 0
     hidden_size: int = 0
-    mlp_size: int = 0  # a dense model's MLP width (intermediate_size); 0 for a mixture of experts, or unknown
+    mlp_size: int = 0  # a dense MLP's output width, at least (intermediate_size); 0 for a mixture, or unknown
 
     def served_as(self, dtype: str | None) -> ModelInfo:
         """The same model served in `dtype` (None or "auto": its own): weights and KV cache in that many bytes."""
@@ -332,7 +332,10 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
         # VLLM_MLA_DISABLE builds DeepseekV2Attention: K of rope + nope and V padded to it, for every attention head
         # (vllm/model_executor/models/deepseek_v2.py); a sparse model (index_topk) keeps its latent whatever it says
         switch = (int(text_config["kv_lora_rank"]) + rope, heads, rope + nope)
-    mlp = text_config.get("intermediate_size")  # a list in some models (per layer): unknown, 0
+    # a dense MLP's width: Granite 4's dense models run a shared MLP of their own size, LFM2's adjusts it (unknown: 0),
+    # some give a list a layer (0)
+    mlp = text_config.get({"granitemoehybrid": "shared_intermediate_size", "lfm2": ""}.get(
+        str(text_config.get("model_type")), "intermediate_size"))
     mlp = mlp if isinstance(mlp, int) and not expert_count(text_config) else 0
     indexer = 0
     if latent and "compress_ratios" in text_config:  # DeepSeek V4's compressed, sparse cache: not modelled, unchecked

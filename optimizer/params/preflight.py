@@ -100,22 +100,34 @@ def gpu_reserve_bytes(params: dict[str, Any], model: ModelInfo, env: dict[str, s
     `profile_run`'s peak; CUDA graphs come on top, measured, not counted here). A lower bound, from the tensors that
     provably coexist, for `model` as served (its dtype, before the KV cache's):
 
-    - the last stage's sampler state of the V2 model runner, allocated whatever a request asks for: `output_bin_counts`
+    - the sampler state of the V2 model runner, allocated whatever a request asks for: `output_bin_counts`
       (max_num_seqs x vocab int32: 1 GiB for Gemma 3's vocab at 1024 sequences), `prompt_bin_mask` and the grammar
       bitmask (a bit per token each);
-    - the profile run's peak over max_num_batched_tokens tokens: the residual and a dense MLP's gate and up
-      projections (2 x intermediate_size, a tensor-parallel share; none counted for a mixture), or the logits of one
-      row per sequence (min(max_num_seqs, tokens)) in the served dtype, with their float32 copy on the V1 runner.
+    - the profile run's peak over max_num_batched_tokens tokens (less a draft's queries, one row a sequence and
+      speculative token, under speculative decoding): the residual and a dense MLP's output (intermediate_size, a
+      tensor-parallel share: Molmo's gate and up together, a non-gated MLP's up projection; none for a mixture), or
+      the logits of one row a sequence (min(max_num_seqs, tokens)) in the served dtype, with their float32 copy on
+      the V1 runner.
 
-    Where the V2 runner is not certain (VLLM_USE_V2_MODEL_RUNNER=0, speculative decoding) the smaller of the two.
-    Token budgets vLLM resolves (`with_batch_default`) count; one left unknown counts none."""
-    tp = int(params.get("tensor_parallel_size") or 1)
+    Where the V2 runner is not certain (VLLM_USE_V2_MODEL_RUNNER=0, speculative decoding, dual batch overlap) the
+    smaller of the two runners' figures. The sampler and the logits are the last pipeline stage's, whose layers and
+    weights may be fewer than the estimate's (the first stages take the odd layers): with pipeline parallelism, and
+    for a pooling model (no sampler), the MLP's peak alone. Token budgets vLLM resolves (`with_batch_default`) count;
+    one left unknown counts none."""
+    tp, pp = int(params.get("tensor_parallel_size") or 1), int(params.get("pipeline_parallel_size") or 1)
     seqs, tokens = int(params.get("max_num_seqs") or 0), int(params.get("max_num_batched_tokens") or 0)
-    rows, vocab, dt = min(seqs, tokens), model.vocab_size, model.dtype_bytes or 2
-    mlp = dt * tokens * (model.hidden_size + 2 * model.mlp_size) // tp
+    spec = params.get("speculative_config")
+    if spec:
+        drafts = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
+        tokens = max(tokens - seqs * (1 + (drafts if isinstance(drafts, int) and drafts > 0 else 1)), 0)
+    dt = model.dtype_bytes or 2
+    mlp = dt * tokens * (model.hidden_size + model.mlp_size) // tp
+    if pp > 1 or params.get("runner") == "pooling":
+        return mlp
+    rows, vocab = min(seqs, tokens), model.vocab_size
     logits = dt * (tokens + rows) * model.hidden_size // tp + dt * rows * vocab
     v2 = 4 * seqs * vocab + 2 * 4 * seqs * -(-vocab // 32) + max(mlp, logits)
-    if v2_model_runner(env) and not params.get("speculative_config"):
+    if v2_model_runner(env) and not spec and not params.get("enable_dbo") and int(params.get("ubatch_size") or 1) <= 1:
         return v2
     return min(v2, max(mlp, logits + 4 * rows * vocab))
 
@@ -155,20 +167,29 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
 
 
 def with_batch_default(params: dict[str, Any], deploy_as: str, device: str, memory_total_bytes: int,
-                       device_name: str = "") -> dict[str, Any]:
-    """Pure: `params` with the max_num_seqs and max_num_batched_tokens vLLM gives the deployment where they leave
-    them to vLLM (params/deploy.py: `vllm serve` on an H100 1024 and 8192, on an A100 256 and 2048; on the CPU build x
-    its tensor x pipeline parallel ranks), which `estimate` counts: the sampler's state and the profile run's peak
-    (`gpu_reserve_bytes`), the tokens in flight beside a sliding window. Their own values where they set them; no
-    token budget where they turn chunked prefill off (vLLM then takes at least max_model_len: left uncounted, the
-    lenient side)."""
+                       device_name: str = "", model_len: int = 0) -> dict[str, Any]:
+    """Pure: `params` with the max_num_seqs and max_num_batched_tokens vLLM 0.32 resolves where they leave them to it
+    (`EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`), which `estimate` counts: the sampler's state and
+    the profile run's peak (`gpu_reserve_bytes`), the tokens in flight beside a sliding window. The deployment's
+    defaults (params/deploy.py: `vllm serve` on an H100 1024 and 8192, on an A100 256 and 2048; on the CPU build x its
+    tensor x pipeline parallel ranks), 256 tokens for a batched data-parallel mixture (DeepEP low latency, NIXL EP),
+    both doubled in `performance_mode: throughput`; a default token budget at most the sequences x `model_len` (the
+    config's max_model_len, else the model's), a default sequence count at most the token budget. No token budget
+    where chunked prefill is off (vLLM then takes at least max_model_len: left uncounted, the lenient side)."""
     world_size = int(params.get("tensor_parallel_size") or 1) * int(params.get("pipeline_parallel_size") or 1)
     seqs, tokens = batch_defaults(deploy_as, device, memory_total_bytes, device_name, world_size)
+    if params.get("all2all_backend") in ("deepep_low_latency", "nixl_ep") and params.get("enable_expert_parallel") \
+            and int(params.get("data_parallel_size") or 1) > 1:  # ParallelConfig.use_batched_dp_moe
+        tokens = 256
+    if params.get("performance_mode") == "throughput":
+        seqs, tokens = 2 * seqs, 2 * tokens
     out = dict(params)
-    if out.get("max_num_seqs") is None:
-        out["max_num_seqs"] = seqs
+    seqs = out["max_num_seqs"] if out.get("max_num_seqs") is not None else seqs
     if out.get("max_num_batched_tokens") is None and out.get("enable_chunked_prefill") is not False:
-        out["max_num_batched_tokens"] = tokens
+        model_len = int(out.get("max_model_len") or model_len)
+        out["max_num_batched_tokens"] = min(seqs * model_len, tokens) if model_len else tokens
+    if out.get("max_num_seqs") is None:  # at most the tokens' budget (with chunked prefill off, at least the default's)
+        out["max_num_seqs"] = min(seqs, int(out.get("max_num_batched_tokens") or tokens))
     return out
 
 

@@ -228,7 +228,8 @@ class Objective:
         memory = probe() if self.model is not None else None
         if memory is None:
             return params
-        sized = with_batch_default(sized, self.config.deploy_as, self.config.device, memory.total_bytes, self.gpu_name)
+        sized = with_batch_default(sized, self.config.deploy_as, self.config.device, memory.total_bytes, self.gpu_name,
+                                   self.model.max_len)  # vLLM's batch defaults, where the config leaves them
         est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len,
                        os.environ)  # the engine starts in this process's environment, under the trial's `env:`
         most_free = most_free_for(self.most_free_bytes, gpus)
@@ -294,8 +295,7 @@ class Objective:
         raise AssertionError("unreachable")
 
     def _visible_gpus(self) -> int | None:
-        """GPUs this process may use (NVML, once per run); None where unknown (the CPU build, no NVML): unchecked,
-        the real start decides."""
+        """GPUs this process may use (NVML, once per run); None where unknown (CPU build, no NVML): unchecked."""
         if self.config.device != "cuda":
             return None
         if self.gpu_count is None:

@@ -121,6 +121,17 @@ def test_vllm_s_token_budget_where_the_config_leaves_it_to_vllm():
     assert with_batch_default({"enable_chunked_prefill": False}, "serve", "cuda", h100) == \
         {"enable_chunked_prefill": False, "max_num_seqs": 1024}
     assert with_batch_default({}, "serve", "cpu", 64 * GIB) == {"max_num_seqs": 128, "max_num_batched_tokens": 2048}
+    # vLLM's own bounds on its defaults (_set_default_max_num_seqs_and_batched_tokens_args): sequences at most the
+    # token budget, a token budget at most the sequences x max_model_len (the config's, else the model's), 256 tokens
+    # for a batched data-parallel mixture, both doubled in throughput mode
+    assert with_batch_default({"max_num_batched_tokens": 512}, "serve", "cuda", h100)["max_num_seqs"] == 512
+    assert tokens({"max_num_seqs": 4, "max_model_len": 1024}, "serve", "cuda", h100) == 4096
+    assert with_batch_default({"max_num_seqs": 4}, "serve", "cuda", h100, "", 1024)["max_num_batched_tokens"] == 4096
+    deepep = with_batch_default({"all2all_backend": "deepep_low_latency", "enable_expert_parallel": True,
+                                 "data_parallel_size": 2}, "serve", "cuda", h100)
+    assert (deepep["max_num_seqs"], deepep["max_num_batched_tokens"]) == (256, 256)
+    fast = with_batch_default({"performance_mode": "throughput"}, "serve", "cuda", h100, "NVIDIA H100 80GB HBM3")
+    assert (fast["max_num_seqs"], fast["max_num_batched_tokens"]) == (2048, 16384)
     # the CPU build's defaults scale with its tensor x pipeline parallel ranks (get_batch_defaults' world_size)
     assert tokens({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, "serve", "cpu", 64 * GIB) == 4 * 2048
 
@@ -154,8 +165,11 @@ def test_vllm_s_defaults_for_gemma3_27b_fit_an_h100_and_not_the_cpu_build_s_cach
                                         "NVIDIA H100 80GB HBM3"), gemma, "cuda", h100, 1000)
     assert unset.kv_one_sequence_bytes == on_gpu.kv_one_sequence_bytes
     # and its 1024 sequences: the V2 sampler's counts of 262,208 tokens each (1.0 GiB) and two bitmasks, beside the
-    # profile run's MLP over 8192 tokens (0.74 GiB): 1.8 GiB of runtime, still room for the sequence
-    assert unset.reserve_bytes == 4 * 1024 * 262208 + 2 * 4 * 1024 * 8194 + 2 * 8192 * (5376 + 2 * 21504)
+    # profile run's logits of 1024 rows (0.59 GiB, more than the MLP's peak over 8192 tokens): 1.66 GiB of runtime,
+    # still room for the sequence
+    logits = 2 * (8192 + 1024) * 5376 + 2 * 1024 * 262208
+    assert logits > 2 * 8192 * (5376 + 21504)
+    assert unset.reserve_bytes == 4 * 1024 * 262208 + 2 * 4 * 1024 * 8194 + logits
     assert memory_problems(unset) == []
     full = estimate({**defaults, "disable_hybrid_kv_cache_manager": True}, gemma, "cuda", h100, 1000)
     assert full.kv_one_sequence_bytes == gemma.kv_bytes_per_token * 131072  # ~62 GiB: every layer as full attention
@@ -186,3 +200,16 @@ def test_pipeline_ranks_split_the_sliding_layers_too(config):
     half = per_gpu(info, {"pipeline_parallel_size": 2})
     assert half.num_layers == -(-info.num_layers // 2) and half.sliding_layers <= half.num_layers
     assert half.sliding_layers == -(-info.sliding_layers // 2)
+
+
+def test_the_mlp_width_the_gpu_reserve_counts():
+    """intermediate_size where it is a dense MLP's output (gpu_reserve_bytes counts it beside the residual); Granite 4's
+    dense models run a shared MLP of shared_intermediate_size; LFM2 adjusts its own, a mixture's is not counted: 0."""
+    llama = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+             "num_hidden_layers": 32}
+    assert model_info(llama, "l").mlp_size == 14336 and model_info(llama, "l").hidden_size == 4096
+    granite = {**llama, "model_type": "granitemoehybrid", "shared_intermediate_size": 8192, "num_local_experts": 0}
+    assert model_info(granite, "g").mlp_size == 8192
+    assert model_info({**llama, "model_type": "lfm2"}, "f").mlp_size == 0
+    assert model_info({**llama, "num_local_experts": 8}, "m").mlp_size == 0  # Mixtral's experts
+    assert model_info({**llama, "intermediate_size": [8192, 16384]}, "o").mlp_size == 0  # a width a layer

@@ -39,19 +39,32 @@ def test_fitting_config_has_no_problems():
 
 def test_the_gpu_runtime_reserve_is_what_vllm_s_profiling_counts_at_least():
     """vLLM 0.32's start on a GPU (gpu_reserve_bytes): the V2 runner's sampler state (max_num_seqs x vocab int32
-    counts, two bitmasks of a bit per token) and the profile run's larger peak, here a dense MLP's residual and gate
-    and up projections over max_num_batched_tokens tokens (2 bytes each); the V1 runner has no sampler state, and its
-    logits' float32 copy at most."""
+    counts, two bitmasks of a bit per token) and the profile run's larger peak, a dense MLP's residual and output over
+    max_num_batched_tokens tokens or the logits of a row a sequence (2 bytes each); the V1 runner has no sampler state,
+    and its logits' float32 copy beside them."""
     model = replace(MODEL, hidden_size=128, mlp_size=512)
     batch = {"gpu_memory_utilization": 0.5, "max_num_seqs": 256, "max_num_batched_tokens": 2048}
-    mlp = 2 * 2048 * (128 + 2 * 512)
+    state, mlp = 4 * 256 * 1000 + 2 * 4 * 256 * 32, 2 * 2048 * (128 + 512)  # ceil(1000 / 32) words a row
+    logits = 2 * (2048 + 256) * 128 + 2 * 256 * 1000  # the last hidden states and 256 rows of logits
     est = estimate(batch, model, "cuda", MEM, 1024)
-    assert est.reserve_bytes == 4 * 256 * 1000 + 2 * 4 * 256 * 32 + mlp  # ceil(1000 / 32) words a row
+    assert est.reserve_bytes == state + mlp and mlp > logits
     assert est.kv_budget_bytes == 5 * GIB - 1 * GIB - est.reserve_bytes
     v1 = estimate(batch, model, "cuda", MEM, 1024, {"VLLM_USE_V2_MODEL_RUNNER": "0"})
-    assert v1.reserve_bytes == mlp  # > the logits of 256 rows: 2 x (2048 + 256) x 128 + (2 + 4) x 256 x 1000
+    assert v1.reserve_bytes == mlp > logits + 4 * 256 * 1000
     assert estimate({**batch, "tensor_parallel_size": 2}, model, "cuda", MEM, 1024).reserve_bytes == \
-        4 * 256 * 1000 + 2 * 4 * 256 * 32 + mlp // 2  # the MLP's share; the sampler's counts on every rank
+        state + mlp // 2  # the MLP's share; every rank gathers the whole vocabulary's logits and keeps the counts
+    # a mixture (no dense MLP counted): the logits peak, with their float32 copy on the V1 runner
+    mixture = replace(model, mlp_size=0)
+    assert estimate(batch, mixture, "cuda", MEM, 1024).reserve_bytes == state + logits
+    assert estimate(batch, mixture, "cuda", MEM, 1024, {"VLLM_USE_V2_MODEL_RUNNER": "0"}).reserve_bytes == \
+        logits + 4 * 256 * 1000
+    # speculative decoding: the V2 runner uncertain, the draft's 1 + 3 queries a sequence left out of the tokens
+    spec = {**batch, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
+    rest = 2048 - 256 * 4
+    assert estimate(spec, model, "cuda", MEM, 1024).reserve_bytes == min(
+        state + 2 * rest * (128 + 512), 2 * (rest + 256) * 128 + (2 + 4) * 256 * 1000)
+    # a pipeline: the sampler and logits are the last stage's, whose layers may be fewer: the MLP's peak alone
+    assert estimate({**batch, "pipeline_parallel_size": 2}, model, "cuda", MEM, 1024).reserve_bytes == mlp
     assert estimate(batch, model, "cpu", MEM, 1024).reserve_bytes == int(0.6 * GIB)  # measured on the CPU build
 
 
