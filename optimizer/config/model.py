@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.config.layers import cache_layers, indexer_bytes_per_token
+from optimizer.config.context import context_lengths
 from optimizer.config.weights import expert_count, weights_split
 from optimizer.core.errors import UsageError
 from optimizer.hardware.machine import FULL_DTYPES
@@ -77,7 +78,6 @@ def demo_shape(name: str) -> DemoShape:
     raise UsageError(f"no embedded demo model {name!r}: the embedded ones are "
                      f"{', '.join(s.name for s in DEMO_LADDER)}")
 
-_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
 # The model types vLLM 0.32 runs with multi-head latent attention when their config has a kv_lora_rank
 # (vllm/transformers_utils/model_arch_config_convertor.py::is_deepseek_mla)
 MLA_MODEL_TYPES = frozenset({
@@ -119,6 +119,7 @@ class ModelInfo:
     # an MLA layer's token in a packed layout (kv_cache_dtype fp8_ds_mla: 656 bytes; params/parallel.py), 0 otherwise
     packed_layer_bytes: int = 0
     hidden_size: int = 0
+    default_len: int = 0  # the max_model_len vLLM takes where a config leaves it out (config/context.py); 0: max_len
     mlp_size: int = 0  # a dense MLP's output width, at least (intermediate_size); 0 for a mixture, or unknown
 
     def served_as(self, dtype: str | None) -> ModelInfo:
@@ -304,7 +305,7 @@ def spec_layer_bytes(files: list[Path], text_config: dict) -> int:
 def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     """What a transformers `config.json` says; weights estimated from the architecture when `weights_bytes` is 0."""
     text_config = config.get("text_config") or config
-    max_len = next((int(text_config[k]) for k in _LEN_KEYS if isinstance(text_config.get(k), int)), 2048)
+    max_len, default_len = context_lengths(text_config)
     vocab = int(text_config.get("vocab_size") or 32000)
     hidden = int(text_config.get("hidden_size") or 0)
     heads = int(text_config.get("num_attention_heads") or 0)
@@ -349,7 +350,7 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     return ModelInfo(path=path, vocab_size=vocab, max_len=max_len, num_layers=layers, num_kv_heads=kv_heads,
                      head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights), dtype=dtype, mla=mla,
                      expert_bytes=experts, indexer_bytes=indexer, mla_switch=switch, sliding_layers=cached.sliding,
-                     sliding_window=cached.window, hidden_size=hidden, mlp_size=mlp)
+                     sliding_window=cached.window, hidden_size=hidden, mlp_size=mlp, default_len=default_len)
 
 
 def uses_mla(text_config: dict, env: Mapping[str, str] | None = None) -> bool:

@@ -33,7 +33,9 @@ from optimizer.engines.sim.virtual import simulate
 from optimizer.measurement.metrics import RequestRecord
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import batch_defaults
-from optimizer.params.preflight import CPU_RESERVE_BYTES, GIB, VLLM_DEFAULT_MEMORY_FRACTION, gpu_reserve_bytes
+from optimizer.params.preflight import (
+    CPU_RESERVE_BYTES, GIB, VLLM_DEFAULT_MEMORY_FRACTION, gpu_reserve_bytes, unset_model_len,
+)
 from optimizer.params.space import SEARCHABLE, check_constraints
 
 # vLLM 0.32's defaults for what the simulator models (what the real engines resolved on each device).
@@ -85,7 +87,7 @@ class SimulatedEngine:
         defaults["max_num_seqs"], defaults["max_num_batched_tokens"] = batch_defaults(
             self.deploy_as, self.device, self.device_memory_bytes, self.device_name)
         out = {**defaults, **given}
-        out.setdefault("max_model_len", self.model.max_len)
+        out.setdefault("max_model_len", unset_model_len(out, self.model))
         out.setdefault("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION)
         requested = out["gpu_memory_utilization"] * self.device_memory_bytes
         if out["gpu_memory_utilization"] > self.max_memory_fraction:

@@ -112,17 +112,18 @@ def gpu_reserve_bytes(params: dict[str, Any], model: ModelInfo, env: dict[str, s
     Where the V2 runner is not certain (VLLM_USE_V2_MODEL_RUNNER=0, speculative decoding, dual batch overlap) the
     smaller of the two runners' figures. The sampler and the logits are the last pipeline stage's, whose layers and
     weights may be fewer than the estimate's (the first stages take the odd layers): with pipeline parallelism, and
-    for a pooling model (no sampler), the MLP's peak alone. Token budgets vLLM resolves (`with_batch_default`) count;
-    one left unknown counts none."""
+    for a pooling model (no sampler), the MLP's peak alone; with prefill context parallelism each rank's share of the
+    tokens. Token budgets vLLM resolves (`with_batch_default`) count; one left unknown counts none."""
     tp, pp = int(params.get("tensor_parallel_size") or 1), int(params.get("pipeline_parallel_size") or 1)
     seqs, tokens = int(params.get("max_num_seqs") or 0), int(params.get("max_num_batched_tokens") or 0)
     spec = params.get("speculative_config")
     if spec:
         drafts = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
         tokens = max(tokens - seqs * (1 + (drafts if isinstance(drafts, int) and drafts > 0 else 1)), 0)
+    tokens //= int(params.get("prefill_context_parallel_size") or 1)  # each rank's share of the batch's tokens
     dt = model.dtype_bytes or 2
     mlp = dt * tokens * (model.hidden_size + model.mlp_size) // tp
-    if pp > 1 or params.get("runner") == "pooling":
+    if pp > 1 or params.get("runner") == "pooling" or params.get("convert") not in (None, "auto", "none"):
         return mlp
     rows, vocab = min(seqs, tokens), model.vocab_size
     logits = dt * (tokens + rows) * model.hidden_size // tp + dt * rows * vocab
@@ -149,7 +150,7 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
     fixed_kv = params.get("kv_cache_memory_bytes")
     if isinstance(fixed_kv, (int, float)) and not isinstance(fixed_kv, bool) and fixed_kv > 0:
         kv_budget = int(fixed_kv)  # vLLM's KV cache then takes that, whatever the fraction says
-    model_len = int(params.get("max_model_len", model.max_len))
+    model_len = unset_model_len(params, model) if params.get("max_model_len") is None else int(params["max_model_len"])
     per_token = model.kv_bytes_per_token
     # a sliding layer keeps its window where vLLM's hybrid KV cache manager runs (on GPUs, unless turned off), or
     # where every layer slides (uniform specs: nothing to promote to full attention)
@@ -164,6 +165,15 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
         headroom = max(int(CPU_HEADROOM_FRACTION * memory.total_bytes), CPU_HEADROOM_MIN_BYTES)
     return MemoryEstimate(requested, memory.available_bytes, model.weights_bytes, reserve, kv_budget, one_seq,
                           max(fit, 0.0), headroom)
+
+
+def unset_model_len(params: dict[str, Any], model: ModelInfo) -> int:
+    """Pure: the max_model_len vLLM 0.32 takes where `params` leave it out (config/context.py; a LongRoPE model's
+    original length), at most the sliding window where they disable it (vLLM's _get_and_verify_max_len)."""
+    length = model.default_len or model.max_len
+    if params.get("disable_sliding_window") and 0 < model.sliding_window < length:
+        return model.sliding_window
+    return length
 
 
 def with_batch_default(params: dict[str, Any], deploy_as: str, device: str, memory_total_bytes: int,
@@ -186,7 +196,7 @@ def with_batch_default(params: dict[str, Any], deploy_as: str, device: str, memo
     out = dict(params)
     seqs = out["max_num_seqs"] if out.get("max_num_seqs") is not None else seqs
     if out.get("max_num_batched_tokens") is None and out.get("enable_chunked_prefill") is not False:
-        model_len = int(out.get("max_model_len") or model_len)
+        model_len = int(out.get("max_model_len") or model_len)  # the caller's: unset_model_len
         out["max_num_batched_tokens"] = min(seqs * model_len, tokens) if model_len else tokens
     if out.get("max_num_seqs") is None:  # at most the tokens' budget (with chunked prefill off, at least the default's)
         out["max_num_seqs"] = min(seqs, int(out.get("max_num_batched_tokens") or tokens))

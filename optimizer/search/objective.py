@@ -33,7 +33,7 @@ from optimizer.measurement.workload import Workload, build_workload, fixed_load_
 from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
 from optimizer.params.preflight import (
     VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere, layout_probe, memory_problems,
-    most_free_for, wait_for_memory, with_batch_default,
+    most_free_for, unset_model_len, wait_for_memory, with_batch_default,
 )
 from optimizer.params.space import Space
 from optimizer.search.attrs import (
@@ -229,7 +229,7 @@ class Objective:
         if memory is None:
             return params
         sized = with_batch_default(sized, self.config.deploy_as, self.config.device, memory.total_bytes, self.gpu_name,
-                                   self.model.max_len)  # vLLM's batch defaults, where the config leaves them
+                                   unset_model_len(sized, self.model))  # vLLM's batch defaults, where left to it
         est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len,
                        os.environ)  # the engine starts in this process's environment, under the trial's `env:`
         most_free = most_free_for(self.most_free_bytes, gpus)

@@ -65,6 +65,10 @@ def test_the_gpu_runtime_reserve_is_what_vllm_s_profiling_counts_at_least():
         state + 2 * rest * (128 + 512), 2 * (rest + 256) * 128 + (2 + 4) * 256 * 1000)
     # a pipeline: the sampler and logits are the last stage's, whose layers may be fewer: the MLP's peak alone
     assert estimate({**batch, "pipeline_parallel_size": 2}, model, "cuda", MEM, 1024).reserve_bytes == mlp
+    assert estimate({**batch, "convert": "embed"}, model, "cuda", MEM, 1024).reserve_bytes == mlp  # a pooler
+    # prefill context parallelism: each rank runs its share of the tokens
+    assert estimate({**batch, "prefill_context_parallel_size": 2}, model, "cuda", MEM, 1024).reserve_bytes == \
+        state + mlp // 2
     assert estimate(batch, model, "cpu", MEM, 1024).reserve_bytes == int(0.6 * GIB)  # measured on the CPU build
 
 
