@@ -73,6 +73,15 @@ def cache_layers(text_config: dict) -> CacheLayers:
     return CacheLayers(layers, layers, window)  # a model-wide window (Mistral 7B v0.1): every layer
 
 
+def layers_vary(text_config: dict) -> bool:
+    """Whether a model's layers are not all attention beside an MLP of one shape: a hybrid's state layers (Nemotron-H's
+    Mamba, MLP and expert layers apart), a NAS model's `block_configs` (some layers without attention), a state-space
+    model. config/weights.py's layer-by-layer estimate counts such a model twice over or worse (Nemotron 3 Nano: 102B
+    parameters for its 31.6B): its weights are then unknown, the lenient side."""
+    return text_config.get("model_type") in SSM_ONLY_TYPES or any(
+        k in text_config for k in (*HYBRID_KEYS, "hybrid_override_pattern", "layers_block_type", "block_configs"))
+
+
 def _hybrid_attention_layers(text_config: dict, layers: int) -> int | None:
     """A hybrid model's attention layers, from the key its family names them by (vLLM 0.32's model classes, with
     transformers' defaults where config.json leaves a key out); None where it has none."""

@@ -32,6 +32,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# model types whose dense MLP is an up and a down projection, no gate (vLLM's classes of them): StarCoder2-15B is 16B,
+# not the 21.7B three matrices would make it
+NON_GATED = frozenset({"starcoder2", "gpt_neox", "phi", "nemotron", "falcon", "opt", "gpt2", "gpt_bigcode", "gptj",
+                       "bloom", "mpt", "persimmon", "codegen", "apertus"})
 FP8_METHODS = frozenset({"fp8", "fbgemm_fp8", "deepseek_v4_fp8", "modelopt_mxfp8", "mxfp8"})
 MXFP4_BITS = 4.25  # 4-bit values and one 8-bit scale per 32
 NVFP4_BITS = 4.5  # 4-bit values and one 8-bit scale per 16
@@ -85,8 +89,9 @@ def mixture_layers(cfg: dict[str, Any]) -> list[bool]:
 def mlp_params(cfg: dict[str, Any], mixture: bool) -> tuple[int, int]:
     """One layer's MLP: (its experts' parameters, the rest: a dense MLP, shared experts, the router)."""
     h, inter = _int(cfg, "hidden_size"), _int(cfg, "intermediate_size")
-    if not mixture:
-        return 0, 3 * h * _int(cfg, "intermediate_size_mlp", default=inter or 4 * h)
+    if not mixture:  # gated: gate, up and down; the families of one up projection: two
+        return 0, (2 if cfg.get("model_type") in NON_GATED else 3) * h * _int(cfg, "intermediate_size_mlp",
+                                                                            default=inter or 4 * h)
     experts, size = expert_count(cfg), _int(cfg, "moe_intermediate_size", default=inter)
     shared = _int(cfg, "n_shared_experts") * 3 * h * size + 3 * h * _int(cfg, "shared_expert_intermediate_size")
     if "interleave_moe_layer_step" in cfg:  # Llama 4: one shared expert of the experts' size
@@ -131,7 +136,7 @@ def weights_split(cfg: dict[str, Any], dtype_bytes: int, quantization: Any = Non
         return None
     expert_bits, dense_bits = stored
     h, vocab = _int(cfg, "hidden_size"), _int(cfg, "vocab_size", default=32000)
-    embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings", True) else 2)  # unsaid: tied, the lenient side
     experts = dense = 0
     attention = attention_params(cfg)
     for mixture in mixture_layers(cfg):

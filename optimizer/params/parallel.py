@@ -44,12 +44,25 @@ KV_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m
 # DeepSeek's packed MLA layouts: one token's latent (NoPE part quantized, its scales, RoPE part in 16 bits) in so many
 # bytes a layer (the MLA layer's get_kv_cache_spec, `state_content_bytes`); an MLA model's only
 PACKED_MLA_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+# vLLM 0.32's quantizations made on the fly from a 16-bit checkpoint (`quantization`; config/quantization.py's online
+# shorthands, fp8, experts_int8): at most these shares of the weights stay, (the rest, a mixture's experts); the
+# embeddings keep their width and scales come on top, so the weights are at least so much. "online" reads its format
+# from `quantization_config`: 4 bits at the least.
+ONLINE_WEIGHT_SHARE = {"fp8": (1 / 2, 1 / 2), "fp8_per_tensor": (1 / 2, 1 / 2), "fp8_per_block": (1 / 2, 1 / 2),
+                       "fp8_per_channel": (1 / 2, 1 / 2), "mxfp8": (1 / 2, 1 / 2), "mxfp4": (1 / 4, 1 / 4),
+                       "online": (1 / 4, 1 / 4), "int8_per_channel_weight_only": (1, 1 / 2),
+                       "experts_int8": (1, 1 / 2), "nvfp4_per_token": (1, 1 / 4)}
 
 
 def per_gpu(model: ModelInfo, params: dict[str, Any]) -> ModelInfo:
     """What one GPU of the layout holds: its share of the weights (a mixture's experts also split over data parallel
-    ranks), and of the KV cache's layers and heads, in the KV cache's dtype (`kv_cache_dtype`: fp8 halves a 16-bit
-    model's KV bytes per token)."""
+    ranks; quantized as they load where `quantization` says so: ONLINE_WEIGHT_SHARE), and of the KV cache's layers and
+    heads, in the KV cache's dtype (`kv_cache_dtype`: fp8 halves a 16-bit model's KV bytes per token)."""
+    share = ONLINE_WEIGHT_SHARE.get(str(params.get("quantization")))
+    if share is not None:  # quantized as it loads: a bf16 checkpoint at fp8 holds half its bytes
+        rest, experts = model.weights_bytes - model.expert_bytes, model.expert_bytes
+        model = replace(model, weights_bytes=int(rest * share[0] + experts * share[1]),
+                        expert_bytes=int(experts * share[1]))
     kv_dtype = str(params.get("kv_cache_dtype") or "auto")
     if kv_dtype in PACKED_MLA_BYTES and model.mla:
         model = replace(model, packed_layer_bytes=PACKED_MLA_BYTES[kv_dtype])

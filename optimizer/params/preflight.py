@@ -158,7 +158,8 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
     windows_kept = not params.get("disable_sliding_window") \
         and (hybrid_manager or 0 < model.num_layers == model.sliding_layers)
     in_flight = batches_in_flight(params, device, env) * int(params.get("max_num_batched_tokens") or 0)
-    one_seq = model.kv_bytes_one_sequence(model_len, in_flight, windows_kept)
+    dcp = int(params.get("decode_context_parallel_size") or 1)  # each rank keeps its share of a sequence's tokens
+    one_seq = -(-model.kv_bytes_one_sequence(model_len, in_flight, windows_kept) // dcp)
     fit = kv_budget / (per_token * mean_request_tokens) if per_token and mean_request_tokens else float("inf")
     headroom = 0
     if device == "cpu":

@@ -77,3 +77,20 @@ def test_multi_token_prediction_layers_are_not_counted(tmp_path):
     assert safetensors_weights_bytes(tmp_path, config) == on_disk - 2 * MIB
     assert safetensors_weights_bytes(tmp_path, {**config, "num_nextn_predict_layers": 0}) == on_disk
     assert inspect_model(str(tmp_path)).weights_bytes == model_info(config, "m", on_disk - 2 * MIB).weights_bytes
+
+
+def test_qwen3_5_and_mimo_prediction_layers_are_not_counted(tmp_path):
+    """Qwen3.5 keeps its MTP layers under `mtp.` (text config `qwen3_5_text`, `mtp_num_hidden_layers`), MiMo under
+    `model.mtp_layers.`: vLLM's base models drop both (qwen3_5.py, mimo.py); until 2026-12-06 they counted as
+    weights (~1.6 GiB for Qwen3.5-35B-A3B)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    layer = np.zeros(MIB // 2, dtype=np.float16)  # 1 MiB
+    save_file({"model.layers.0.w": layer, "mtp.layers.0.w": layer, "model.mtp_layers.0.w": layer},
+              str(tmp_path / "model.safetensors"))
+    on_disk = (tmp_path / "model.safetensors").stat().st_size
+    qwen35 = {"model_type": "qwen3_5_text", "num_hidden_layers": 1, "mtp_num_hidden_layers": 1}
+    assert safetensors_weights_bytes(tmp_path, qwen35) == on_disk - 2 * MIB
+    assert safetensors_weights_bytes(tmp_path, {"model_type": "mimo", "num_hidden_layers": 1}) == on_disk - 2 * MIB
+    assert safetensors_weights_bytes(tmp_path, {"model_type": "llama", "num_hidden_layers": 1}) == on_disk

@@ -157,3 +157,28 @@ def test_a_float32_checkpoint_counts_as_vllm_serves_it_in_16_bits():
     assert info.dtype == "float32" and info.dtype_bytes == 2 and info.weights_bytes == int(2 * 7.2e9)
     assert info.kv_bytes_per_token == model_info({**f32, "torch_dtype": "bfloat16"}, "m").kv_bytes_per_token
     assert info.served_as("float32").weights_bytes == int(4 * 7.2e9)
+
+
+def test_what_the_layer_by_layer_estimate_leaves_unknown_or_counts_as_vllm_builds_it():
+    """A hybrid's layers (Nemotron-H's Mamba, MLP and expert layers apart; here the form of Nemotron 3 Nano's config:
+    the estimate made it 102B parameters for its 31.6B) and a NAS model's block_configs are not estimated (0: the real
+    start decides), nor a NAS model's KV cache; a non-gated MLP is two matrices (StarCoder2-15B: 16B, not 21.7B);
+    Falcon's KV heads are num_kv_heads, or one (multi_query)."""
+    nano = {"model_type": "nemotron_h", "hidden_size": 2688, "num_hidden_layers": 52, "n_routed_experts": 128,
+            "moe_intermediate_size": 1856, "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+            "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", "vocab_size": 131072}
+    assert model_info(nano, "nemotron-3-nano").weights_bytes == 0
+    assert model_info(nano, "nemotron-3-nano", weights_bytes=63 * 10**9).weights_bytes == 63 * 10**9  # from its files
+    nas = {"model_type": "nemotron-nas", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+           "num_key_value_heads": None, "block_configs": [{"attention": {"n_heads_in_group": 8}}] * 80}
+    assert model_info(nas, "nemotron-super").weights_bytes == 0 and model_info(nas, "m").kv_bytes_per_token == 0
+    starcoder2 = {"model_type": "starcoder2", "hidden_size": 6144, "intermediate_size": 24576, "num_hidden_layers": 40,
+                  "num_attention_heads": 48, "num_key_value_heads": 4, "vocab_size": 49152,
+                  "tie_word_embeddings": False}
+    assert 15.9e9 < estimated_weights_bytes(starcoder2, 2) / 2 < 16.0e9
+    falcon_7b = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
+                 "multi_query": True}
+    assert model_info(falcon_7b, "f").num_kv_heads == 1
+    falcon_40b = {**falcon_7b, "hidden_size": 8192, "num_attention_heads": 128, "new_decoder_architecture": True,
+                  "num_kv_heads": 8}
+    assert model_info(falcon_40b, "f").num_kv_heads == 8

@@ -1,6 +1,8 @@
 """Tensor and data parallelism: memory is checked per GPU (a 70B model fits eight 80 GiB H100s at TP=8), every
 visible GPU is probed, a layout larger than the host is invalid before any start, and compose reserves its GPUs."""
 
+from dataclasses import replace
+
 import pytest
 import yaml
 
@@ -194,3 +196,36 @@ def test_layouts_that_differ_are_ranked_per_gpu(tmp_path):
     (tmp_path / "one").mkdir()
     same = decide(*synthetic.build(tmp_path / "one"))
     assert same.best.number == 2 and not any("per GPU" in note for note in same.notes)  # one layout: as before
+
+
+QWEN3_32B = {  # Qwen/Qwen3-32B config.json: the fields read
+    "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+    "max_position_embeddings": 40960, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def test_a_checkpoint_quantized_as_it_loads_holds_its_quantized_bytes():
+    """`quantization: fp8_per_tensor` on a bf16 checkpoint: vLLM quantizes each layer as it loads (its online
+    shorthands), ~31 GiB for Qwen3-32B where the files hold ~61: one 40,960-token sequence (10 GiB) then fits an
+    H100, which counting the files' bytes rejected. At least half the bytes stay (ONLINE_WEIGHT_SHARE); experts_int8
+    halves a mixture's experts alone."""
+    qwen = model_info(QWEN3_32B, "Qwen/Qwen3-32B")
+    assert 60 * GIB < qwen.weights_bytes < 62 * GIB  # its 32.8B parameters in bf16
+    params = {"gpu_memory_utilization": 0.88, "max_model_len": 40960, "max_num_seqs": 256,
+              "max_num_batched_tokens": 2048}
+    assert "one max_model_len sequence needs" in memory_problems(estimate(params, qwen, "cuda", H100, 2000))[0]
+    fp8 = estimate({**params, "quantization": "fp8_per_tensor"}, qwen, "cuda", H100, 2000)
+    assert fp8.weights_bytes == qwen.weights_bytes // 2 and memory_problems(fp8) == []
+    mixture = replace(qwen, expert_bytes=40 * GIB)
+    int8 = per_gpu(mixture, {"quantization": "experts_int8"})
+    assert (int8.weights_bytes, int8.expert_bytes) == (qwen.weights_bytes - 20 * GIB, 20 * GIB)
+    assert per_gpu(qwen, {"quantization": "awq"}).weights_bytes == qwen.weights_bytes  # the checkpoint's own format
+
+
+def test_decode_context_parallel_ranks_each_keep_a_share_of_the_sequence():
+    """vLLM's FullAttentionSpec.max_memory_usage_bytes: cdiv(max_model_len, decode_context_parallel_size) tokens."""
+    qwen = model_info(QWEN3_32B, "Qwen/Qwen3-32B")
+    params = {"max_model_len": 40960, "tensor_parallel_size": 8}
+    one = estimate(params, qwen, "cuda", H100, 2000).kv_one_sequence_bytes
+    assert estimate({**params, "decode_context_parallel_size": 2}, qwen, "cuda", H100, 2000).kv_one_sequence_bytes \
+        == one // 2
