@@ -78,6 +78,9 @@ def layers_vary(text_config: dict) -> bool:
     Mamba, MLP and expert layers apart), a NAS model's `block_configs` (some layers without attention), a state-space
     model. config/weights.py's layer-by-layer estimate counts such a model twice over or worse (Nemotron 3 Nano: 102B
     parameters for its 31.6B): its weights are then unknown, the lenient side."""
+    kinds = text_config.get("layer_types") or text_config.get("layers_block_type")
+    if isinstance(kinds, list) and kinds and all(k in ("attention", "full_attention") for k in kinds):
+        return False  # a hybrid family's dense model (Granite 4's): attention in every layer
     return text_config.get("model_type") in SSM_ONLY_TYPES or any(
         k in text_config for k in (*HYBRID_KEYS, "hybrid_override_pattern", "layers_block_type", "block_configs"))
 

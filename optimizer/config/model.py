@@ -18,7 +18,7 @@ from typing import Any
 
 from optimizer.config.layers import cache_layers, indexer_bytes_per_token, layers_vary
 from optimizer.config.context import context_lengths
-from optimizer.config.weights import expert_count, weights_split
+from optimizer.config.weights import expert_count, kv_head_count, weights_split
 from optimizer.core.errors import UsageError
 from optimizer.hardware.machine import FULL_DTYPES
 
@@ -281,16 +281,17 @@ def safetensors_weights_bytes(path: Path, text_config: dict | None = None) -> in
 def spec_layer_bytes(files: list[Path], text_config: dict) -> int:
     """Bytes of the tensors of a checkpoint's multi-token prediction layers (DeepSeek V3's and GLM-4.5's
     `num_nextn_predict_layers` past `num_hidden_layers`, Qwen3-Next's and Qwen3.5's `mtp.`, MiMo's
-    `model.mtp_layers.`), read from each file's safetensors header: vLLM's base model skips them (models/utils.py
-    `skip_spec_layers`, the `mtp.` mappers of qwen3_next.py and qwen3_5.py, mimo.py); only an MTP draft loads them.
-    DeepSeek-V3's one layer holds ~11.5 GB of its 688: 1.4 GiB a GPU at TP=8. 0 where a header cannot be read."""
+    `model.mtp_layers.` and MiMo-V2's `model.mtp.`), read from each file's safetensors header: vLLM's base model skips
+    them (models/utils.py `skip_spec_layers`, the `mtp.` mappers of qwen3_next.py and qwen3_5.py, mimo.py,
+    mimo_v2.py); only an MTP draft loads them. DeepSeek-V3's one layer holds ~11.5 GB of its 688: 1.4 GiB a GPU at
+    TP=8. 0 where a header cannot be read."""
     base, extra = int(text_config.get("num_hidden_layers") or 0), int(text_config.get("num_nextn_predict_layers") or 0)
     named = text_config.get("mtp_num_hidden_layers") or str(text_config.get("model_type", "")).startswith(
         ("qwen3_next", "qwen3_5", "mimo"))
     if not extra and not named:
         return 0
     prefixes = tuple(f"{head}layers.{base + i}." for i in range(extra)
-                     for head in ("model.", "", "model.language_model.")) + ("mtp.", "model.mtp_layers.")
+                     for head in ("model.", "", "model.language_model.")) + ("mtp.", "model.mtp_layers.", "model.mtp.")
     total = 0
     for f in files:
         try:
@@ -313,9 +314,7 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     heads = int(text_config.get("num_attention_heads") or 0)
     cached = cache_layers(text_config)
     layers = cached.attention
-    # Falcon names them num_kv_heads, or has one (multi_query); a NAS model's (block_configs) differ by layer: unchecked
-    kv_heads = int(text_config.get("num_key_value_heads") or text_config.get("num_kv_heads")
-                   or (1 if text_config.get("multi_query") else heads))
+    kv_heads = kv_head_count(text_config)  # a NAS model's (block_configs) differ by layer: unchecked below
     head_dim = int(text_config.get("head_dim") or (hidden // heads if heads else 0))
     head_dim = 0 if "block_configs" in text_config else head_dim
     latent = uses_mla(text_config, {})  # the architecture's own, whatever VLLM_MLA_DISABLE says

@@ -35,7 +35,8 @@ from typing import Any
 # model types whose dense MLP is an up and a down projection, no gate (vLLM's classes of them): StarCoder2-15B is 16B,
 # not the 21.7B three matrices would make it
 NON_GATED = frozenset({"starcoder2", "gpt_neox", "phi", "nemotron", "falcon", "opt", "gpt2", "gpt_bigcode", "gptj",
-                       "bloom", "mpt", "persimmon", "codegen", "apertus"})
+                       "bloom", "mpt", "persimmon", "codegen", "apertus", "arcee", "jais2", "nanochat", "gpt_neo",
+                       "gpt_neox_japanese"})
 FP8_METHODS = frozenset({"fp8", "fbgemm_fp8", "deepseek_v4_fp8", "modelopt_mxfp8", "mxfp8"})
 MXFP4_BITS = 4.25  # 4-bit values and one 8-bit scale per 32
 NVFP4_BITS = 4.5  # 4-bit values and one 8-bit scale per 16
@@ -60,8 +61,20 @@ def attention_params(cfg: dict[str, Any]) -> int:
         q = h * q_rank + q_rank * heads * (nope + rope) if q_rank else h * heads * (nope + rope)
         return q + h * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * h
     head_dim = _int(cfg, "head_dim", default=h // heads if heads else 0)
-    kv_heads = _int(cfg, "num_key_value_heads", default=heads)
+    kv_heads = kv_head_count(cfg)
     return 2 * h * heads * head_dim + 2 * h * kv_heads * head_dim
+
+
+def kv_head_count(cfg: dict[str, Any]) -> int:
+    """KV heads as vLLM builds them: Falcon's `num_kv_heads` under its new decoder architecture, else one where
+    `multi_query` (its default) says so (transformers fills num_kv_heads with every head there: not read); other models'
+    `num_key_value_heads`, every head where unsaid."""
+    heads = _int(cfg, "num_attention_heads")
+    if cfg.get("model_type") == "falcon":
+        if cfg.get("new_decoder_architecture"):
+            return _int(cfg, "num_kv_heads") or heads
+        return 1 if cfg.get("multi_query", True) else heads
+    return _int(cfg, "num_key_value_heads") or heads
 
 
 def expert_count(cfg: dict[str, Any]) -> int:

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from optimizer.config.model import inspect_model, model_info
-from optimizer.config.weights import MXFP4_BITS, NVFP4_BITS, mixture_layers, quantized_bits, weights_split
+from optimizer.config.weights import (
+    MXFP4_BITS, NVFP4_BITS, attention_params, mixture_layers, quantized_bits, weights_split,
+)
 from optimizer.params.accuracy import accuracy_line
 from optimizer.params.parallel import per_gpu
 from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
@@ -172,6 +174,10 @@ def test_what_the_layer_by_layer_estimate_leaves_unknown_or_counts_as_vllm_build
     nas = {"model_type": "nemotron-nas", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
            "num_key_value_heads": None, "block_configs": [{"attention": {"n_heads_in_group": 8}}] * 80}
     assert model_info(nas, "nemotron-super").weights_bytes == 0 and model_info(nas, "m").kv_bytes_per_token == 0
+    granite_dense = {"model_type": "granitemoehybrid", "hidden_size": 2048, "num_hidden_layers": 2,
+                     "mamba_d_state": 256, "num_attention_heads": 16, "layer_types": ["attention", "attention"],
+                     "vocab_size": 100352, "intermediate_size": 8192}
+    assert model_info(granite_dense, "granite-4.0-micro").weights_bytes > 0  # every layer attends: estimated
     starcoder2 = {"model_type": "starcoder2", "hidden_size": 6144, "intermediate_size": 24576, "num_hidden_layers": 40,
                   "num_attention_heads": 48, "num_key_value_heads": 4, "vocab_size": 49152,
                   "tie_word_embeddings": False}
@@ -179,6 +185,14 @@ def test_what_the_layer_by_layer_estimate_leaves_unknown_or_counts_as_vllm_build
     falcon_7b = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
                  "multi_query": True}
     assert model_info(falcon_7b, "f").num_kv_heads == 1
+    # transformers fills num_kv_heads with every head where config.json leaves it out: vLLM reads it only under the
+    # new decoder architecture; multi_query is Falcon's default
+    saved = {**falcon_7b, "num_kv_heads": 71, "new_decoder_architecture": False}
+    unsaid = {k: v for k, v in saved.items() if k != "multi_query"}
+    assert model_info(saved, "f").num_kv_heads == 1 and model_info(unsaid, "f").num_kv_heads == 1
+    assert model_info({**saved, "multi_query": False}, "f").num_kv_heads == 71
+    # the estimate's attention has that one KV head too: 4544 x 64 for K and for V, not 4544 x 4544
+    assert attention_params(falcon_7b) == 2 * 4544 * 4544 + 2 * 4544 * 64
     falcon_40b = {**falcon_7b, "hidden_size": 8192, "num_attention_heads": 128, "new_decoder_architecture": True,
                   "num_kv_heads": 8}
     assert model_info(falcon_40b, "f").num_kv_heads == 8

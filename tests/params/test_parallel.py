@@ -224,7 +224,7 @@ def test_a_checkpoint_quantized_as_it_loads_holds_its_quantized_bytes():
 
 def test_decode_context_parallel_ranks_each_keep_a_share_of_the_sequence():
     """vLLM's FullAttentionSpec.max_memory_usage_bytes: cdiv(max_model_len, decode_context_parallel_size) tokens."""
-    qwen = model_info(QWEN3_32B, "Qwen/Qwen3-32B")
+    qwen = model_info({**QWEN3_32B, "num_key_value_heads": 4}, "m")  # vLLM's dcp needs tp / kv heads >= dcp
     params = {"max_model_len": 40960, "tensor_parallel_size": 8}
     one = estimate(params, qwen, "cuda", H100, 2000).kv_one_sequence_bytes
     assert estimate({**params, "decode_context_parallel_size": 2}, qwen, "cuda", H100, 2000).kv_one_sequence_bytes \
