@@ -42,7 +42,32 @@ class CacheLayers:
 
 
 def cache_layers(text_config: dict) -> CacheLayers:
-    """The layers of `text_config` that cache tokens, read as vLLM's model code reads them (see the module's doc)."""
+    """The layers of `text_config` that cache tokens, read as vLLM's model code reads them (see the module's doc); the
+    last `num_kv_shared_layers` (Gemma 3n and 4) reuse earlier layers' keys and values and keep none of their own:
+    not counted, taken from the full-attention layers first (the lenient side: which kind they are is not read)."""
+    found = _cache_layers(text_config)
+    shared = text_config.get("num_kv_shared_layers")
+    if not isinstance(shared, int) or shared <= 0:
+        return found
+    attention = max(found.attention - shared, 0)
+    return CacheLayers(attention, min(found.sliding, attention), found.window)
+
+
+def kv_shape(text_config: dict, kv_heads: int, head_dim: int) -> tuple[int, int]:
+    """(KV heads, head size) every attention layer counts at: the model's own, but for Gemma 4, whose full-attention
+    layers cache `num_global_key_value_heads` heads (where `attention_k_eq_v`, transformers' default) of
+    `global_head_dim` (512) and its sliding ones the model's own (vLLM's per_layer_config): the smaller of the two
+    for every layer, the lenient side (Gemma-4-31B's full layers: 4 x 512, not 16 x 256)."""
+    if not str(text_config.get("model_type", "")).startswith("gemma4"):
+        return kv_heads, head_dim
+    size = text_config.get("global_head_dim")
+    size = size if isinstance(size, int) and size > 0 else 512
+    heads = text_config.get("num_global_key_value_heads") if text_config.get("attention_k_eq_v", True) else None
+    heads = heads if isinstance(heads, int) and heads > 0 else kv_heads
+    return min((kv_heads, head_dim), (heads, size), key=lambda shape: shape[0] * shape[1])
+
+
+def _cache_layers(text_config: dict) -> CacheLayers:
     layers = int(text_config.get("num_hidden_layers") or 0)
     window = text_config.get("sliding_window")
     if text_config.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:

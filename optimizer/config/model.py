@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from optimizer.config.layers import cache_layers, indexer_bytes_per_token, layers_vary
+from optimizer.config.layers import cache_layers, indexer_bytes_per_token, kv_shape, layers_vary
 from optimizer.config.context import context_lengths
 from optimizer.config.weights import expert_count, kv_head_count, weights_split
 from optimizer.core.errors import UsageError
@@ -317,6 +317,7 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     kv_heads = kv_head_count(text_config)  # a NAS model's (block_configs) differ by layer: unchecked below
     head_dim = int(text_config.get("head_dim") or (hidden // heads if heads else 0))
     head_dim = 0 if "block_configs" in text_config else head_dim
+    kv_heads, head_dim = kv_shape(text_config, kv_heads, head_dim)  # Gemma 4's full layers: their own shape
     latent = uses_mla(text_config, {})  # the architecture's own, whatever VLLM_MLA_DISABLE says
     mla = latent and mla_enabled(os.environ)  # as this process's environment runs it
     dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16").removeprefix("torch.")

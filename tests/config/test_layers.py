@@ -213,3 +213,21 @@ def test_the_mlp_width_the_gpu_reserve_counts():
     assert model_info({**llama, "model_type": "lfm2"}, "f").mlp_size == 0
     assert model_info({**llama, "num_local_experts": 8}, "m").mlp_size == 0  # Mixtral's experts
     assert model_info({**llama, "intermediate_size": [8192, 16384]}, "o").mlp_size == 0  # a width a layer
+
+
+def test_gemma_4_s_full_layers_and_the_layers_that_share_their_cache():
+    """Gemma 4's full-attention layers cache num_global_key_value_heads x global_head_dim (vLLM's per_layer_config; the
+    form of Gemma-4-31B's config: 4 x 512 where its sliding layers keep 16 x 256): every layer counts at the smaller
+    shape. The last num_kv_shared_layers (Gemma 3n, Gemma 4 E2B/E4B) keep no cache of their own."""
+    gemma4 = {"model_type": "gemma4_text", "num_hidden_layers": 60, "num_attention_heads": 32,
+              "num_key_value_heads": 16, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 4,
+              "attention_k_eq_v": True, "sliding_window": 1024, "hidden_size": 5376, "max_position_embeddings": 262144,
+              "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10}
+    info = model_info(gemma4, "google/gemma-4-31b")
+    assert (info.num_kv_heads, info.head_dim) == (4, 512) and info.kv_bytes_per_token == 60 * 2 * 4 * 512 * 2
+    assert cache_layers(gemma4) == CacheLayers(60, 50, 1024)
+    no_override = model_info({**gemma4, "attention_k_eq_v": False}, "m")  # full layers: the model's own 16 heads
+    assert (no_override.num_kv_heads, no_override.head_dim) == (16, 256)  # 16 x 256 < 16 x 512
+    shared = {**gemma4, "num_kv_shared_layers": 20}
+    assert cache_layers(shared) == CacheLayers(40, 40, 1024)  # the 10 full layers go first, then 10 sliding ones
+    assert model_info({**GEMMA3_27B["text_config"], "num_kv_shared_layers": 5}, "m").num_layers == 57
