@@ -46,25 +46,31 @@ def cache_layers(text_config: dict) -> CacheLayers:
     last `num_kv_shared_layers` (Gemma 3n and 4) reuse earlier layers' keys and values and keep none of their own:
     not counted, taken from the full-attention layers first (the lenient side: which kind they are is not read)."""
     found = _cache_layers(text_config)
-    shared = text_config.get("num_kv_shared_layers")
+    shared = text_config.get("num_kv_shared_layers", 15 if text_config.get("model_type") == "gemma3n_text" else 0)
     if not isinstance(shared, int) or shared <= 0:
         return found
     attention = max(found.attention - shared, 0)
     return CacheLayers(attention, min(found.sliding, attention), found.window)
 
 
-def kv_shape(text_config: dict, kv_heads: int, head_dim: int) -> tuple[int, int]:
-    """(KV heads, head size) every attention layer counts at: the model's own, but for Gemma 4, whose full-attention
-    layers cache `num_global_key_value_heads` heads (where `attention_k_eq_v`, transformers' default) of
-    `global_head_dim` (512) and its sliding ones the model's own (vLLM's per_layer_config): the smaller of the two
-    for every layer, the lenient side (Gemma-4-31B's full layers: 4 x 512, not 16 x 256)."""
+def kv_shapes(text_config: dict, kv_heads: int, head_dim: int) -> list[tuple[int, int]]:
+    """Pure: the (KV heads, head size) shapes of a model's attention layers: its own, and for Gemma 4 its full-attention
+    layers' (vLLM's per_layer_config: `global_head_dim`, 512, with `num_global_key_value_heads` where
+    `attention_k_eq_v`, else the model's KV heads; or the entries of a `per_layer_config` config.json holds). Every
+    layer counts at the smallest, per rank (params/parallel.py), the lenient side: Gemma-4-31B's full layers 4 x 512,
+    not 16 x 256."""
+    shapes = [(kv_heads, head_dim)]
     if not str(text_config.get("model_type", "")).startswith("gemma4"):
-        return kv_heads, head_dim
+        return shapes
     size = text_config.get("global_head_dim")
     size = size if isinstance(size, int) and size > 0 else 512
-    heads = text_config.get("num_global_key_value_heads") if text_config.get("attention_k_eq_v", True) else None
+    heads = text_config.get("num_global_key_value_heads") if text_config.get("attention_k_eq_v") else None
     heads = heads if isinstance(heads, int) and heads > 0 else kv_heads
-    return min((kv_heads, head_dim), (heads, size), key=lambda shape: shape[0] * shape[1])
+    given = text_config.get("per_layer_config")
+    entries = [e for e in given.values() if isinstance(e, dict)] if isinstance(given, dict) else []
+    shapes += [(int(e.get("num_key_value_heads") or kv_heads), int(e.get("head_dim") or head_dim)) for e in entries] \
+        or [(heads, size)]
+    return list(dict.fromkeys(shapes))
 
 
 def _cache_layers(text_config: dict) -> CacheLayers:
@@ -72,6 +78,9 @@ def _cache_layers(text_config: dict) -> CacheLayers:
     window = text_config.get("sliding_window")
     if text_config.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
         window = 0  # Qwen2/Qwen3 keep a sliding_window they do not use; 0 is "none" to vLLM
+    both_ways = text_config.get("use_bidirectional_attention")
+    if window and (both_ways == "all" or (both_ways is True and text_config.get("model_type") == "gemma3n_text")):
+        window = window // 2 + 1  # transformers halves a bidirectional Gemma's window as it loads; vLLM runs that
     kinds = text_config.get("layer_types")
     if isinstance(kinds, list) and kinds:
         sliding = sum(1 for k in kinds if k in SLIDING_TYPES) if window else 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from optimizer.config.layers import cache_layers, indexer_bytes_per_token, kv_shape, layers_vary
+from optimizer.config.layers import cache_layers, indexer_bytes_per_token, kv_shapes, layers_vary
 from optimizer.config.context import context_lengths
 from optimizer.config.weights import expert_count, kv_head_count, weights_split
 from optimizer.core.errors import UsageError
@@ -121,6 +121,7 @@ class ModelInfo:
     hidden_size: int = 0
     default_len: int = 0  # the max_model_len vLLM takes where a config leaves it out (config/context.py); 0: max_len
     mlp_size: int = 0  # a dense MLP's output width, at least (intermediate_size); 0 for a mixture, or unknown
+    kv_shapes: tuple[tuple[int, int], ...] = ()  # where layers differ (Gemma 4): each (KV heads, head size)
 
     def served_as(self, dtype: str | None) -> ModelInfo:
         """The same model served in `dtype` (None or "auto": its own): weights and KV cache in that many bytes."""
@@ -317,7 +318,8 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     kv_heads = kv_head_count(text_config)  # a NAS model's (block_configs) differ by layer: unchecked below
     head_dim = int(text_config.get("head_dim") or (hidden // heads if heads else 0))
     head_dim = 0 if "block_configs" in text_config else head_dim
-    kv_heads, head_dim = kv_shape(text_config, kv_heads, head_dim)  # Gemma 4's full layers: their own shape
+    shapes = kv_shapes(text_config, kv_heads, head_dim)  # Gemma 4's full layers: their own shape
+    kv_heads, head_dim = min(shapes, key=lambda shape: shape[0] * shape[1])
     latent = uses_mla(text_config, {})  # the architecture's own, whatever VLLM_MLA_DISABLE says
     mla = latent and mla_enabled(os.environ)  # as this process's environment runs it
     dtype = str(text_config.get("torch_dtype") or text_config.get("dtype") or "bfloat16").removeprefix("torch.")
@@ -356,7 +358,8 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
     return ModelInfo(path=path, vocab_size=vocab, max_len=max_len, num_layers=layers, num_kv_heads=kv_heads,
                      head_dim=head_dim, dtype_bytes=dtype_bytes, weights_bytes=int(weights), dtype=dtype, mla=mla,
                      expert_bytes=experts, indexer_bytes=indexer, mla_switch=switch, sliding_layers=cached.sliding,
-                     sliding_window=cached.window, hidden_size=hidden, mlp_size=mlp, default_len=default_len)
+                     sliding_window=cached.window, hidden_size=hidden, mlp_size=mlp, default_len=default_len,
+                     kv_shapes=tuple(shapes) if len(shapes) > 1 else ())
 
 
 def uses_mla(text_config: dict, env: Mapping[str, str] | None = None) -> bool:

@@ -81,7 +81,17 @@ def per_gpu(model: ModelInfo, params: dict[str, Any]) -> ModelInfo:
                    indexer_bytes=math.ceil(model.indexer_bytes * math.ceil(model.num_layers / pp) / model.num_layers)
                    if model.num_layers else 0,
                    sliding_layers=min(math.ceil(model.sliding_layers / pp), math.ceil(model.num_layers / pp)),
-                   num_kv_heads=max(1, model.num_kv_heads // tp) if model.num_kv_heads else 0)
+                   **_rank_kv_shape(model, tp))
+
+
+def _rank_kv_shape(model: ModelInfo, tp: int) -> dict[str, int]:
+    """One rank's KV heads (vLLM replicates them past their count) and head size: for a model whose layers differ in
+    shape (`ModelInfo.kv_shapes`: Gemma 4), the smallest a rank keeps of any of them."""
+    heads, size = max(1, model.num_kv_heads // tp) if model.num_kv_heads else 0, model.head_dim
+    for total, other in model.kv_shapes:
+        if max(1, total // tp) * other < heads * size:
+            heads, size = max(1, total // tp), other
+    return {"num_kv_heads": heads, "head_dim": size}
 
 
 def v2_model_runner(env: dict[str, str]) -> bool:

@@ -8,7 +8,7 @@ import pytest
 
 from optimizer.config.layers import CacheLayers, cache_layers
 from optimizer.config.model import model_info
-from optimizer.params.parallel import batches_in_flight
+from optimizer.params.parallel import batches_in_flight, per_gpu
 from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems, with_batch_default
 
 GEMMA3_27B = {  # google/gemma-3-27b-it config.json: its text_config, the fields read
@@ -194,8 +194,6 @@ def test_kv_cache_memory_bytes_is_the_cache_whatever_the_fraction():
 
 @pytest.mark.parametrize("config", [GPT_OSS_120B, JAMBA])
 def test_pipeline_ranks_split_the_sliding_layers_too(config):
-    from optimizer.params.parallel import per_gpu
-
     info = model_info({**config, "num_attention_heads": 8, "hidden_size": 512}, "m")
     half = per_gpu(info, {"pipeline_parallel_size": 2})
     assert half.num_layers == -(-info.num_layers // 2) and half.sliding_layers <= half.num_layers
@@ -231,3 +229,16 @@ def test_gemma_4_s_full_layers_and_the_layers_that_share_their_cache():
     shared = {**gemma4, "num_kv_shared_layers": 20}
     assert cache_layers(shared) == CacheLayers(40, 40, 1024)  # the 10 full layers go first, then 10 sliding ones
     assert model_info({**GEMMA3_27B["text_config"], "num_kv_shared_layers": 5}, "m").num_layers == 57
+    assert cache_layers({"model_type": "gemma3n_text", "num_hidden_layers": 35}).attention == 20  # transformers' 15
+    # per rank, the smallest shape a rank keeps: at TP=16 the sliding layers' 16 heads split to 1 x 256, under the
+    # full layers' 4 heads replicated to 1 x 512
+    rank = per_gpu(info, {"tensor_parallel_size": 16})
+    assert (rank.num_kv_heads, rank.head_dim) == (1, 256)
+    two = per_gpu(info, {"tensor_parallel_size": 2})
+    assert (two.num_kv_heads, two.head_dim) == (2, 512)  # 2 x 512 < 8 x 256
+    # a config.json transformers 5 saved: the overrides in per_layer_config, not the global keys
+    saved = {k: v for k, v in gemma4.items() if k not in ("global_head_dim", "num_global_key_value_heads")}
+    saved["per_layer_config"] = {"5": {"head_dim": 512, "num_key_value_heads": 4}}
+    assert (model_info(saved, "m").num_kv_heads, model_info(saved, "m").head_dim) == (4, 512)
+    # a bidirectional Gemma's window is halved as transformers loads it, and vLLM runs that one
+    assert cache_layers({**gemma4, "use_bidirectional_attention": "all"}).window == 513
