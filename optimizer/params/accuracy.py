@@ -8,11 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# vLLM 0.32's quantizations made on the fly from a 16-bit checkpoint (its online shorthands, fp8, experts_int8); any
-# other `quantization` it accepts must name the checkpoint's own format or a kernel of it (vllm/config/model.py
-# refuses the rest), which stores the same weights: no change in what the model computes.
-ONLINE_QUANTIZATION = frozenset({"fp8", "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel",
-                                 "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8", "experts_int8"})
+from optimizer.params.parallel import ONLINE_WEIGHT_SHARE
+
+# vLLM 0.32's quantizations made on the fly from a 16-bit checkpoint (params/parallel.py's table of them), but mxfp4,
+# which names gpt-oss's own checkpoint format; any other `quantization` it accepts must name the checkpoint's own format
+# or a kernel of it (vllm/config/model.py refuses the rest), which stores the same weights: no change in what the
+# model computes.
+ONLINE_QUANTIZATION = frozenset(ONLINE_WEIGHT_SHARE) - {"mxfp4"}
 # a KV cache kept at 16 bits or more: the model's own numbers
 SAME_AS_MODEL = frozenset({None, "auto", "bfloat16", "float16", "half", "float", "float32"})
 

@@ -23,10 +23,15 @@ def _size(params: dict[str, Any], name: str) -> int:
     return 1 if value is None else int(value)
 
 
+def layout_sizes(params: dict[str, Any]) -> tuple[int, int, int]:
+    """(tensor, pipeline, data) parallel sizes of `params`, vLLM's 1 where unset."""
+    tp, pp, dp = (_size(params, name) for name in LAYOUT_ARGS)
+    return tp, pp, dp
+
+
 def gpus_needed(params: dict[str, Any]) -> int:
     """GPUs the engine takes: tensor x pipeline x data parallel sizes (vLLM's defaults: 1 each)."""
-    return _size(params, "tensor_parallel_size") * _size(params, "pipeline_parallel_size") \
-        * _size(params, "data_parallel_size")
+    return math.prod(layout_sizes(params))
 
 
 def searches_layout(params_seen: list[dict[str, Any]]) -> bool:
@@ -68,8 +73,7 @@ def per_gpu(model: ModelInfo, params: dict[str, Any]) -> ModelInfo:
         model = replace(model, packed_layer_bytes=PACKED_MLA_BYTES[kv_dtype])
     elif kv_dtype != "auto":  # a dtype the tables lack: 0 bytes, "not understood" (ModelInfo), its KV cache unchecked
         model = replace(model, dtype_bytes=KV_DTYPE_BYTES.get(kv_dtype, 0))
-    tp, pp, dp = (_size(params, name) for name in ("tensor_parallel_size", "pipeline_parallel_size",
-                                                   "data_parallel_size"))
+    tp, pp, dp = layout_sizes(params)
     if tp == pp == 1 and (dp == 1 or not model.expert_bytes):
         return model
     # a mixture's experts are sharded over tensor x data parallel ranks (vLLM's FusedMoE), the rest over tensor ranks

@@ -23,7 +23,7 @@ from optimizer.core.clock import Clock
 from optimizer.core.errors import OptimizerError
 from optimizer.params.open_space import split_env
 from optimizer.params.deploy import batch_defaults
-from optimizer.params.parallel import batches_in_flight, per_gpu, v2_model_runner
+from optimizer.params.parallel import batches_in_flight, layout_sizes, per_gpu, v2_model_runner
 
 GIB = 1024**3
 # Memory the engine needs besides weights and KV cache (runtime, activations, buffers) on the CPU build, measured
@@ -114,7 +114,7 @@ def gpu_reserve_bytes(params: dict[str, Any], model: ModelInfo, env: dict[str, s
     weights may be fewer than the estimate's (the first stages take the odd layers): with pipeline parallelism, and
     for a pooling model (no sampler), the MLP's peak alone; with prefill context parallelism each rank's share of the
     tokens. Token budgets vLLM resolves (`with_batch_default`) count; one left unknown counts none."""
-    tp, pp = int(params.get("tensor_parallel_size") or 1), int(params.get("pipeline_parallel_size") or 1)
+    tp, pp, _ = layout_sizes(params)
     seqs, tokens = int(params.get("max_num_seqs") or 0), int(params.get("max_num_batched_tokens") or 0)
     spec = params.get("speculative_config")
     if spec:
@@ -187,10 +187,10 @@ def with_batch_default(params: dict[str, Any], deploy_as: str, device: str, memo
     both doubled in `performance_mode: throughput`; a default token budget at most the sequences x `model_len` (the
     config's max_model_len, else the model's), a default sequence count at most the token budget. No token budget
     where chunked prefill is off (vLLM then takes at least max_model_len: left uncounted, the lenient side)."""
-    world_size = int(params.get("tensor_parallel_size") or 1) * int(params.get("pipeline_parallel_size") or 1)
-    seqs, tokens = batch_defaults(deploy_as, device, memory_total_bytes, device_name, world_size)
+    tp, pp, dp = layout_sizes(params)
+    seqs, tokens = batch_defaults(deploy_as, device, memory_total_bytes, device_name, tp * pp)
     if params.get("all2all_backend") in ("deepep_low_latency", "nixl_ep") and params.get("enable_expert_parallel") \
-            and int(params.get("data_parallel_size") or 1) > 1:  # ParallelConfig.use_batched_dp_moe
+            and dp > 1:  # ParallelConfig.use_batched_dp_moe
         tokens = 256
     if params.get("performance_mode") == "throughput":
         seqs, tokens = 2 * seqs, 2 * tokens
