@@ -23,7 +23,7 @@ class RateSearchSpec(StrictModel):
         0.95, gt=0.5, lt=1.0, description="Confidence at which a probe's verdict at the limit is settled "
         "(a binomial test on the count over the limit, Bonferroni over its looks)."
     )
-    # Read by studies stored before probes were sized by evidence; the search no longer uses them.
+    # Kept so that studies stored with them still load; the search does not read them (probes are sized by evidence).
     step_down: float = Field(0.6, gt=0.1, lt=1.0, description="Unused (studies stored before).")
     refine_steps: int = Field(2, ge=0, description="Unused (studies stored before).")
     sustain_ratio: float = Field(0.9, gt=0, le=1.0, description="Unused (studies stored before): a backlog that "

@@ -159,7 +159,7 @@ class WorkloadSpec(StrictModel):
 
             given = data
             data = {**preset_fields(given["preset"]), **given}
-            for side in ("input", "output"):  # uniform over a preset's lognormal: its mean and std no longer apply
+            for side in ("input", "output"):  # uniform over a preset's lognormal: its mean and std do not apply
                 if given.get(f"{side}_len_dist") == "uniform":
                     for key in (f"{side}_len_mean", f"{side}_len_std"):
                         if key not in given:

@@ -123,9 +123,9 @@ def order_as_served_line(number: int, leader: dict[str, Any], base: dict[str, An
     """Pure: where the runs through `vllm serve` rank config #`number` and vLLM's defaults the other way round from
     their rounds in process (each a `served_record`), a line that says so: the confirmation's gain is measured in
     process, and one run each as served does not rank them: not where their intervals overlap, nor where they do not,
-    since a run's interval covers its own requests and minutes, not the next run's (claim-5's pair, -25% as served
-    apart beyond their intervals, measured again in 3 rounds by benchmarks/served_order.py: -3%, -5% and +72%; each
-    config's rate as served moved between 0.57 and 0.96 of its rate in process from run to run). None where the two
+    since a run's interval covers its own requests and minutes, not the next run's (a pair -25% apart as served,
+    beyond their intervals, read -3%, -5% and +72% in 3 more rounds of benchmarks/served_order.py, each config's rate
+    as served moving between 0.57 and 0.96 of its rate in process). None where the two
     orders agree, or either lacks a rate (or a rate of 0: a config that met the limit in none of its rounds)."""
     rates = (leader["rate_at_limit_rps"], base["rate_at_limit_rps"],
              leader["served_rate_at_limit_rps"], base["served_rate_at_limit_rps"])

@@ -34,7 +34,7 @@ FULL_DTYPES = ("float32", "float", "fp32")
 TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")  # as the dynamic loader names them: libtcmalloc_minimal.so.4
 ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")  # an LD_PRELOAD naming one of these already chose its allocator
 TCMALLOC_SONAME = "libtcmalloc_minimal.so.4"  # Debian's libtcmalloc-minimal4, where the exporting machine has none
-GLIBC = "glibc"  # the allocator of a CPU engine with none preloaded (every CPU study before 2026-12-05)
+GLIBC = "glibc"  # the allocator of a CPU engine with none preloaded
 
 
 @functools.cache

@@ -3,9 +3,9 @@ hypervisor (steal), against the time its own engine and client took.
 
 A rate at the limit is a statement about the engine; a replay while another program takes a core measures the two
 together. On the 2-core Xeon, 80 s of unit tests beside a confirmation run put vLLM's defaults at 79.5 req/s where
-their other rounds read 96-111, and 100 s more put a candidate at 47.5 against 96-115 (claim-11, 2026-12-05
-23:05-23:12): one such run widened its pair's per-round gain interval to +-19 points. Nothing in the run's own
-numbers tells such a run from a slow engine; the machine's counters do.
+their other rounds read 96-111, and 100 s more put a candidate at 47.5 against 96-115: one such run widened its
+pair's per-round gain interval to +-19 points. Nothing in the run's own numbers tells such a run from a slow engine;
+the machine's counters do.
 
 The CPUs watched are those this process tree may run on (the engine's worker, its engine core and the client); the
 processes' time of those CPUs in /proc/stat (user, nice, system) less the CPU time of this process and its

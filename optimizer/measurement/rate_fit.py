@@ -23,33 +23,21 @@ interval is the union of the two.
 
 Nor does either know the machine. A trial's interval is read as where the same config's rate would fall if it were
 measured again on this machine: another engine start, another draw, minutes later. What moves that is the run as a
-whole, not each probe on its own: read back from the probes of two real studies on tcmalloc (benchmarks/speed_cv.py;
-docs/measurement.md, "A run's interval: the machine moves the run, not each probe") the counts of one run
-prefer no speed of their own per probe, while the same config's rate moves from one round to the next by a few
-percent (the rounds' residual spread of a run, 0.019-0.025 in log rate there). So each end of the interval is
-widened, in log rate, by a term for the run: the counts' own distance to it and 1.96 x REMEASURE_CV added in
-quadrature. REMEASURE_CV (4%) is what made a run's interval cover the same config's rate in another round in 91%
-of 152 pairs over those two studies, at a median half-width of +-8.8%; the per-probe speed term it replaces (5% as
-a random effect on each probe's rate, integrated in the likelihood) covered 85% at +-9.0%, its low end pinned close
-to the highest clean probe, under which other rounds fell three times as often as over the high end. The per-probe
-term stays in `profile` (`speed_cv`), for the simulator's model and the benchmark that weighs it.
+whole, not each probe on its own (benchmarks/speed_cv.py; docs/measurement.md, "A run's interval: the machine moves
+the run, not each probe"), so each end of the interval is widened, in log rate, by a term for the run: the counts'
+own distance to it and 1.96 x REMEASURE_CV added in quadrature. At 4% a run's interval covers the same config's rate
+in another round in 91% of 152 pairs of two real studies (median half-width +-8.8%); a per-probe speed term covers
+85% at +-9.0%, and stays in `profile` (`speed_cv`) for the simulator's model and the benchmark that weighs it.
 
 The run's term widens the interval; it does not place the rate. The rate at the limit is the counts' own most likely
-root. (Integrated over each replay's speed, a probe with none of 1000 requests over is evidence that holds whether
-its replay ran fast or slow, while a probe with a sixth to a third of its requests over is explained as a slow
-replay; that likelihood's root lay above a probe with more than 5% of its requests over in 49 of 158 trials and
-runs of seven real studies (2026-12-04/05, the Xeon; benchmarks/fit_point.py): a rate the engine had already
-missed.) The bootstrap finds the counts' own root in each resample, so the point sits where its spread is centred.
+root: integrated over each replay's speed, the likelihood explains a probe well over the limit as a slow replay and
+can put the root above a rate the engine already missed (benchmarks/fit_point.py). The bootstrap finds the counts'
+own root in each resample, so the point sits where its spread is centred.
 
 Only the probes up to the first one with more than PAST_KNEE_SHARE (5%) of its requests over enter the fit: one such
 probe, five times the limit's share, bounds the rate from above, and past it the engine is in another regime (a queue
 that grows, or a plateau of stalls) whose shape the logistic curve does not have. Probes on a plateau flatten the
-fitted slope, and a flat slope carries the root far below: a run of the README's study of 2026-12-05 afternoon with
-3 and 4 of 1000 over at 72.6 and 76.7 req/s and 10-13% over from 78.9 to 85.8 was put at 71.3, under both probes
-that passed, where the same config's other rounds read 76.6-84.3 (until then the cut was at half the requests
-over; with it, 76.4). Over the confirmation runs of eight real studies the cut at 5% lowered the runs' residual
-spread (log rate, config and round removed) from 3.72% to 3.55% on average, that study's from 4.3% to 3.5%, and
-raised none by more than 0.1 points (a cut at 10% read 3.56%; docs/measurement.md, "The fit ends a bisection only
+fitted slope and carry the root below the probes that passed (docs/measurement.md, "The fit ends a bisection only
 inside 6%, and reads no plateau").
 """
 
@@ -79,9 +67,7 @@ REMEASURE_CV = 0.04  # log-normal sigma of a run's rate measured again on this m
 Z_95 = 1.96  # two-sided 95% of the normal
 SPEED_NODES = np.linspace(-3.0, 3.0, 17)  # a probe's speed, in standard deviations: the integral's nodes
 SPEED_WEIGHTS = np.exp(-SPEED_NODES ** 2 / 2) / np.exp(-SPEED_NODES ** 2 / 2).sum()
-# stored with each fit (fits before 2026-12-05 01:40 UTC placed the rate with the per-probe speed: a median 1.0%
-# higher; fits from 2026-12-02 21:20 to 2026-12-05 09:30 UTC widened the interval by that per-probe speed, not by a
-# re-measurement's)
+# stored with each fit, so that a stored fit says how its rate and interval were found
 FIT_METHOD = ("pooled logistic fit of the share over the limit: the rate, the counts' most likely root; 95% interval: "
               "profile likelihood widened to a block bootstrap over the workload's requests, each end then widened "
               f"by a re-measurement's {REMEASURE_CV:.0%} (log-normal) in quadrature")

@@ -130,7 +130,7 @@ BRACKET_STEP = 1.25  # from the first guess, up (it passed) or down (it failed) 
 BRACKET_PRECISION = 0.03  # bisect until passed and failed are within 3%, or the fit's interval is within +-3%
 # ... and the fit's interval ends the bisection only once passed and failed are within 6% (two halvings of a
 # BRACKET_STEP). Inside a wider bracket the fit puts the root where the curve's assumed shape does, with no probe
-# near it: on the README's run of 2026-12-05 a run with 0 of 1000 over at 69.4 req/s and 10% over at 77.6 stopped
+# near it: in one real study a run with 0 of 1000 over at 69.4 req/s and 10% over at 77.6 stopped
 # at 76.5, where the same config's other rounds found 69.3-72. Over 95 confirmation runs of six real studies, the 40
 # whose rate passed and rate failed were more than 6% apart when they stopped (11.8% or 25%: one halving of a step,
 # or none) lay 4.5% (root mean square) from their config's median, the 55 within 6% 3.1% (benchmarks/stop_rule.py).
@@ -139,7 +139,7 @@ FIT_BRACKET = 0.06
 # near its failed end (0.82 of the way in log over 120 runs of eleven real studies: a probe far past the limit, none
 # between), so a run whose probe just under the crossing happened to pass reads 4-5% higher than one whose probe
 # failed. On one engine and one draw, vLLM's defaults passed 78.2 req/s with 0 of 1000 over in one search and
-# failed it with 29-203 of 800-1000 in three others, and read 81.5-81.8 against 77.3-77.8 (2026-12-05 evening).
+# failed it with 29-203 of 800-1000 in three others, and read 81.5-81.8 against 77.3-77.8.
 # The rounds compare these rates; the search only ranks its trials by them and keeps FIT_BRACKET.
 RUN_FIT_BRACKET = 0.0
 
@@ -195,7 +195,7 @@ def bisected_enough(points: list[CurvePoint], passed_rps: float, failed_rps: flo
                     precision: float = BRACKET_PRECISION, fit_bracket: float = FIT_BRACKET) -> bool:
     """Pure: whether a bisection between the highest rate passed and the lowest rate failed may stop: they are within
     `precision` of each other, or within `fit_bracket` and the pooled fit of `points` has an interval within
-    +-`precision` (`fit_bracket` inf: the fit alone, the rule before 2026-12-05 afternoon, commit 276a380). While
+    +-`precision` (`fit_bracket` inf: the fit alone). While
     searching, the fit's is the counts' own precision: the profile interval without the bootstrap or a
     re-measurement's share (both widen it once, at the end; no count of requests takes the re-measurement's share
     away)."""

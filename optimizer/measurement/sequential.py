@@ -12,16 +12,16 @@ interval.
 
 How a look's share becomes its interval's confidence (`look_confidence_at`):
 
-- **Group-sequential** (plans from 2026-12-04 on, `"looks": "group-sequential"` in the plan): the boundary of each
+- **Group-sequential** (`"looks": "group-sequential"` in the plan): the boundary of each
   look is the one whose *first* crossing there has exactly that share under no gain, given that the looks before
   did not cross (measurement/boundaries.py, simulated for the block design the intervals come from: the looks share
   their rounds, so a look after another crosses less often than alone). These are repeated confidence intervals:
   all the looks' intervals cover the true gain at once with probability 95%. With 3 configs and 5 rounds: 99.7%,
   99.2%, 98.2% and 96.4% at rounds 2-5; with 3 rounds, 98.5% and 96.1%. The plan's configs count; one that drops
   out later leaves them as planned, and a default plan's rounds then grow (`spent`).
-- **Bonferroni with unequal shares** (plans stored before, `"spending"` alone): each look's interval at
+- **Bonferroni with unequal shares** (`"spending"` alone in the plan): each look's interval at
   1 - its share, the union bound; the shares add up to ALPHA. With 5 rounds: 99.7%, 99.2%, 98.5%, 97.6%.
-- Plans stored before the split kept one confidence for every look (1 - 0.05 / (R - 1)) and still do.
+- A plan with neither keeps one confidence for every look (1 - 0.05 / (R - 1)).
 
 A gain interval *decides* when it lies wholly above 0 (better), wholly below 0 (worse), or within +-3 points of 0
 (no gain worth a change: `TIE_HALF_WIDTH`). The confirmation stops when:
@@ -29,10 +29,9 @@ A gain interval *decides* when it lies wholly above 0 (better), wholly below 0 (
 - the leader (the config with the highest median so far) is not vLLM's defaults, and its gain over the defaults
   decides: when it lies within +-3 points of 0 or below 0, `Outcome.KEEP`; when it lies above 0, `Outcome.BETTER`
   once its half-width is at most 5 points or the planned rounds ran out, and until then the rounds go on
-  (`PRECISE_HALF_WIDTH`, stored in plans from 2026-12-05 on as `"precise_half_width"`; a gain of +13.6% [+3.2%,
-  +21.6%] after 4 of 6 rounds, as the README's run of 2026-12-05 09:33 stopped with, says "better" but not by how
-  much to plan for: the planned rounds go on narrowing it, and the repeated confidence intervals below stay valid
-  whichever look the rounds stop at; a plan stored before stops on any width, as it did);
+  (`PRECISE_HALF_WIDTH`, stored in the plan as `"precise_half_width"`; a gain of +13.6% [+3.2%, +21.6%] after 4 of
+  6 rounds says "better" but not by how much to plan for: the planned rounds go on narrowing it, and the repeated
+  confidence intervals below stay valid whichever look the rounds stop at; a plan without it stops on any width);
 - the leader is vLLM's defaults, and every other candidate still measured decides against them: `Outcome.KEEP`;
 - else, when the planned rounds ran out: `Outcome.UNDECIDED`, with the interval as it stands (across 0 and wider
   than +-3 points).
@@ -78,7 +77,7 @@ def looks(max_rounds: int) -> int:
 
 
 def look_confidence(max_rounds: int) -> float:
-    """The confidence of every look's interval in a plan stored before the split (`look_alpha`): equal shares."""
+    """The confidence of every look's interval in a plan without "spending" (`look_alpha`): equal shares."""
     return 1 - ALPHA / looks(max_rounds)
 
 
@@ -150,7 +149,7 @@ def outcome(gains: Sequence[Interval], leader_is_defaults: bool, rounds_done: in
             precise_half_width: float = PRECISE_HALF_WIDTH) -> Outcome:
     """What the rounds say so far. `gains` are gains over vLLM's defaults: the leader's alone when the leader is not
     the defaults; each other candidate still measured when it is (none: nothing left to beat them). A gain above 0
-    stops the rounds once its half-width is at most `precise_half_width` (a plan stored before the rule: infinity,
+    stops the rounds once its half-width is at most `precise_half_width` (a plan stored without one: infinity,
     any width)."""
     if rounds_done >= FIRST_LOOK_ROUND:
         if not leader_is_defaults and gains:

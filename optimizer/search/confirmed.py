@@ -30,9 +30,9 @@ from optimizer.search.study import confirmation_runs, is_baseline, search_trials
 FIT_VALUE = "rate-at-limit"  # a plan's "value": its runs are compared by their pooled fits (`run_tok_s`)
 
 
-# A plan's "spread" from 2026-12-05 night on: a config that dropped out keeps its rounds before in the residual spread
-# of every gain (intervals.py::block_gain_interval, least squares over the runs there are). Plans stored before left
-# it out, and report as they ran.
+# A plan's "spread" when a config that dropped out keeps its earlier rounds in the residual spread of every gain
+# (intervals.py::block_gain_interval, least squares over the runs there are). A plan stored without it leaves that
+# config out, and reports as it ran.
 SPREAD_ALL_RUNS = "every run, least squares"
 
 
@@ -50,7 +50,7 @@ class Confirmed:
     trial: FrozenTrial  # the search trial it measures again (vLLM's defaults: the baseline)
     runs: dict[int, FrozenTrial]  # round -> its finished run
     served: FrozenTrial | None = None  # its run through `vllm serve` after the rounds (None: none, or not yet)
-    by_fit: bool = False  # a run's value is its pooled fit's (`run_tok_s`: plans from 2026-12-04 on), else goodput
+    by_fit: bool = False  # a run's value is its pooled fit's (`run_tok_s`: a plan valued by FIT_VALUE), else goodput
 
     @property
     def number(self) -> int:
@@ -89,8 +89,8 @@ class Confirmed:
 
 
 def run_rate_rps(run: FrozenTrial) -> float:
-    """A finished run's rate at the limit: its pooled fit's (runs stored before: the rate it passed; a burst that met
-    the limit: inf); 0 when it met the limit nowhere, or could not run."""
+    """A finished run's rate at the limit: its pooled fit's (a run stored without one: the rate it passed; a burst
+    that met the limit: inf); 0 when it met the limit nowhere, or could not run."""
     r, fit = RESULT.of(run), RESULT.of(run).get("rate_at_limit")
     if run.state != TrialState.COMPLETE or not r.get("feasible"):
         return 0.0
@@ -124,14 +124,15 @@ class Confirmation:
 
     @property
     def confidence(self) -> float:
-        """Of every interval shown: the current look's (measurement/sequential.py; plans before: as stored).
+        """Of every interval shown: the current look's (measurement/sequential.py; a plan without "spending": as
+        stored).
 
         A plan of one config (vLLM's defaults, when no other met the limit) has no gain to look at: its rounds stop
         after the first look whatever they measure, so its intervals are at 1 - ALPHA, not at that look's share of a
         plan of many looks (which put a 2-round interval at [0.0, 332486.2] tok/s)."""
         if len(self.plan.get("candidates") or ()) < 2:
             return 1 - ALPHA
-        if self.plan.get("spending"):  # group-sequential (plans from 2026-12-04 on) or Bonferroni shares
+        if self.plan.get("spending"):  # group-sequential or Bonferroni shares
             return look_confidence_at(self.rounds, len(self.full_rounds), float(self.plan["spending"]),
                                       self.plan.get("looks") == GROUP_SEQUENTIAL, len(self.plan["candidates"]),
                                       [tuple(g) for g in self.plan.get("grown") or ()])
@@ -139,7 +140,7 @@ class Confirmation:
 
     @property
     def dropped(self) -> dict[int, int]:
-        """Config number -> the first round it was no longer measured in (it was clearly behind the leader)."""
+        """Config number -> the first round that did not measure it (it was clearly behind the leader)."""
         return {int(k): int(v) for k, v in (self.plan.get("dropped") or {}).items()}
 
     def measured_in(self, c: Confirmed, round_: int) -> bool:
@@ -227,7 +228,7 @@ class Confirmation:
         rounds = [r for r in self.full_rounds if other.value_tok_s(r) is not None and c.value_tok_s(r) is not None]
         beside = [x for x in self.configs if x is not c and x is not other]
         table = [[x.value_tok_s(r) for r in rounds] for x in (other, c, *beside)]
-        if self.plan.get("spread") != SPREAD_ALL_RUNS:  # a plan stored before: a config that dropped out left it
+        if self.plan.get("spread") != SPREAD_ALL_RUNS:  # a config that dropped out is left out
             table = [row for row in table if None not in row]
         return table
 
@@ -249,7 +250,7 @@ class Confirmation:
             return Outcome.RUNNING if self.rounds > 0 else Outcome.UNDECIDED
         if self.base is None:  # no gain over vLLM's defaults to decide: the first look ends the rounds
             return Outcome.RUNNING if len(self.full_rounds) < FIRST_LOOK_ROUND else Outcome.UNDECIDED
-        width = float(self.plan.get("precise_half_width", math.inf))  # plans stored before the rule: any width
+        width = float(self.plan.get("precise_half_width", math.inf))  # a plan stored without it: any width
         return outcome(self._deciding_gains(), best is self.base, len(self.full_rounds), self.rounds, width)
 
     def rounds_to_decide(self) -> int | None:

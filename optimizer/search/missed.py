@@ -21,8 +21,8 @@ def answered_text(result: dict) -> str:
 
 
 def count_text(result: dict) -> str:
-    """', 5 of 26 requests over the limit': the count at that rate (stored since 2026-12-05; '' for a trial stored
-    before), and ', falling behind' where the probe failed on its queue growing, not (only) on its count."""
+    """', 5 of 26 requests over the limit': the count at that rate ('' for a trial stored
+    without it), and ', falling behind' where the probe failed on its queue growing, not (only) on its count."""
     over, sent = result.get("over_limit_at_rate"), result.get("requests_at_rate")
     count = f", {over} of {sent} requests over the limit" if over is not None and sent else ""
     return count + (", falling behind" if result.get("behind_at_rate") else "")

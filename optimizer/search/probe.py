@@ -46,14 +46,12 @@ PREFILL_SHARE_OF_LIMIT = 0.2
 # rate. A trial's probes stop when their verdict is settled: those far from the limit after a few dozen requests,
 # those near it at the cap; most trials probe at the incumbent's rate and its floor. The knee of a Poisson stream
 # lies near the pace of a burst (in process the demo's defaults hold 150 ms at 1.3-1.7x it), so the knee's rate is
-# taken as the burst's. Measured on the demo with warm engine starts (docs/machines.md#timing), in those units: a
-# search trial's replays 0.54 and 0.83 probes at the cap (two runs), a confirmation run's 1.7 and 2.1; counted here
-# as 1 and 2.5, so that the estimate stays above the run (it was 1.5 and 3, 1.5-1.7x the run's length, before).
-# Since later rounds start at their config's rate so far (search/confirm.py::prior_spec), a run's replays and warm-up
-# took 41.3 s on average (demo24, 2026-12-05), of which the warm-up is estimated at 6.0 s and a probe at the cap at
-# 20.1 s: 1.76 probes. A run now bisects once more (measurement/rate_search.py::RUN_FIT_BRACKET), a probe near the
-# limit of ~800-1000 requests, ~0.6 more: 2.4, still counted as 2.5. The baseline, which brackets from a first guess,
-# about 3 more.
+# taken as the burst's. On the demo with warm engine starts (docs/machines.md#timing), in those units, a search
+# trial's replays take 0.54-0.83 probes at the cap, counted as 1 so that the estimate stays above the run. A
+# confirmation run starts at its config's rate so far (search/confirm.py::prior_spec): its replays and warm-up take
+# ~41 s, a warm-up of ~6 s and ~1.76 probes of ~20 s; its one more bisection near the limit
+# (measurement/rate_search.py::RUN_FIT_BRACKET, ~800-1000 requests) adds ~0.6: 2.4, counted as 2.5. The baseline,
+# which brackets from a first guess, takes about 3 more.
 REPLAYS_PER_TRIAL = 1.0
 KNEE_FRACTION_OF_CEILING = 1.0
 BASELINE_EXTRA_REPLAYS = 3

@@ -334,10 +334,10 @@ def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages
 def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
     """How well the recommendation's replay pinned down TTFT P99, and the replay length that would (stored too).
 
-    Only for a recommendation measured the way studies were before 2026-12: fixed-length replays, each judged on its
-    own P99. A trial measured by probes sized by evidence has its rate at the limit from a fit over every request it
-    sent, with its interval on its progress line and in the confirmation's table: one probe's P99 and a replay length
-    are not what its number rests on, and advice to lengthen replays would send the user after the wrong knob (None).
+    Only for a recommendation measured by fixed-length replays, each judged on its own P99. A trial measured by
+    probes sized by evidence has its rate at the limit from a fit over every request it sent, with its interval on
+    its progress line and in the confirmation's table: one probe's P99 and a replay length are not what its number
+    rests on, and advice to lengthen replays would send the user after the wrong knob (None).
 
     The count is advice for the next study, not changed in this one: every trial of a study replays the same
     requests, so that their results compare (`--num-requests auto` chooses it before a study starts).

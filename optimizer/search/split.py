@@ -1,10 +1,9 @@
 """How a trial budget splits between the search and the confirmation (search/confirm.py), and the line that says so.
 
 By default the confirmation takes at most AUTO_SHARE of a trial budget, its runs as served included, and
-MAX_AUTO_ROUNDS rounds of CONFIGS configs: `--budget 40` is 14 search trials, up to 24 runs and 2 served (45% and 6
-rounds before 2026-12-05 evening). A plan with fewer candidates than CONFIGS spends the same runs on more rounds
-(`rounds_for`), and so does one whose rival drops out (`rounds_after_drop`); `--confirm N` asks for N rounds whatever
-the budget.
+MAX_AUTO_ROUNDS rounds of CONFIGS configs: `--budget 40` is 14 search trials, up to 24 runs and 2 served. A plan
+with fewer candidates than CONFIGS spends the same runs on more rounds (`rounds_for`), and so does one whose rival
+drops out (`rounds_after_drop`); `--confirm N` asks for N rounds whatever the budget.
 """
 
 from __future__ import annotations

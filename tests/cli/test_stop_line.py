@@ -1,6 +1,6 @@
 """Every command, not only a study's run, ends on Ctrl-C or SIGTERM with one line that says what to do next and the
-signal's exit code (core/signals.py through cli/common.py::guarded): `timeout 10m optimize verify ...` used to die
-on SIGTERM with no shutdown of the engines it had started."""
+signal's exit code (core/signals.py through cli/common.py::guarded): `timeout 10m optimize verify ...` shuts down
+the engines it started on SIGTERM."""
 
 import subprocess
 import sys

@@ -58,8 +58,8 @@ def test_a_broken_index_names_the_file(sharded):
 
 def test_multi_token_prediction_layers_are_not_counted(tmp_path):
     """DeepSeek V3's layer 61 (num_nextn_predict_layers past num_hidden_layers) is in its files, but vLLM's base model
-    skips it (models/utils.py skip_spec_layers): ~11.5 GB of 688, 1.4 GiB a GPU at TP=8, counted against the KV
-    cache until 2026-12-06. The tensors' sizes come from the files' own safetensors headers."""
+    skips it (models/utils.py skip_spec_layers): ~11.5 GB of 688, 1.4 GiB a GPU at TP=8 that would otherwise count
+    against the KV cache. The tensors' sizes come from the files' own safetensors headers."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -81,7 +81,7 @@ def test_multi_token_prediction_layers_are_not_counted(tmp_path):
 
 def test_qwen3_5_and_mimo_prediction_layers_are_not_counted(tmp_path):
     """Qwen3.5 keeps its MTP layers under `mtp.` (text config `qwen3_5_text`, `mtp_num_hidden_layers`), MiMo under
-    `model.mtp_layers.`: vLLM's base models drop both (qwen3_5.py, mimo.py); until 2026-12-06 they counted as
+    `model.mtp_layers.`: vLLM's base models drop both (qwen3_5.py, mimo.py), so they are not
     weights (~1.6 GiB for Qwen3.5-35B-A3B)."""
     import numpy as np
     from safetensors.numpy import save_file

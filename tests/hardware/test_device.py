@@ -63,8 +63,8 @@ def test_the_cpu_build_on_a_gpu_host_runs_on_cpu():
 
 
 def test_the_cuda_build_without_a_gpu_is_a_usage_error_with_the_fix():
-    """It used to be taken for a CPU host: the CPU's search space and eager mode, on a build that cannot run on the
-    CPU, every engine start failing."""
+    """Not a CPU host: the CPU's search space and eager mode, on a build that cannot run on the CPU, would fail every
+    engine start."""
     with pytest.raises(UsageError, match=r"CUDA build .*no GPU .*CUDA_VISIBLE_DEVICES unset.*nvidia-smi.*"
                                          r"\./install\.sh cpu"):
         detect_device(FakeNvml(fail_init=True), CUDA_BUILD, env={})  # no driver
@@ -75,14 +75,14 @@ def test_the_cuda_build_without_a_gpu_is_a_usage_error_with_the_fix():
 
 
 def test_a_gpu_nvml_cannot_read_hides_only_itself():
-    """A lost GPU this process does not use used to make every GPU of the host unreadable."""
+    """A lost GPU this process does not use leaves the other GPUs of the host readable."""
     assert [g.index for g in visible_gpus(FakeNvml(unreadable={1}), env={"CUDA_VISIBLE_DEVICES": "0,2"})] == [0, 2]
     assert visible_gpus(FakeNvml(unreadable={1}), env={"CUDA_VISIBLE_DEVICES": "0,1"}) == []  # it would use it
     assert visible_gpus(FakeNvml(unreadable={1}), env={}) == []  # all of them, the lost one too
 
 
 def test_a_lost_gpu_the_process_would_use_is_named_in_the_error():
-    """It used to read as no GPU at all: "NVML finds no GPU", with eight on the host and one of them lost."""
+    """Not "NVML finds no GPU" with eight on the host and one of them lost: the lost one, by its index."""
     assert unreadable_gpus(FakeNvml(unreadable={1}), env={"CUDA_VISIBLE_DEVICES": "0,1"}) == [1]
     assert unreadable_gpus(FakeNvml(unreadable={1}), env={"CUDA_VISIBLE_DEVICES": "0,2"}) == []  # not one it uses
     with pytest.raises(UsageError, match=r"NVML cannot read GPU 3 .*CUDA_VISIBLE_DEVICES '3'.*nvidia-smi -i 3"):
@@ -151,10 +151,8 @@ A100_WITH_MIGS = dict(devices=[("NVIDIA A100-SXM4-80GB", 80 * GIB, (8, 0))] * 2,
 
 
 def test_a_mig_instance_is_the_gpu_with_its_own_memory(monkeypatch):
-    """CUDA_VISIBLE_DEVICES=MIG-<uuid> is how NVIDIA runs a CUDA process on a MIG instance. It used to name no GPU
-    here: without --device the CUDA build was taken for the CPU's, and with it the memory estimate had no GPU to
-    read. Now the instance is the one GPU, with its own memory (a 3g.40gb slice: 40 GiB, not the card's 80) and its
-    parent's compute capability."""
+    """CUDA_VISIBLE_DEVICES=MIG-<uuid> is how NVIDIA runs a CUDA process on a MIG instance. The instance is the one
+    GPU, with its own memory (a 3g.40gb slice: 40 GiB, not the card's 80) and its parent's compute capability."""
     env = {"CUDA_VISIBLE_DEVICES": f"{FakeNvml.mig_uuid(1)},{FakeNvml.mig_uuid(0)}"}
     gpus = visible_gpus(FakeNvml(**A100_WITH_MIGS), env=env)
     assert [(g.index, g.uuid, g.name, g.memory_total_bytes, g.compute_capability) for g in gpus] == [

@@ -135,7 +135,7 @@ def test_a_cpu_fingerprint_names_its_allocator_and_one_stored_before_it_was_ran_
     here = fingerprint("cpu")
     assert here["allocator"] in ("tcmalloc", "jemalloc", "mimalloc", "glibc")
     assert f"malloc: {here['allocator']}" in describe(here)
-    before = {k: v for k, v in here.items() if k != "allocator"}  # a study made before 2026-12-05
+    before = {k: v for k, v in here.items() if k != "allocator"}  # a study stored without an allocator
     assert differences(before, {**here, "allocator": "glibc"}) == []
     assert differences(before, {**here, "allocator": "tcmalloc"}) == ["allocator: glibc -> tcmalloc"]
     assert differences({**here, "allocator": "tcmalloc"}, {**here, "allocator": "glibc"}) == [

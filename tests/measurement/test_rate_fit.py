@@ -62,7 +62,7 @@ def test_the_replays_speed_and_a_re_measurement_widen_the_interval_not_move_the_
 
 
 @pytest.mark.parametrize("probes, passed, failed", [
-    # two confirmation runs of the Xeon demo of 2026-12-05 (/tmp/demo14, runs c6 and c4), as their probes counted:
+    # two confirmation runs of the Xeon demo, as their probes counted:
     # (rate, requests, over the limit, independent fraction)
     ([(53.52, 801, 0, 1.0), (59.47, 1000, 0, 1.0), (74.34, 406, 110, 0.127), (66.49, 800, 262, 0.115)], 59.47, 66.49),
     ([(53.52, 400, 0, 1.0), (59.47, 800, 0, 1.0), (74.34, 400, 95, 0.189), (66.49, 804, 132, 0.136),
@@ -105,7 +105,7 @@ def test_only_the_first_probe_with_more_than_a_twentieth_over_enters():
 
 
 def test_a_plateau_past_the_knee_does_not_carry_the_rate_under_the_probes_that_passed(monkeypatch):
-    # a run of the README's study of 2026-12-05 afternoon (#18, round 1): 3 and 4 of 1000 over at 72.57 and 76.74
+    # a real run (#18, round 1): 3 and 4 of 1000 over at 72.57 and 76.74
     # req/s, then 10-13% over from 78.91 to 85.79 and 37% at 95.92
     probes = [ProbeCount(72.57, 1000, 3), ProbeCount(76.74, 1000, 4), ProbeCount(95.92, 800, 299),
               ProbeCount(85.79, 1000, 129), ProbeCount(81.14, 1000, 111), ProbeCount(78.91, 1000, 99)]

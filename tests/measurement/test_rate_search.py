@@ -123,9 +123,9 @@ def test_each_probe_keeps_its_counts_for_the_fit():
 
 
 def test_the_fit_ends_a_bisection_only_once_passed_and_failed_are_within_six_percent_on_a_real_runs_counts():
-    # a run of the README's study of 2026-12-05 (#11, round 2): none of 1000 over at 69.40 req/s, 79 of 804 at 77.59,
+    # a real run (#11, round 2): none of 1000 over at 69.40 req/s, 79 of 804 at 77.59,
     # 11.8% apart. The counts' own fit puts the rate at 76.5 within +-3%, on the curve's assumed shape alone (the
-    # config's other rounds found 69.3-72): the fit alone stopped there, the rule now bisects on
+    # config's other rounds found 69.3-72): the fit alone would stop there, the rule bisects on
     wide = [point(69.40, 1000, 0, PASS), point(77.59, 804, 79, FAIL)]
     fit = fit_rate_at_limit(probe_counts(wide), resamples=0, remeasure_cv=0.0)
     assert fit.half_width <= BRACKET_PRECISION and fit.rate_rps > 76.0
@@ -186,7 +186,7 @@ def tail_point(rate, requests, over, p99_ms):
 
 
 def test_a_tail_that_does_not_fall_with_the_rate_is_flat_by_hand():
-    # the rates and TTFT P99s of the 2026-12-02 demo's served defaults (320, 462, 329 ms), with a few % over each
+    # the rates and TTFT P99s of a demo's served defaults (320, 462, 329 ms), with a few % over each
     served = [tail_point(26.62, 120, 5, 320.0), tail_point(21.30, 90, 5, 462.0), tail_point(17.04, 80, 4, 329.0)]
     assert not latency_is_flat(served[:2])  # one step down: too soon to tell
     assert latency_is_flat(served)  # 26.62 / 17.04 = 1.56 = 1.25^2, and 329 >= 0.8 x 320
@@ -215,8 +215,8 @@ def test_a_descent_whose_tail_stays_stops_after_two_steps_and_says_why():
 
 
 def test_a_probe_that_fell_behind_bounds_the_fit_above_whatever_its_count():
-    # run c5 of the 2026-12-03 demo: 0 of 500 over at 40.50, 42.82 and 44.03 req/s; at 45.28 the queue grew over
-    # the arrivals (fell behind) with 1 of 202 over when the verdict stopped it. Counted as 1 of 202 the fit put
+    # a demo's confirmation run: 0 of 500 over at 40.50, 42.82 and 44.03 req/s; at 45.28 the queue grew over
+    # the arrivals (fell behind) with 1 of 202 over when the verdict stopped it. Counted as 1 of 202 the fit would put
     # the rate at the limit at 45.28, open above, above the rate the search saw fail.
     passed = [point(r, 500, 0, UNSETTLED) for r in (40.50, 42.82, 44.03)]
     behind = point(45.28, 202, 1, FAIL)

@@ -91,7 +91,7 @@ def test_a_gain_interval_decides_above_below_or_within_three_points():
 def test_the_rounds_stop_when_the_leaders_gain_over_the_defaults_decides():
     assert outcome([iv(0.03, 0.12)], False, 2, 3) == Outcome.BETTER  # above 0, +-4.5 points
     assert outcome([iv(0.02, 0.13)], False, 2, 3) == Outcome.RUNNING  # above 0, +-5.5 points
-    # above 0 but +-9.2 points wide (the README's run of 2026-12-05 09:33 after 4 of 6 rounds): the planned rounds
+    # above 0 but +-9.2 points wide (a real run after 4 of 6 rounds): the planned rounds
     # go on narrowing it; the last one reports it as it stands
     assert outcome([iv(0.032, 0.216)], False, 4, 6) == Outcome.RUNNING
     assert outcome([iv(0.032, 0.216)], False, 6, 6) == Outcome.BETTER

@@ -87,8 +87,8 @@ def test_the_device_is_the_first_visible_one(monkeypatch, visible, expected):
 
 def test_a_mig_instance_is_watched_by_its_uuid_memory_without_utilization(monkeypatch):
     """The first MIG instance listed is the one CUDA gives the process; NVML reads its memory, not its utilization
-    (NOT_SUPPORTED on MIG-enabled GPUs): the trial keeps the memory and says why it has no utilization, where every
-    sample used to fail and the trial recorded no telemetry at all."""
+    (NOT_SUPPORTED on MIG-enabled GPUs): the trial keeps the memory and says why it has no utilization, rather than
+    failing every sample and recording no telemetry at all."""
     nvml = SharedFakeNvml(devices=[("NVIDIA A100-SXM4-80GB", 80 * GIB, (8, 0))] * 2,
                           script=[(0, 3 * GIB), (0, 5 * GIB)], migs=[(1, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 10 * GIB),
                                 (1, "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40 * GIB)])

@@ -147,7 +147,7 @@ def test_a_run_after_the_first_round_starts_at_its_configs_median_rate_so_far():
 
 def test_a_default_plan_of_two_configs_spends_the_same_runs_on_more_rounds(monkeypatch):
     assert split.rounds_for(8, 3) == 8 and split.rounds_for(8, 2) == 12 and split.rounds_for(2, 2) == 3
-    # vLLM's defaults alone: nothing to compare, the rounds stop after the first look (claim-10 read "2 of 12")
+    # vLLM's defaults alone: nothing to compare, the rounds stop after the first look (not "2 of 12")
     assert split.rounds_for(8, 1) == 2
     assert "up to 8 rounds of 3 configs (or 12 of 2)" in split.plan(40, None, served=True).line
     study = _rounds_study({}, rounds=8)
@@ -502,8 +502,8 @@ def test_a_default_plan_spends_a_drop_outs_runs_on_more_rounds():
 
 
 def test_a_rerun_under_another_default_keeps_its_plans_rounds():
-    # a plan of 6 rounds (the default at --budget 40 before 2026-12-05 evening), undecided after them: the same
-    # command under today's default of 8 queues nothing and keeps the plan (an explicit --confirm 8 would add two
+    # a plan of 6 rounds, stored under another default, undecided after them: the same
+    # command under the default of 8 queues nothing and keeps the plan (an explicit --confirm 8 would add two
     # rounds: test_a_rerun_with_more_rounds_adds_them_to_the_finished_plan)
     study = _rounds_study({0: [100.0] * 6, 1: [96.0, 110.0, 104.0, 99.0, 103.0, 97.0],
                            2: [95.0, 108.0, 101.0, 97.0, 104.0, 99.0]}, rounds=6)
@@ -624,8 +624,8 @@ def test_an_undecided_confirmation_says_how_many_more_rounds_would_decide_it():
 
 
 def test_a_plan_of_the_defaults_alone_shows_plain_95_percent_intervals():
-    # claim-10: no searched config met the limit, so the defaults were confirmed alone, 2 rounds of a 12-round plan;
-    # at the first look's share of 12 looks their interval read [0.0, 332486.2] tok/s. With no gain to look at the
+    # no searched config met the limit, so the defaults are confirmed alone, 2 rounds of a 12-round plan; at the
+    # first look's share of 12 looks their interval would read [0.0, 332486.2] tok/s. With no gain to look at the
     # rounds stop after round 2 whatever they measure, so it is the plain t interval: 4000 and 4140 tok/s have
     # mean 4070, s = 140 / sqrt(2) = 98.99, half-width t(0.975, 1) 12.706 x 98.99 / sqrt(2) = 889.4.
     from optimizer.measurement.sequential import Outcome
@@ -735,7 +735,7 @@ def test_a_gain_over_defaults_with_a_median_of_0_falls_back_to_the_per_round_med
 
 
 def test_a_run_disturbed_by_other_processes_is_run_again_once_then_kept():
-    # claim-11's round 2: 80 s of unit tests beside vLLM's defaults' run put them at 79.5 req/s against 96-111 in
+    # a real round: 80 s of unit tests beside vLLM's defaults' run put them at 79.5 req/s against 96-111 in
     # their other rounds. A run that others took a quarter of a core from is not counted: its round misses it, and
     # it is queued again on the same draw; after 2 disturbed tries the second is kept, as it is
     from optuna.trial import create_trial

@@ -17,7 +17,7 @@ from optimizer.search import dbretry
 from optimizer.search.dbretry import StorageUnavailableError, is_transient, with_retries
 from tests.support.fakes import SimEngine, make_config, run_study
 
-HOLD_S = 8.0  # longer than the SQLite driver's default busy wait (5 s), after which a write used to fail
+HOLD_S = 8.0  # longer than the SQLite driver's default busy wait (5 s), after which an unretried write fails
 
 
 class ReaderAtTheEnd(SimEngine):

@@ -117,7 +117,7 @@ def test_a_trial_that_missed_says_so_in_rates_and_without_another_regimes_throug
     missed = why_infeasible({"feasible": False, "rate_rps": 2.5, "ttft_p99_ms": 180.0, "requests": 600})
     assert missed == "over the limit at every rate tried (TTFT P99 180ms at 2.50 req/s, the closest) (600 requests)"
     assert "at a burst" in why_infeasible({"feasible": False, "rate_rps": None, "ttft_p99_ms": 180.0})
-    # the demo of 2026-12-05 09:33, trial #15: its probe at 87.13 req/s stopped with 5 of 26 requests past the limit
+    # a demo's trial #15: its probe at 87.13 req/s stopped with 5 of 26 requests past the limit
     # and still waiting for a first token; the P99 of the 21 answered, 139 ms, alone read as under the limit
     cut = {"feasible": False, "stopped_early": True, "floor_rps": 87.13, "rate_rps": 87.13, "ttft_p99_ms": 139.4,
            "requests": 78, "requests_at_rate": 26, "over_limit_at_rate": 5, "answered_at_rate": 21}
@@ -126,7 +126,7 @@ def test_a_trial_that_missed_says_so_in_rates_and_without_another_regimes_throug
                                    "beat the best, stopped early (78 requests)")
     whole = {**cut, "ttft_p99_ms": 219.0, "answered_at_rate": 26}
     assert "(TTFT P99 219ms at 87.13 req/s, 5 of 26 requests over the limit)" in why_infeasible(whole)
-    # the demo of 2026-12-05 10:18, trial #13: none of 53 over, but the backlog grew over the arrivals
+    # a demo's trial #13: none of 53 over, but the backlog grew over the arrivals
     behind = {**cut, "ttft_p99_ms": 143.0, "requests_at_rate": 53, "over_limit_at_rate": 0, "answered_at_rate": 53,
               "behind_at_rate": True}
     assert "(TTFT P99 143ms at 87.13 req/s, 0 of 53 requests over the limit, falling behind)" in why_infeasible(behind)

@@ -1,6 +1,6 @@
 """A confirmation run bisects its bracket to 3% whatever its fit says (measurement/rate_search.py::RUN_FIT_BRACKET);
 a search trial may stop on its fit inside 6%. Through search/probes.py::TrialReplays.measure, its probes scripted
-with the counts of a real run (vLLM's defaults on the README's demo, one engine, 2026-12-05 evening)."""
+with the counts of a real run (vLLM's defaults on the README's demo, one engine)."""
 
 import asyncio
 

@@ -155,12 +155,12 @@ def test_runs_as_served_that_rank_the_pair_the_other_way_round_are_said_so():
         return {"rate_at_limit_rps": inproc, "served_rate_at_limit_rps": served, "served_low_rps": low,
                 "served_high_rps": high}
 
-    # a real study's (claim-4, 2026-12-04): #15 +13% in process, -10% as served, the served intervals overlapping
+    # a real study's: #15 +13% in process, -10% as served, the served intervals overlapping
     base = record(95.28, 89.98, 81.26, 106.87)
     line = order_as_served_line(15, record(107.44, 80.82, 74.46, 89.32), base, "vllm serve")
     assert line is not None and line.startswith("as served the order is the other way round: #15 held 80.82 req/s")
     assert "(-10.2%; in process +12.8%; one run each, their 95% intervals overlap" in line  # 80.82/89.98, 107.44/95.28
-    # the README's run of 2026-12-05 10:18: 95.40 against 95.65 as served read "-0%" with whole percents
+    # a real study's: 95.40 against 95.65 as served read "-0%" with whole percents
     close = order_as_served_line(11, record(122.27, 95.40, 87.99, 116.31), record(105.82, 95.65, 88.38, 104.65),
                                  "vllm serve")
     assert "(-0.3%; in process +15.5%;" in close
@@ -170,7 +170,7 @@ def test_runs_as_served_that_rank_the_pair_the_other_way_round_are_said_so():
     assert even is not None and even.startswith("as served they are even: #11 held 95.62 req/s")
     assert "(even to a tenth of a percent; in process +15.5%;" in even and "-0.0%" not in even
     apart = order_as_served_line(15, record(107.44, 70.0, 65.0, 75.0), base, "vllm serve")
-    # apart beyond the intervals is not a ranking either: claim-5's pair, -25% so, was -3%, -5% and +72% when its runs
+    # apart beyond the intervals is not a ranking either: a real pair -25% so read -3%, -5% and +72% when its runs
     # as served were measured again in rounds (benchmarks/served_order.py)
     assert apart is not None and "apart beyond their 95% intervals, which hold one run, not the next: these runs " \
         "alone do not rank them" in apart
