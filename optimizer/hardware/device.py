@@ -235,9 +235,13 @@ def detect_device(nvml: Any | None = None, build: Build | None = None,
     """`cuda` when the CUDA build is installed and NVML reads every GPU this process would use, `cpu` otherwise; a
     UsageError naming the fix where the CUDA build sees none (no driver, CUDA_VISIBLE_DEVICES naming none), or cannot
     read one it would use (naming that GPU): that build cannot run on the CPU, and a CPU study of it would only fail
-    to start every engine."""
+    to start every engine. The CPU build where NVML sees GPUs this process may use is a UsageError too (`cpu_on_gpus`):
+    a study on the CPU there is a mistake more often than a choice, and `--device cpu` makes it one."""
     build = installed_build() if build is None else build
     if build.device != CUDA:
+        gpus, lost = _read_visible(nvml, env) if build.device == CPU else ([], [])
+        if gpus or lost:
+            raise UsageError(cpu_on_gpus(gpus, lost, build))
         return CPU
     gpus, lost = _read_visible(nvml, env)  # one reading: a GPU lost in between is named, not missed
     if gpus and not lost:
@@ -254,6 +258,17 @@ def detect_device(nvml: Any | None = None, build: Build | None = None,
                      f"use (CUDA_VISIBLE_DEVICES {named}): check the driver with `nvidia-smi` and "
                      f"CUDA_VISIBLE_DEVICES, or tune on this machine's CPU with the CPU build (./install.sh cpu in a "
                      f"fresh clone)")
+
+
+def cpu_on_gpus(gpus: list[Gpu], lost: list[int], build: Build) -> str:
+    """Pure: the one line that refuses to start a study on the CPU build where NVML sees `gpus` (and `lost`, GPUs it
+    cannot read) that this process may use, naming the install that uses them and the flag that keeps the CPU."""
+    names = sorted({g.name for g in gpus})
+    count = len(gpus) + len(lost)
+    return (f"this host has {count} NVIDIA GPU{'s' if count != 1 else ''}"
+            f"{' (' + ', '.join(names) + ')' if names else ''}, but vLLM's CPU build ({build.describe()}) is "
+            f"installed: run ./install.sh cuda in a fresh clone to tune on the GPU, or pass --device cpu to tune on "
+            f"this machine's CPU anyway")
 
 
 def check_build(device: str, build: Build | None = None) -> None:

