@@ -1,8 +1,8 @@
-"""Model resolution: a local directory, a hub id, or the embedded default generated locally once.
+"""Model resolution: a local directory, a hub id, or an embedded default generated locally once.
 
-The default is a small Llama-architecture model with random weights (no download), one of a small ladder of
+The CPU's default is a small Llama-architecture model with random weights (no download), one of a small ladder of
 shapes: the probe chooses the largest one this machine serves well inside the limit, so that on any CPU a
-150 ms TTFT P99 limit separates good engine configurations from bad ones.
+150 ms TTFT P99 limit separates good engine configurations from bad ones. A GPU's: config/demo.py.
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ DEMO_LADDER = (
 )
 DEFAULT_MODEL_NAME = DEMO_LADDER[0].name
 DEFAULT_MODEL_CONFIG = DEMO_LADDER[0].config
+GPU_DEMO_NAME = "llama3.2-1b-dummy"  # the GPU's embedded default (config/demo.py)
 
 
 def is_demo_model(path_or_name: str) -> bool:
-    """Whether `path_or_name` is one of the embedded demo models (its name, or a directory named after it)."""
+    """Whether `path_or_name` is one of the embedded CPU demo models (its name, or a directory named after it)."""
     return Path(path_or_name.rstrip("/")).name in {shape.name for shape in DEMO_LADDER}
 
 
@@ -191,7 +192,7 @@ def default_model(name: str = DEFAULT_MODEL_NAME) -> Path:
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).to(torch.bfloat16)
         model.save_pretrained(tmp)
-        _word_tokenizer(shape.config["vocab_size"]).save_pretrained(tmp)
+        word_tokenizer(shape.config["vocab_size"]).save_pretrained(tmp)
         if target.exists():  # another process finished first
             shutil.rmtree(tmp)
         else:
@@ -202,7 +203,7 @@ def default_model(name: str = DEFAULT_MODEL_NAME) -> Path:
     return target
 
 
-def _word_tokenizer(vocab_size: int):
+def word_tokenizer(vocab_size: int):
     """A word-level tokenizer ("w123" <-> id 123), so that the default model also serves over HTTP and with
     `vllm serve`; the optimizer itself drives engines with token ids and never needs it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

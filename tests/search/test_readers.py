@@ -104,7 +104,7 @@ def test_report_export_and_optuna_readers_beside_a_running_study(tmp_path, confi
 
 def test_optuna_dashboard_api_beside_a_running_study(tmp_path, config_only_model):
     pytest.importorskip("optuna_dashboard", reason="optuna-dashboard is not installed: pip install "
-                                                   "'vllm-optimizer[test]' (the test extra has it)")
+                                                   "'vllm-config-optimizer[test]' (the test extra has it)")
     study, passes, t0, t1 = run_beside_readers(tmp_path, config_only_model, ["dashboard"])
     check_study_lost_nothing(study)
     check_passes(passes, t0, t1, {t.number for t in study.trials})
