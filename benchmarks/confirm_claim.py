@@ -6,7 +6,7 @@ engine, alternating, and the re-measured gain is compared with the interval the 
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/confirm_claim.py --real 1 --budget 16
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/confirm_claim.py --real-study default
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/confirm_claim.py \
-        --real-study /tmp/demo/studies/default --real 3 --budget 16 --confirm 3 --num-requests 500 --no-served
+        --real-study studies/default --real 3 --budget 16 --confirm 3 --num-requests 500 --no-served
 
 The reported gain is the confirmation's: the median of its per-round gains of the recommendation over vLLM's
 defaults, with its 95% interval, in which every config of the rounds pools its spread (a block design:

@@ -1,11 +1,11 @@
 """Where does a stored fit place the rate at the limit, against its own probes? Reads finished real studies (starts
 nothing): for every search trial and confirmation run that stored its probes' counts, the stored rate at the limit
 against the lowest rate at which a probe had more than 5% of its requests over, and against the counts' own most
-likely root (`measurement/rate_fit.py`: the likelihood without the replays' speed, how the rate is placed since
-2026-12-05); per study, the block design's residual spread of the confirmation's runs (log rate, config + round
+likely root (`measurement/rate_fit.py`: the likelihood without the replays' speed, how the product places the
+rate); per study, the block design's residual spread of the confirmation's runs (log rate, config + round
 removed) by each point.
 
-    .venv/bin/python benchmarks/fit_point.py /tmp/demo14/studies/default /tmp/claimreal14/claim-5 ...
+    .venv/bin/python benchmarks/fit_point.py studies/default [DIR/NAME ...]
 """
 
 from __future__ import annotations

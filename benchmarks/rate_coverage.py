@@ -18,7 +18,7 @@ far the trial's rate lies from the same engine's re-measurement (root mean squar
 
 On the real engine, from studies already run (nothing is started):
 
-    .venv/bin/python benchmarks/rate_coverage.py --real-study /tmp/demo/studies/default [--real-study ...]
+    .venv/bin/python benchmarks/rate_coverage.py --real-study studies/default [--real-study DIR/NAME ...]
 
 Each config of a study's confirmation was measured again in every round: on a fresh engine, on another draw, minutes
 to a quarter of an hour after its search trial. Counted, per config and in total: the search trial's interval against

@@ -4,7 +4,7 @@ both through `vllm serve` (the confirmation's own run: a fresh engine or server,
 search trial's bracket, the pooled fit), on a workload draw of its own (the study's seed + 2000 + round: no draw the
 study replayed), the order rotated by the round. Reads the study, writes nothing to it.
 
-    flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/served_order.py /tmp/claimreal14/claim-5 [--rounds 3]
+    flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/served_order.py studies/default [--rounds 3]
 
 The study's confirmation ran its rounds in process and each config once as served; `decision/served.py::
 order_as_served_line` says so when that one run ranks the pair the other way round. Printed: each run's rate at the

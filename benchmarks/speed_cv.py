@@ -12,7 +12,7 @@ For both: the runs' and the search trials' median half-width, and coverage: a co
 the same config's rate in the other rounds (a fresh engine, another draw, minutes later; how many fell under its low
 end and over its high end), and the search trial's interval against its rounds' rates.
 
-    .venv/bin/python benchmarks/speed_cv.py /tmp/demo17/studies/default [...] [--sigmas 0,0.02,0.05]
+    .venv/bin/python benchmarks/speed_cv.py studies/default [DIR/NAME ...] [--sigmas 0,0.02,0.05]
 """
 
 from __future__ import annotations

@@ -2,23 +2,23 @@
 and replays, on every stored search trial and confirmation run, the stop rule of a bisection
 (`measurement/rate_search.py::bisected_enough`) over its probes in the order they ran, two ways:
 
-- **the fit alone** (`fit_bracket` inf, the rule before 2026-12-05 afternoon, commit 276a380): passed and failed
+- **the fit alone** (`fit_bracket` inf): passed and failed
   within 3%, or the pooled fit's counts' own interval within +-3%, however far apart passed and failed still are;
-- **now** (FIT_BRACKET): the fit's interval ends it only once passed and failed are within 6% (a search trial's rule;
-  a confirmation run stored from 2026-12-05 night on bisects to 3% whatever its fit says, RUN_FIT_BRACKET, and
-  replays here as if it were a search trial).
+- **the product's rule** (FIT_BRACKET): the fit's interval ends it only once passed and failed are within 6% (a
+  search trial's rule; a confirmation run bisects to 3% whatever its fit says, RUN_FIT_BRACKET, and replays here as
+  if it were a search trial).
 
-A run made under the rule now holds the probes the fit alone would have stopped at, as its first ones: its rate
-under the old rule is the fit of that prefix, and both rates come from one run (one engine, one draw, one minute of
+A run made under the product's rule holds the probes the fit alone would have stopped at, as its first ones: its rate
+under the fit alone is the fit of that prefix, and both rates come from one run (one engine, one draw, one minute of
 the machine). Per study and both ways: how many runs the fit alone stops earlier and what that saves (probes,
 requests, seconds of sending at their rates), the confirmation's residual spread of a run (log rate, config and
 round removed: fit_point.py::residual_sd) and the gain interval of the recommendation over vLLM's defaults from the
 rates (measurement/intervals.py::block_gain_interval at 95%). A run made under the fit alone that stopped on it is
-counted as such (what the rule now would have added is not in the study). Over all the studies given, the runs
+counted as such (what the product's rule would have added is not in the study). Over all the studies given, the runs
 split by how far apart their rate passed and rate failed were when they stopped (within FIT_BRACKET or wider): how
 far each run's stored rate lies from its config's median over its rounds (root mean square, log rate).
 
-    .venv/bin/python benchmarks/stop_rule.py /tmp/demo21/studies/default [...]
+    .venv/bin/python benchmarks/stop_rule.py studies/default [DIR/NAME ...]
 """
 
 from __future__ import annotations
