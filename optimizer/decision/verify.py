@@ -21,6 +21,7 @@ from optimizer.config.settings import StudyConfig
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core.clock import Clock, MonotonicClock
 from optimizer.measurement.engine import EngineFactory
+from optimizer.measurement.engine_watch import WatchedEngine
 from optimizer.measurement.metrics import summarize
 from optimizer.measurement.rate_search import CurvePoint
 from optimizer.measurement.replay import replay
@@ -98,9 +99,10 @@ async def verify_trial(trial: FrozenTrial, config: StudyConfig, engine_factory: 
     rate_rps = math.inf if rate is None else float(rate)
     common = dict(trial_number=trial.number, throughput_tok_s=float(trial.values[0]), rate_rps=rate,
                   gpu_memory_utilization=resolved.get("gpu_memory_utilization"))
-    engine = engine_factory()
+    engine = WatchedEngine(engine_factory())
     points: dict[str, dict[str, Any]] = {}
-    try:
+
+    async def measure() -> None:
         await engine.start(params, log_path)
         warm = build_workload(config.workload, vocab_size).warmup
         if warm:
@@ -112,6 +114,9 @@ async def verify_trial(trial: FrozenTrial, config: StudyConfig, engine_factory: 
             records = await replay(engine, workload.requests, workload.arrivals_s(rate_rps), clock)
             point = CurvePoint.of(summarize(records, rate_rps), config.ttft_p99_ms)
             points[v.name] = point.to_dict()
+
+    try:
+        await engine.guard(measure())  # an engine death ends it at once, not after the rest of its schedule
     except Exception as exc:  # a config that cannot even run its own traffic again is not robust
         return Verified(**common, points=points, error=f"{type(exc).__name__}: {exc}"[:300])
     finally:

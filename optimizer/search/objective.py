@@ -26,6 +26,7 @@ from optimizer.core.processes import output_to
 from optimizer.engines.compile_cache import cache_env, start_phases
 from optimizer.hardware.device import visible_gpus
 from optimizer.measurement.engine import Engine, EngineFactory
+from optimizer.measurement.engine_watch import CallBounds, WatchedEngine, pause_from_env
 from optimizer.measurement.limits import diagnose
 from optimizer.measurement.disturbance import MachineLoad
 from optimizer.measurement.telemetry import for_device
@@ -148,10 +149,9 @@ class Objective:
                 incumbent = fair_incumbent_rate(trial.study) if self.early_stop and confirm is None else None
                 with telemetry, load:
                     # records by (study, number): a confirmation run's are its confirmation study's
-                    search = await asyncio.wait_for(self._measure(engine, incumbent, trial.number, engine_points,
-                                                                  self._repeats(trial), confirm,
-                                                                  trial.study.study_name),
-                                                    timeout=self.config.trial_timeout_s)
+                    search = await engine.guard(self._measure(engine, incumbent, trial.number, engine_points,
+                                                              self._repeats(trial), confirm, trial.study.study_name),
+                                                bound_s=self.config.trial_timeout_s)
             except asyncio.TimeoutError:
                 self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
             except EngineDiedError as exc:
@@ -203,14 +203,19 @@ class Objective:
             return point.output_throughput_tok_s / gpus, ttft
         return point.output_throughput_tok_s, ttft
 
-    def engine_for(self, trial: optuna.Trial) -> Engine:
-        """The trial's engine: the study's, or for a confirmation run as served, `vllm serve` (`served_factory`)."""
+    def engine_for(self, trial: optuna.Trial) -> WatchedEngine:
+        """The trial's engine, watched (measurement/engine_watch.py): the study's, or for a confirmation run as
+        served, `vllm serve` (`served_factory`)."""
         if (CONFIRM.of(trial) or {}).get("served"):
             if self.served_factory is None:
                 self._prune(trial, failures.INVALID_CONFIG, "a run as served needs `vllm serve`, which this run "
                                                             "does not start (--no-served, or --backend http)")
-            return self.served_factory()
-        return self.engine_factory()
+            return WatchedEngine(self.served_factory(), self.call_bounds(), pause_from_env())
+        return WatchedEngine(self.engine_factory(), self.call_bounds(), pause_from_env())
+
+    def call_bounds(self) -> CallBounds:
+        """How long each call into a trial's engine may take: its start and its replays as long as the trial."""
+        return CallBounds(start_s=self.config.trial_timeout_s)
 
     async def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:
         """vLLM's config validation and the memory estimate: a config that cannot start costs no start."""
@@ -283,6 +288,10 @@ class Objective:
         except asyncio.TimeoutError:
             self.breaker.observe(None)
             self._prune(trial, failures.TIMEOUT, f"the engine did not start within {self.config.trial_timeout_s:.0f} s")
+        except EngineDiedError as exc:  # a process of it gone mid-start, or the start hung past its bound
+            self.breaker.observe(None)
+            LOG_EXCERPT.set(trial, log_tail(log_path))
+            self._prune(trial, failures.ENGINE_DIED, str(exc))
         except EngineStartError as exc:
             cause = self._environment_cause(trial, exc, log_path)  # raises when the breaker trips
             self._prune(trial, failures.START_FAILED if cause else exc.reason, str(exc))

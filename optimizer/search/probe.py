@@ -31,6 +31,7 @@ from optimizer.config.model import DEMO_LADDER, DemoShape, demo_shape
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core.clock import Clock
 from optimizer.measurement.engine import Engine
+from optimizer.measurement.engine_watch import WatchedEngine
 from optimizer.measurement.metrics import RequestRecord
 from optimizer.measurement.replay import replay
 from optimizer.measurement.workload import Request, build_workload
@@ -188,12 +189,12 @@ async def probe(engine_factory: Callable[[], Engine], spec: WorkloadSpec, vocab_
     rng = np.random.default_rng(12345)
     # A first start pays what only a study's first start pays (vLLM's import here, the warm starts' fork server,
     # optimizer/engines/warm_start.py): it is not timed, so that the start the estimate counts is a trial's.
-    priming = engine_factory()
+    priming = WatchedEngine(engine_factory())
     try:
         await priming.start(params, log_path)
     finally:
         await priming.shutdown()
-    engine = engine_factory()
+    engine = WatchedEngine(engine_factory())  # a death or a hang ends the probe with EngineDiedError
     t0 = clock.now()
     try:
         await engine.start(params, log_path)

@@ -1,9 +1,12 @@
-"""The engine dies mid-replay, on the real CPU engine: SIGKILL its engine core while a trial replays.
+"""The engine dies, on the real CPU engine: SIGKILL its engine core in each phase of a trial (start, warm-up,
+prefix-cache reset, replay, stats collection, between replays, shutdown), placed there by the watch's test hook.
 
-The trial ends PRUNED as `engine_died` with the engine log's tail; none of its processes is left; the next trial
-starts its own engine and runs normally; the study ends with its budget and exit code 0.
+The trial ends PRUNED as `engine_died` within seconds, naming the phase and the process, with the engine log's tail;
+none of its processes is left; the next trial starts its own engine and runs normally; the study ends with its budget
+and exit code 0. A death at shutdown leaves the measured trial as it is.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -17,12 +20,13 @@ from optuna.trial import TrialState
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError
 from optimizer.decision.report import summary_text
+from optimizer.measurement.engine_watch import BETWEEN, PAUSE_ENV, REPLAY, RESET, SHUTDOWN, START, STATS, WARM_UP
 from optimizer.search.objective import log_tail
 from tests.conftest import REPO, alive_pids, subprocess_env
-from tests.support.fakes import SimEngine, load, make_config, polled_trials, run_study
+from tests.support.fakes import SimEngine, load, make_config, run_study
 
-ARGS = ["--num-requests", "40", "--input-len", "16:96", "--output-len", "16:32", "--ttft-p99", "150ms",
-        "--budget", "2"]
+ARGS = ["--num-requests", "40", "--input-len", "16:96", "--output-len", "16:32", "--ttft-p99", "150ms"]
+KILLED_IN = [START, WARM_UP, RESET, REPLAY, STATS, BETWEEN]  # the trial is pruned; SHUTDOWN: it is complete
 
 
 def engine_core(pids):
@@ -37,49 +41,85 @@ def engine_core(pids):
     return None
 
 
-@pytest.mark.engine
-def test_sigkill_of_the_engine_core_mid_replay_prunes_the_trial_and_the_study_goes_on(tmp_path, model_cache,
-                                                                                      tiny_model):
-    proc = subprocess.Popen([sys.executable, "-m", "optimizer", *ARGS, "--studies-dir", str(tmp_path)], cwd=REPO,
-                            env=subprocess_env(model_cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def kill_in_phase(tmp_path, model_cache, phase, extra=()):
+    """`optimize` on the real CPU engine, its baseline's engine core SIGKILLed in `phase`: the run holds there
+    (engine_watch.PAUSE_ENV) until the kill, so that it lands in that phase every time. Returns the study, the
+    killed PID, when it was killed (wall clock) and the run's output."""
+    pause = tmp_path / "pause.json"
+    env = {**subprocess_env(model_cache), PAUSE_ENV: f"{phase}:{pause}"}
+    proc = subprocess.Popen([sys.executable, "-m", "optimizer", *ARGS, *extra, "--studies-dir", str(tmp_path)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        killed = None
-        while time.monotonic() < deadline and killed is None:
+        deadline = time.monotonic() + 600
+        while not pause.exists() and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-            for t in polled_trials(tmp_path):
-                # replaying: the engine has started (its resolved config is stored) and the warm-up is done
-                if t.number == 0 and t.state == TrialState.RUNNING and t.user_attrs.get("engine_config"):
-                    time.sleep(2.0)
-                    pids = [int(p) for p, _ in t.user_attrs["engine_processes"]]
-                    killed = engine_core(pids)
-                    assert killed is not None, f"no EngineCore among {pids}"
-                    os.kill(killed, signal.SIGKILL)
-                    break
-            time.sleep(0.2)
-        assert killed is not None, "trial 0 never reached its replays"
-        out, err = proc.communicate(timeout=900)
+            time.sleep(0.05)
+        time.sleep(0.1)  # the file is written whole before the run waits; read it once it is there
+        killed = engine_core(json.loads(pause.read_text())["pids"])
+        assert killed is not None, f"no EngineCore among {pause.read_text()}"
+        killed_at = time.time()
+        os.kill(killed, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
-    study = load(tmp_path)
-    died, after = study.trials[0], study.trials[1]
-    assert died.state == TrialState.PRUNED, err[-3000:]
+    return load(tmp_path), killed, killed_at, out + err
+
+
+def assert_pruned_for_death(died, phase, killed, killed_at, output):
+    assert died.state == TrialState.PRUNED, output[-3000:]
     assert died.user_attrs["pruned_reason"] == failures.ENGINE_DIED
-    assert "the engine died during the replay" in died.user_attrs["pruned_detail"]
+    assert f"the engine died during the {phase}" in died.user_attrs["pruned_detail"]
     assert str(killed) in died.user_attrs["pruned_detail"]  # names the process that is gone
     assert died.user_attrs["log_excerpt"].strip(), "the engine log's tail is stored with the trial"
     assert not alive_pids([int(p) for p, _ in died.user_attrs["engine_processes"]]), "a process of it is left"
+    assert "Traceback" not in output, output[-3000:]  # vLLM's own traceback went to the trial's log
+    assert "engine_died" in output  # the trial's line says why it could not run
+    to_pruned_s = died.datetime_complete.timestamp() - killed_at
+    print(f"killed in the {phase}: engine core {killed}; PRUNED {to_pruned_s:.1f} s after the kill")
+    assert to_pruned_s < 30, f"PRUNED {to_pruned_s:.1f} s after the kill"  # the engine's shutdown included
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("phase", [p for p in KILLED_IN if p != REPLAY])
+def test_sigkill_of_the_engine_core_in_each_phase_prunes_the_trial_within_seconds(tmp_path, model_cache, tiny_model,
+                                                                                  phase):
+    study, killed, killed_at, output = kill_in_phase(tmp_path, model_cache, phase, ["--budget", "1"])
+    assert_pruned_for_death(study.trials[0], phase, killed, killed_at, output)
+    assert len(study.trials) == 1
+
+
+@pytest.mark.engine
+def test_sigkill_of_the_engine_core_mid_replay_prunes_the_trial_and_the_study_goes_on(tmp_path, model_cache,
+                                                                                      tiny_model):
+    study, killed, killed_at, output = kill_in_phase(tmp_path, model_cache, REPLAY, ["--budget", "2"])
+    died, after = study.trials[0], study.trials[1]
+    assert_pruned_for_death(died, REPLAY, killed, killed_at, output)
     # the next trial started its own engine and measured normally
     assert after.state == TrialState.COMPLETE and after.user_attrs.get("engine_config")
     assert after.user_attrs["curve"] and after.values[0] > 0
-    assert not set(after.user_attrs["engine_processes"][0][:1]) & {killed}
+    assert killed not in [int(p) for p, _ in after.user_attrs["engine_processes"]]
     finished = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
     assert len(finished) == 2 and not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING, TrialState.FAIL))
     assert not alive_pids([int(p) for t in study.trials for p, _ in t.user_attrs.get("engine_processes", [])])
-    assert "Traceback" not in out + err, (out + err)[-3000:]  # vLLM's own traceback went to the trial's log
-    assert "engine_died" in err  # the trial's line says why it could not run
-    print(f"trials finished before the kill: 0, after: {len(finished)}; engine core {killed} killed")
+
+
+@pytest.mark.engine
+def test_sigkill_of_the_engine_core_at_shutdown_keeps_the_measured_trial_and_leaves_no_process(tmp_path, model_cache,
+                                                                                               tiny_model):
+    study, killed, killed_at, output = kill_in_phase(tmp_path, model_cache, SHUTDOWN, ["--budget", "1"])
+    done = study.trials[0]
+    assert done.state == TrialState.COMPLETE and done.values[0] > 0, output[-3000:]
+    assert done.datetime_complete.timestamp() - killed_at < 30
+    assert not alive_pids([int(p) for p, _ in done.user_attrs["engine_processes"]])
+
+
+@pytest.mark.engine
+def test_sigkill_of_the_served_engine_core_mid_replay_prunes_the_trial(tmp_path, model_cache, tiny_model):
+    """The same through `vllm serve` (--backend http): the API server and its engine core are watched alike."""
+    study, killed, killed_at, output = kill_in_phase(tmp_path, model_cache, REPLAY, ["--budget", "1", "--backend",
+                                                                                      "http"])
+    assert_pruned_for_death(study.trials[0], REPLAY, killed, killed_at, output)
 
 
 class DiesInTheBaseline(SimEngine):
