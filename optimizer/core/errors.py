@@ -25,7 +25,7 @@ class EngineStartError(OptimizerError):
 
 
 class EngineDiedError(OptimizerError):
-    """The engine stopped answering in the middle of a replay."""
+    """The engine died or hung after its start: a process of it gone, or a call past its bound."""
 
     def __init__(self, message: str, reason: str = "engine_died") -> None:
         super().__init__(message)

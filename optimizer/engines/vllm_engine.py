@@ -257,10 +257,11 @@ class VllmEngine:
             raise self._died(exc) from None
 
     def _died(self, exc: BaseException) -> EngineDiedError:
-        """The engine's death, naming which of its processes are gone (vLLM only says "see stack trace above")."""
+        """vLLM's word that its engine is dead, naming which of its processes are gone (vLLM only says "see stack
+        trace above"); the engine watch (measurement/engine_watch.py) adds the phase."""
         gone = [r.pid for r in self._procs if r.alive() is None]
         which = f"; engine process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} gone" if gone else ""
-        return EngineDiedError(f"the engine died during the replay: {str(exc).strip() or type(exc).__name__}{which}")
+        return EngineDiedError(f"vLLM: {str(exc).strip() or type(exc).__name__}{which}")
 
     async def take_engine_stats(self) -> EngineStats:
         """The scheduler's stats and per-request timings since the last call; collecting starts afresh."""

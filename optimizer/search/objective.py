@@ -38,7 +38,7 @@ from optimizer.params.preflight import (
 )
 from optimizer.params.space import Space
 from optimizer.search.attrs import (
-    BASELINE, BASELINE_NOTE, CONFIRM, CURVE, ENGINE_CONFIG, ENGINE_PARAMS, ENGINE_PIDS, ENGINE_PROCESSES,
+    BASELINE, BASELINE_NOTE, CONFIRM, CURVE, ENGINE_CONFIG, ENGINE_PARAMS,
     ENGINE_START_PHASES, ENVIRONMENT_CAUSE, INTERRUPTED, LIMITED_BY, LOG_EXCERPT, LOG_FILE, MEMORY_ESTIMATE_GIB,
     MACHINE_LOAD, MEMORY_WAITED_FOR, PRUNED_DETAIL, PRUNED_REASON, RESULT, TELEMETRY, TIMINGS, WORKER,
 )
@@ -46,7 +46,7 @@ from optimizer.search.breaker import StartFailureBreaker, environment_cause
 from optimizer.search.dashboard import set_constraint
 from optimizer.search.incumbent import fair_incumbent_rate
 from optimizer.search.records import RecordStore
-from optimizer.search.recovery import worker_identity
+from optimizer.search.recovery import record_processes, save_processes, worker_identity
 from optimizer.search.probes import TrialReplays
 from optimizer.search.repeats import with_repeats
 from optimizer.search.study import in_confirmation_study
@@ -204,18 +204,15 @@ class Objective:
         return point.output_throughput_tok_s, ttft
 
     def engine_for(self, trial: optuna.Trial) -> WatchedEngine:
-        """The trial's engine, watched (measurement/engine_watch.py): the study's, or for a confirmation run as
-        served, `vllm serve` (`served_factory`)."""
+        """The trial's engine, watched (measurement/engine_watch.py; its start bounded as the trial): the study's,
+        or for a confirmation run as served, `vllm serve` (`served_factory`)."""
+        factory = self.engine_factory
         if (CONFIRM.of(trial) or {}).get("served"):
             if self.served_factory is None:
                 self._prune(trial, failures.INVALID_CONFIG, "a run as served needs `vllm serve`, which this run "
                                                             "does not start (--no-served, or --backend http)")
-            return WatchedEngine(self.served_factory(), self.call_bounds(), pause_from_env())
-        return WatchedEngine(self.engine_factory(), self.call_bounds(), pause_from_env())
-
-    def call_bounds(self) -> CallBounds:
-        """How long each call into a trial's engine may take: its start and its replays as long as the trial."""
-        return CallBounds(start_s=self.config.trial_timeout_s)
+            factory = self.served_factory
+        return WatchedEngine(factory(), CallBounds(start_s=self.config.trial_timeout_s), pause_from_env())
 
     async def _preflight(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path) -> dict:
         """vLLM's config validation and the memory estimate: a config that cannot start costs no start."""
@@ -266,7 +263,7 @@ class Objective:
     async def _start(self, trial: optuna.Trial, engine: Engine, params: dict[str, Any], log_path: Path,
                      timings: TrialTimings) -> dict[str, Any]:
         t = time.perf_counter()
-        recorder = asyncio.create_task(_record_processes(trial, engine))
+        recorder = asyncio.create_task(record_processes(trial, engine))
         cache = cache_env(self.logs_dir, self.config.device)  # the study's compile cache (GPU trials)
         try:
             try:
@@ -300,7 +297,7 @@ class Objective:
             if log_path.exists():  # compile and CUDA-graph capture apart from the rest of the start
                 ENGINE_START_PHASES.set(trial, start_phases(log_path.read_text(errors="replace")))
             recorder.cancel()
-            _save_processes(trial, engine)
+            save_processes(trial, engine)
         raise AssertionError("unreachable")
 
     def _visible_gpus(self) -> int | None:
@@ -392,18 +389,3 @@ def _fallback_note(why: str) -> str:
     return (f"vLLM's default gpu_memory_utilization ({VLLM_DEFAULT_MEMORY_FRACTION}) does not fit on this CPU machine "
             f"({why}); the baseline keeps vLLM's scheduler defaults with gpu_memory_utilization="
             f"{CPU_BASELINE_MEMORY_FALLBACK}")
-
-
-def _save_processes(trial: optuna.Trial, engine: Engine) -> list[list[float]]:
-    refs = [[r.pid, r.create_time] for r in engine.process_refs]
-    if refs != ENGINE_PROCESSES.of(trial):
-        ENGINE_PROCESSES.set(trial, refs)
-        ENGINE_PIDS.set(trial, [int(pid) for pid, _ in refs])
-    return refs
-
-
-async def _record_processes(trial: optuna.Trial, engine: Engine) -> None:
-    """While the engine starts, keep its processes on record: a run killed mid-start leaves them findable."""
-    while True:
-        await asyncio.sleep(1.0)
-        _save_processes(trial, engine)

@@ -11,6 +11,7 @@ when it ends, and the next run ends what a killed run left there (`end_recorded`
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -22,7 +23,9 @@ import psutil
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.processes import ProcessRef, end_processes
-from optimizer.search.attrs import BASELINE, CONFIRM, CONFIRM_APART, ENGINE_PROCESSES, INTERRUPTED, RETRY_OF, WORKER
+from optimizer.measurement.engine import Engine
+from optimizer.search.attrs import (BASELINE, CONFIRM, CONFIRM_APART, ENGINE_PIDS, ENGINE_PROCESSES, INTERRUPTED,
+                                     RETRY_OF, WORKER)
 
 
 def worker_identity() -> dict[str, Any]:
@@ -109,3 +112,19 @@ def end_recorded(path: Path) -> list[int]:
     ended = end_processes(refs)
     path.unlink(missing_ok=True)
     return ended
+
+
+def save_processes(trial: optuna.Trial, engine: Engine) -> list[list[float]]:
+    """The engine's processes on the trial's record (PID and start time), where they changed."""
+    refs = [[r.pid, r.create_time] for r in engine.process_refs]
+    if refs != ENGINE_PROCESSES.of(trial):
+        ENGINE_PROCESSES.set(trial, refs)
+        ENGINE_PIDS.set(trial, [int(pid) for pid, _ in refs])
+    return refs
+
+
+async def record_processes(trial: optuna.Trial, engine: Engine) -> None:
+    """While the engine starts, keep its processes on record: a run killed mid-start leaves them findable."""
+    while True:
+        await asyncio.sleep(1.0)
+        save_processes(trial, engine)

@@ -25,7 +25,8 @@ from optimizer.search.objective import log_tail
 from tests.conftest import REPO, alive_pids, subprocess_env
 from tests.support.fakes import SimEngine, load, make_config, run_study
 
-ARGS = ["--num-requests", "40", "--input-len", "16:96", "--output-len", "16:32", "--ttft-p99", "150ms"]
+ARGS = ["--model", "tiny-llama-7m", "--num-requests", "40", "--input-len", "16:96", "--output-len", "16:32",
+        "--ttft-p99", "150ms"]
 KILLED_IN = [START, WARM_UP, RESET, REPLAY, STATS, BETWEEN]  # the trial is pruned; SHUTDOWN: it is complete
 
 
