@@ -31,14 +31,17 @@ def int_range(text: str, what: str) -> tuple[int, int]:
     return lo, hi
 
 
-def add_common_flags(p: argparse.ArgumentParser) -> None:
+def add_common_flags(p: Any, output: Any = None) -> None:
+    """--study, --storage and --studies-dir on `p` (a parser or one of its argument groups), then --debug and --quiet
+    on `output` (default: `p`)."""
     p.add_argument("--study", default=DEFAULT_STUDY, help="study name (default: %(default)s)")
     p.add_argument("--storage", help="SQLAlchemy URL of the study database "
                    "(default: sqlite:///STUDIES_DIR/STUDY.db; postgresql://... for many workers)")
     p.add_argument("--studies-dir", default=studies_dir_default(),
                    help="where studies, engine logs and exports live by default (default: %(default)s)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("--quiet", action="store_true", help="print only the result")
+    output = p if output is None else output
+    output.add_argument("--debug", action="store_true", help="show tracebacks")
+    output.add_argument("--quiet", action="store_true", help="print only the result")
 
 
 def add_format_flag(p: argparse.ArgumentParser) -> None:
@@ -62,8 +65,9 @@ def positive_int(text: str | None, what: str) -> int | None:
     return value
 
 
-def add_workload_flags(p: argparse.ArgumentParser, count_help: str) -> None:
-    """The flags that describe the replayed requests, shared by a study and by `optimize measure`."""
+def add_workload_flags(p: Any, count_help: str) -> None:
+    """The flags that describe the replayed requests, shared by a study and by `optimize measure`, on `p` (a parser
+    or one of its argument groups)."""
     p.add_argument("--workload", help="YAML file of workload fields (num_requests, input_len_min, ..., preset); "
                    "see docs/workload.md")
     from optimizer.config.presets import PRESETS

@@ -6,6 +6,7 @@
     optimize verify --study NAME                the best configs again under other seeds, ...  (cli/verify.py)
     optimize measure --url URL --rate 5         the workload against a running server         (cli/measure.py)
     optimize calibrate                          fit the simulator to the real engine          (cli/calibrate.py)
+    optimize studies [--studies-dir DIR]        the studies: limit, trials, best so far       (cli/studies.py)
 
 Each subcommand module has its own parser (cli/manual.py: examples and exit codes in every --help) and one
 `cmd_NAME(argv)`; the study itself is the command without a subcommand, so `optimize --ttft-p99 150ms` needs no verb.

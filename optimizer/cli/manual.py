@@ -28,6 +28,7 @@ SUBCOMMANDS = {
     "verify": ("optimizer.cli.verify", "measure the best configs again under other seeds, bursts, long prompts"),
     "measure": ("optimizer.cli.measure", "replay the workload against a running server"),
     "calibrate": ("optimizer.cli.calibrate", "fit the simulator that --prescreen uses to this machine"),
+    "studies": ("optimizer.cli.studies", "list the studies: limit, trials, best so far, last activity"),
 }
 
 

@@ -111,7 +111,9 @@ def _report(ns: argparse.Namespace) -> int:
     from optimizer.decision.html import run_info
     from optimizer.decision.plots import write_report
 
-    out, extra = render(decision, ns.format)
+    from optimizer.decision.report import lead_lines
+
+    out, extra = render(decision, ns.format, lead_lines(decision, config))
     print(out)
     for line in extra:
         say(line)

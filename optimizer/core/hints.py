@@ -43,3 +43,23 @@ def export_hint(study_name: str, storage_url: str | None, studies_dir: str, defa
     if studies_dir != default_dir:
         parts += ["--studies-dir", studies_dir]
     return "export it: " + " ".join(shlex.quote(p) for p in parts) + note
+
+
+def wrapped(words: list[str], width: int = 100, first: str = "", indent: str = "    ") -> str:
+    """Shell words (each already quoted) as one command over lines of at most `width` characters where the words
+    allow, each line but the last ending in ` \\`, so that it pastes as printed; `first` leads the first line and
+    `indent` the others. A flag stays on the line of its value."""
+    groups: list[str] = []
+    for word in words:
+        if groups and groups[-1].startswith("-") and " " not in groups[-1] and not word.startswith("-"):
+            groups[-1] += " " + word
+        else:
+            groups.append(word)
+    lines, line = [], first + (groups[0] if groups else "")
+    for group in groups[1:]:
+        if len(line) + 1 + len(group) + 2 > width:
+            lines.append(line + " \\")
+            line = indent + group
+        else:
+            line = f"{line} {group}"
+    return "\n".join([*lines, line])

@@ -9,6 +9,7 @@ belongs to; the table format renders the same decision as text. The HTML page ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from optimizer.decision.decide import Decision, view
@@ -17,7 +18,7 @@ from optimizer.decision.views import (
     confirmation_lines, confirmation_records, confirmation_rows, defaults_as_run_text, front_rows, params_rows,
     summary_lines, title, trial_reason, trial_row,
 )
-from optimizer.decision.verdict import verdict_line
+from optimizer.decision.verdict import answer_line, verdict_line
 from optimizer.measurement.sequential import Outcome
 from optimizer.params.space import distance_to_default
 from optimizer.search.attrs import PRUNED_DETAIL
@@ -85,6 +86,7 @@ def report_document(d: Decision) -> dict[str, Any]:
         "limits": {"ttft_p99_ms": d.limit_ms, "searched_ttft_p99_ms": d.searched_limit_ms,
                    "other_p99_ms": d.other_limits_ms, "reranked": d.reranked},
         "verdict": verdict(d),
+        "answer": answer_line(d),
         "recommendation": recommendation,
         "baseline": baseline,
         "gain_over_defaults": gain.to_dict() if gain is not None else None,
@@ -118,14 +120,16 @@ def report_csv_rows(d: Decision) -> list[dict[str, Any]]:
     return [{**r, "not_vllm_defaults": note if r["trial"] == base else None} if note else r for r in rows]
 
 
-def render(d: Decision, fmt: str) -> tuple[str, list[str]]:
-    """What `optimize report` prints: (stdout, lines for stderr). Machine formats keep stdout to the data."""
+def render(d: Decision, fmt: str, lead: Sequence[str] = ()) -> tuple[str, list[str]]:
+    """What `optimize report` prints: (stdout, lines for stderr), `lead` first (the decision's line and its deploy
+    command: decision/report.py `lead_lines`). Machine formats keep stdout to the data."""
     check_format(fmt)
     if fmt == "json":
-        return json_text(report_document(d)), [title(d), *summary_lines(d)]
+        return json_text(report_document(d)), [*lead, title(d), *summary_lines(d)]
     if fmt == "csv":
-        return format_output(report_csv_rows(d), "csv"), [title(d), *summary_lines(d)]
-    parts = [title(d), format_output(front_rows(d, with_params=False), "table") if d.front else "(no trial)"]
+        return format_output(report_csv_rows(d), "csv"), [*lead, title(d), *summary_lines(d)]
+    parts = [*lead, *([""] if lead else []), title(d),
+             format_output(front_rows(d, with_params=False), "table") if d.front else "(no trial)"]
     if d.front:
         parts += ["", format_output(params_rows(d), "table")]
     if d.confirmed:

@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial
 
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import OptimizerError
+from optimizer.core.hints import wrapped
 from optimizer.core.units import format_ms
 from optimizer.decision.compose import to_compose
 from optimizer.decision.numbers import Gain, Throughput
@@ -113,12 +114,14 @@ def serve_launcher() -> list[str]:
 
 
 def to_serve_command(args: dict[str, Any], env: dict[str, str] | None = None,
-                     launcher: list[str] | None = None) -> str:
-    """The shell command that serves `args` (with `env` set), started by `launcher` (default: `serve_launcher()`)."""
+                     launcher: list[str] | None = None, width: int | None = None, first: str = "") -> str:
+    """The shell command that serves `args` (with `env` set), started by `launcher` (default: `serve_launcher()`);
+    with `width`, over lines of that width continued with ` \\` (core/hints.py `wrapped`), after `first`."""
     launcher = serve_launcher() if launcher is None else launcher
     prefix = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
     argv = serve_argv(args, model_flag=launcher[:2] != ["vllm", "serve"])
-    return " ".join([*prefix, *(shlex.quote(a) for a in [*launcher, *argv])])
+    words = [*prefix, *(shlex.quote(a) for a in [*launcher, *argv])]
+    return first + " ".join(words) if width is None else wrapped(words, width, first)
 
 
 def config_command(yaml_path: Path, env: dict[str, str] | None = None, launcher: list[str] | None = None) -> str:

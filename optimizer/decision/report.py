@@ -1,4 +1,5 @@
-"""The end-of-run table: vLLM's defaults against the recommendation, then what `optimize report` says of them.
+"""The last screen of a run: the decision and the command that deploys it, the table of vLLM's defaults against
+the recommendation, then what `optimize report` says of them; lines kept to a terminal's width where they allow.
 
 It is a view of `decision/decide.py`, the same decision `optimize report` prints, rendered by the one table renderer
 (`decision/tables.py`).
@@ -14,6 +15,7 @@ from optuna.trial import TrialState
 
 from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
+from optimizer.decision.decide import Decision
 from optimizer.decision.tables import format_output
 from optimizer.search.attrs import PRUNED_REASON
 
@@ -37,27 +39,93 @@ def _row(label: str, v: Any) -> list[str]:
             format_ms(p.get("ttft_p50_ms", math.nan)), format_ms(p.get("ttft_p99_ms", math.nan))]
 
 
-def summary_text(study: optuna.Study, config: StudyConfig) -> str:
-    """The end-of-study table, baseline against recommendation (confirmed: each config's median over the rounds with
-    its 95% interval, and the gain with its interval), then what `optimize report` says of them: changed parameters,
-    importances, caveats. One decision (decision/decide.py)."""
+WIDTH = 100  # a terminal's width: the last screen's lines keep to it where their content allows
+
+
+def summary_text(study: optuna.Study, config: StudyConfig, width: int = WIDTH) -> str:
+    """The last screen of a run: the decision in one line (decision/verdict.py `answer_line`), the command that
+    deploys it (as `optimize export` prints it), then the table of vLLM's defaults against the recommendation
+    (confirmed: each config's median over the rounds with its 95% interval, and the gain with its interval), then
+    what `optimize report` says of them: changed parameters, importances, caveats. One decision
+    (decision/decide.py); the statistics are defined in `optimize report` and docs/report.md."""
     from optimizer.decision.decide import decide
-    from optimizer.decision.views import confirmation_lines, confirmation_rows, summary_lines
 
     d = decide(study, config)
+    return "\n".join([*lead_lines(d, config, width), "", *table_lines(d, config), *tail_lines(d, width)])
+
+
+def lead_lines(d: Decision, config: StudyConfig, width: int = WIDTH) -> list[str]:
+    """The answer first: the decision's line, then the command that deploys it (none without a recommendation)."""
+    from optimizer.decision.verdict import answer_line
+
+    return [answer_line(d), *([deploy_command(d, config, width)] if d.best is not None else [])]
+
+
+def deploy_command(d: Decision, config: StudyConfig, width: int = WIDTH) -> str:
+    """'deploy: vllm serve MODEL --max-num-seqs 64 ...': the recommendation's serve command as `optimize export`
+    builds it (decision/export.py), over lines of `width` continued with ` \\`, so that it pastes as printed."""
+    from optimizer.decision.export import serve_args, serve_env, to_serve_command
+    from optimizer.search.runner import model_path
+
+    assert d.best is not None
+    trial = d.best.trial
+    return to_serve_command(serve_args(trial, config, model_path(config)), serve_env(trial, config), width=width,
+                            first="deploy: ")
+
+
+def table_lines(d: Decision, config: StudyConfig) -> list[str]:
+    """The table's title and the table: the confirmed configs (`confirmed_rows`), or vLLM's defaults and the
+    recommendation as the search measured them."""
     if d.confirmed:
-        out = [*confirmation_lines(d)[:1], format_output(confirmation_rows(d), "table")]
-    else:
-        header = ["config", "trial", "output tok/s", "rate req/s", "failed at req/s", "TTFT P50", "TTFT P99"]
-        out = [f"TTFT P99 limit {format_ms(config.ttft_p99_ms)}; throughput at the highest rate sustained within "
-               f"it, and the next rate tried above it, which missed (not confirmed: one measurement each)",
-               format_output([dict(zip(header, _row(f"vLLM defaults ({d.defaults_of})", d.baseline))),
-                              dict(zip(header, _row("recommended", d.best)))], "table")]
+        assert d.confirmation is not None
+        rounds = len(d.confirmation.full_rounds)
+        return [f"confirmed in {rounds} round{'s' if rounds != 1 else ''} at TTFT P99 <= {format_ms(d.limit_ms)}: "
+                f"medians and 95% intervals; req/s: the rate at the limit",
+                format_output(confirmed_rows(d), "table")]
+    header = ["config", "trial", "output tok/s", "rate req/s", "failed at req/s", "TTFT P50", "TTFT P99"]
+    return [f"TTFT P99 <= {format_ms(config.ttft_p99_ms)}, one measurement each (not confirmed)",
+            format_output([dict(zip(header, _row(f"vLLM defaults ({d.defaults_of})", d.baseline))),
+                           dict(zip(header, _row("recommended", d.best)))], "table")]
+
+
+def confirmed_rows(d: Decision) -> list[dict[str, Any]]:
+    """The confirmed configs (decision/views.py `confirmation_records`) in the columns a terminal holds: the longer
+    table, with each statistic named in its header, is `optimize report`'s."""
+    from optimizer.decision.served import served_cell
+    from optimizer.decision.views import confirmation_records, confirmation_row
+
+    records = confirmation_records(d)
+    served = any(r["served_run"] for r in records)  # a column only where a config ran through `vllm serve`
+    base = f"vLLM defaults ({d.defaults_of})"
+    rows = []
+    for r in records:
+        full = confirmation_row(r)
+        roles = [("vLLM defaults" if role == base else role) for role in r["role"].split(", ")
+                 if role != "measured again"]
+        rows.append({"config": " ".join([f"#{r['trial']}", ", ".join(roles)]).strip(), "rounds": r["rounds"],
+                     "tok/s": full["tok/s (median)"], "tok/s 95%": full["95% interval of the mean"],
+                     "gain": full["gain (ratio of medians)"], "gain 95%": full["per-round gain, 95% interval"],
+                     "req/s": full["req/s at the limit, in process (median)"],
+                     **({"served req/s": served_cell(r)} if served else {})})
+    return rows
+
+
+def tail_lines(d: Decision, width: int = WIDTH) -> list[str]:
+    """What follows the table: the advice where nothing met the limit; else what `optimize report` says of the
+    decision (decision/views.py `summary_lines`) less what the lines above give, each wrapped to `width`."""
+    import textwrap
+
+    from optimizer.decision.verdict import verdict_line
+    from optimizer.decision.views import summary_lines
+
     if d.best is None:
-        out.append("No trial met the limit. Relax --ttft-p99, lower the workload's lengths, or widen the ranges.")
-        return "\n".join(out)
-    shown = ("recommended:", f"vLLM defaults ({d.defaults_of}, baseline):")  # the table has them
-    out += [line for line in summary_lines(d) if not line.startswith(shown)]
-    if d.gain_pct is None and d.baseline is not None and d.best is not d.baseline:
-        out.append("vLLM's defaults miss the limit at every rate tried: the recommendation is the only feasible one")
-    return "\n".join(out)
+        out = ["No trial met the limit. Relax --ttft-p99, lower the workload's lengths, or widen the ranges."]
+    else:
+        shown = ("recommended:", f"vLLM defaults ({d.defaults_of}, baseline):")  # the table has them
+        verdict = verdict_line(d) if d.confirmed else None  # the decision's line has it
+        out = [line for line in summary_lines(d) if not line.startswith(shown) and line != verdict]
+        if d.gain_pct is None and d.baseline is not None and d.best is not d.baseline:
+            out.append("vLLM's defaults miss the limit at every rate tried: the recommendation is the only feasible "
+                       "one")
+    return [wrapped for line in out for wrapped in textwrap.wrap(line, width, subsequent_indent="  ",
+                                                                 break_on_hyphens=False) or [""]]

@@ -1,11 +1,16 @@
-"""The confirmation's verdict, the line a user reads last: which of the three outcomes the rounds reached, and how
-many rounds are behind it."""
+"""The decision in words: `answer_line`, the one short line that leads the last screen and the report, and
+`verdict_line`, the confirmation's verdict in a sentence: which of the three outcomes the rounds reached, and how many
+rounds are behind it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from optuna.trial import TrialState
 
+from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision, view
+from optimizer.decision.numbers import Gain
 from optimizer.measurement.sequential import PRECISE_HALF_WIDTH, Outcome
 
 
@@ -25,8 +30,7 @@ def verdict_line(d: Decision) -> str:
             and not d.baseline.ranked.answerable  # ran to its end, and no rate met the limit (not: its engine died)
         why = "they met the limit at no rate the search tried" if missed else "they did not run"
         return f"vLLM's defaults were not measured again ({why}): no gain to confirm ({n})"
-    compared = [best] if best is not None and best is not base else [x for x in c.active if x is not base]
-    gains = [(x, g) for x in compared if (g := d.gain(view(d, x.number))) is not None]
+    compared, gains = _compared(d)
     shown = _shown(gains)
     against = f"vLLM's defaults ({d.defaults_of})"
     if c.outcome == Outcome.BETTER and gains:
@@ -55,6 +59,65 @@ def verdict_line(d: Decision) -> str:
         return (f"better so far than {against} by {g.pct:+.1f}% output throughput {g.interval_text()} after {n}, "
                 f"not yet within +-{PRECISE_HALF_WIDTH * 100:g} points: run the same command again to go on")
     return f"not decided yet after {n} ({shown or 'no interval'}): run the same command again to go on"
+
+
+def _compared(d: Decision) -> tuple[list, list[tuple[Any, Gain]]]:
+    """The confirmed configs the verdict weighs against vLLM's defaults (the recommendation, or where the defaults
+    are recommended, every candidate still measured) and those of them with a gain, as (config, Gain)."""
+    c = d.confirmation
+    assert c is not None and d.best is not None
+    base, best = c.base, d.confirmed_of(d.best)
+    compared = [best] if best is not None and best is not base else [x for x in c.active if x is not base]
+    return compared, [(x, g) for x in compared if (g := d.gain(view(d, x.number))) is not None]
+
+
+def answer_line(d: Decision) -> str:
+    """The decision in one short line, the first of the last screen and of `optimize report`: what to deploy, its gain
+    over vLLM's defaults with the 95% interval the rounds stopped on (or, not confirmed, the search's one
+    measurement each, which has none), and the rounds behind it. The sentences of `verdict_line` and the report say
+    the rest."""
+    if d.best is None:
+        return f"decision: nothing to deploy: no config met TTFT P99 <= {format_ms(d.limit_ms)}"
+    if not d.confirmed:
+        if d.best is d.baseline:
+            return "decision: keep vLLM's defaults: no trial beat them (one measurement each, not confirmed)"
+        g = d.gain(d.best)
+        if g is None or d.baseline is None:
+            return (f"decision: deploy #{d.best.number}: vLLM's defaults met the limit at no rate tried "
+                    f"(not confirmed)")
+        noise = "" if d.beyond_noise(d.best, d.baseline) else ", within noise"
+        return (f"decision: deploy #{d.best.number}: {g.pct:+.1f}% output tok/s over vLLM's defaults "
+                f"(one measurement each{noise}, not confirmed)")
+    c = d.confirmation
+    assert c is not None
+    rounds = len(c.full_rounds)
+    n = f"{rounds} round{'s' if rounds != 1 else ''}"
+    if c.base is None:
+        tp = d.throughput(d.best)
+        interval = f" [{tp.low_tok_s:.1f}, {tp.high_tok_s:.1f}]" if tp.low_tok_s is not None \
+            and tp.high_tok_s is not None else ""
+        return (f"decision: deploy #{d.best.number}: {tp.output_throughput_tok_s:.1f} output tok/s{interval} "
+                f"({n}); vLLM's defaults were not measured again")
+    compared, gains = _compared(d)
+
+    def one(x: Any, g: Gain) -> str:
+        return f"#{x.number} {g.pct:+.1f}%" + (f" {g.interval_text()}" if g.known else " (no interval)")
+
+    closest = max(gains, key=lambda xg: xg[1].pct, default=None)
+    if c.outcome == Outcome.BETTER and gains:
+        x, g = gains[0]
+        interval = f" {g.interval_text()}" if g.known else ""
+        return f"decision: deploy #{x.number}: {g.pct:+.1f}% output tok/s over vLLM's defaults{interval} ({n})"
+    if c.outcome == Outcome.KEEP:
+        if not compared:
+            return f"decision: keep vLLM's defaults: no other config met the limit ({n})"
+        rival = f": the closest rival is {one(*closest)}" if closest is not None else ""
+        return f"decision: keep vLLM's defaults{rival} ({n})"
+    shown = one(*closest) if closest is not None else "no interval"
+    if c.outcome == Outcome.UNDECIDED:
+        choice = "keep them" if d.best is d.baseline else "deploy either"
+        return f"decision: undecided after {n}: {shown} against vLLM's defaults; {choice}, or add rounds"
+    return f"decision: not decided yet after {n}: {shown} against vLLM's defaults; run the same command again"
 
 
 def _shown(gains: list) -> str:

@@ -306,19 +306,22 @@ def start_estimate(status: Status, tally: Tally) -> str:
 def trial_estimate(prepared: Prepared) -> Callable[[], float | None]:
     """How long the next trial will take: the median of this study's measured trials (the probe's estimate before
     any), None when nothing is known yet."""
+    return lambda: stored_trial_s(prepared.study, prepared.config.budget)
+
+
+def stored_trial_s(study: optuna.Study, budget: int | None) -> float | None:
+    """A trial's length as `study` knows it: the median of its measured trials, else its probe's estimate spread over
+    its `budget`; None when it knows neither."""
     import statistics
 
-    def estimate() -> float | None:
-        done = [t for t in prepared.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if TIMINGS.of(t).get("total_s")]
-        if done:
-            return float(statistics.median(TIMINGS.of(t)["total_s"] for t in done))
-        scale = STUDY_DEMO_SCALE.of(prepared.study)
-        if scale:
-            return float(scale["scale"]["estimated_s"]) / max(prepared.config.budget or 40, 1)
-        return None
-
-    return estimate
+    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if TIMINGS.of(t).get("total_s")]
+    if done:
+        return float(statistics.median(TIMINGS.of(t)["total_s"] for t in done))
+    scale = STUDY_DEMO_SCALE.of(study)
+    if scale:
+        return float(scale["scale"]["estimated_s"]) / max(budget or 40, 1)
+    return None
 
 
 def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective,

@@ -139,3 +139,41 @@ def test_every_example_parses_as_printed(capsys, argv):
             ns = parser.parse_args(rest)  # a SystemExit here is a broken example
             if words[1:2] == ["measure"]:
                 assert parse_rates(ns.rate)
+
+
+RUN_GROUPS = {  # the run's --help, group by group, in this order
+    "the study": ["--study", "--storage", "--studies-dir"],
+    "limits and budget": ["--ttft-p99", "--budget", "--trial-timeout"],
+    "the model and engine": ["--model", "--dummy-weights", "--device", "--backend", "--cold-starts"],
+    "the workload": ["--workload", "--preset", "--num-requests", "--input-len", "--output-len", "--workload-seed",
+                     "--trace"],
+    "the search": ["--space", "--seed", "--repeats", "--prescreen", "--calibration", "--force-calibration"],
+    "the decision": ["--confirm", "--served", "--deploy-as"],
+    "output": ["--debug", "--quiet", "--dry-run"],
+}
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    """A help page's sections ('the study:' and its lines), each with the flags its lines start with."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = sections.setdefault(line[:-1], [])
+        elif current is not None and line.startswith("  -"):
+            current.append(line.split()[0].rstrip(","))
+    return sections
+
+
+def test_the_run_s_help_groups_every_flag_in_the_order_a_user_decides_them(capsys):
+    sections = _sections(help_text(capsys))
+    grouped = [name for name in sections if name in RUN_GROUPS]
+    assert grouped == list(RUN_GROUPS)  # every group, in this order
+    for name, flags in RUN_GROUPS.items():
+        assert sections[name] == flags, name
+    assert sections["options"] == ["-h", "--version"]  # nothing left ungrouped
+    from optimizer.cli.run import build_parser
+
+    every = {opt for action in build_parser()._actions for opt in action.option_strings if opt.startswith("--")}
+    listed = {f for flags in RUN_GROUPS.values() for f in flags} | {"--help", "--version", "--no-served"}
+    assert every == listed  # a new flag must be placed in a group here too

@@ -47,3 +47,31 @@ def test_without_password_leaves_other_parts_alone():
     assert without_password("sqlite:////tmp/x.db") == ("sqlite:////tmp/x.db", None)
     assert without_password("postgresql://u:p@h:1/d?sslmode=require") == ("postgresql://u@h:1/d?sslmode=require",
                                                                           "PGPASSWORD")
+
+
+def _bash_words(command: str) -> list[str]:
+    """The words bash gives `command` (its line continuations included), as a shell would run it."""
+    import subprocess
+
+    done = subprocess.run(["bash", "-c", f"set -- {command}\nprintf '%s\\0' \"$@\""], capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode().split("\0")[:-1]
+
+
+def test_a_long_command_wraps_at_the_width_and_pastes_as_the_one_line_form():
+    from optimizer.core.hints import wrapped
+
+    words = ["VLLM_X='a b'", "vllm", "serve", "/models/llama", "--max-num-seqs", "64", "--enable-prefix-caching",
+             "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.9", "--block-size", "16"]
+    text = wrapped(words, width=40, first="deploy: ")
+    lines = text.splitlines()
+    # by hand: greedy lines of at most 40 characters, a flag on the line of its value, ` \` ending all but the last
+    assert lines == ["deploy: VLLM_X='a b' vllm serve \\",
+                     "    /models/llama --max-num-seqs 64 \\",
+                     "    --enable-prefix-caching \\",
+                     "    --max-num-batched-tokens 4096 \\",
+                     "    --gpu-memory-utilization 0.9 \\",
+                     "    --block-size 16"]
+    assert all(len(line) <= 40 for line in lines)
+    assert _bash_words(text[len("deploy: "):]) == _bash_words(" ".join(words))
+    assert wrapped(words, width=1000) == " ".join(words)  # room for all of it: one line

@@ -74,7 +74,7 @@ def test_the_json_holds_the_confirmed_numbers_the_console_table_shows(confirmed,
         assert r["output_throughput_tok_s"] == pytest.approx(statistics.median(values))  # by hand: 2 rounds
         mean, s = statistics.mean(values), statistics.stdev(values)
         assert r["low_tok_s"] == pytest.approx(max(mean - 12.706 * s / 2 ** 0.5, 0.0))  # t(1) = 12.706
-        row = next(line for line in table.splitlines() if f" #{x.number} " in f" {line} ")
+        row = next(line for line in table.splitlines() if line.startswith(f"#{x.number} "))  # its table row
         assert f"{r['output_throughput_tok_s']:.1f}" in row and f"[{r['low_tok_s']:.1f}, {r['high_tok_s']:.1f}]" in row
         if x.baseline:
             assert r["gain_pct"] is None

@@ -4,6 +4,7 @@ recommendation measured again in alternating rounds, each on a fresh engine; the
 
 import json
 import re
+import shlex
 
 import pytest
 from optuna.trial import TrialState
@@ -14,7 +15,7 @@ from optimizer.search.attrs import BASELINE, CONFIRM, CURVE, ENGINE_PIDS, RESULT
 from optimizer.search.confirmed import confirmation, recommended
 from optimizer.search.study import confirmation_study, finished_count
 from tests.e2e.test_e2e_engine import SMALL, optimize
-from tests.support.fakes import load
+from tests.support.fakes import load, unwrapped
 
 pytestmark = pytest.mark.engine
 
@@ -65,20 +66,23 @@ def test_two_rounds_on_fresh_engines_give_the_table_its_intervals(tmp_path, tiny
     out = proc.stdout
     (tmp_path / "out.txt").write_text(out + proc.stderr)
     print(out)
-    assert "confirmed in 2 rounds, alternating, each config on a fresh engine in process (AsyncLLM)" in out
-    served_lines = [line for line in out.splitlines() if line.startswith("as served (vllm serve over HTTP, run c")]
+    lines = unwrapped(out)
+    # the decision first, one of three outcomes with its rounds (measurement/sequential.py), then its deploy command
+    assert re.fullmatch(r"decision: (deploy #\d+: [+-]\d+\.\d% output tok/s over vLLM's defaults .*\(2 rounds\)|"
+                        r"keep vLLM's defaults: .*\(2 rounds\)|undecided after 2 rounds: .*)", lines[0]), out
+    assert lines[1].startswith("deploy: ")
+    assert any(line.startswith("confirmed in 2 rounds at TTFT P99 <= ") for line in lines), out
+    served_lines = [line for line in lines if line.startswith("as served (vllm serve over HTTP, run c")]
     assert len(served_lines) == len(served) and all("req/s in process" in line for line in served_lines), out
-    row = next(line for line in out.splitlines() if line.startswith("vLLM defaults"))
+    row = next(line for line in lines if line.startswith("#0 vLLM defaults"))
     assert re.search(r"\[\d+\.\d, \d+\.\d\]", row)  # the defaults' median with its interval
-    # the verdict, one of three, with its rounds (measurement/sequential.py)
-    assert re.search(r"better than vLLM's defaults .* by [+-]\d+\.\d% output throughput.*, 2 rounds|"
-                     r"within \+-\d+\.\d% of vLLM's defaults .*, 2 rounds: keep them|"
-                     r"are better than every candidate .*, 2 rounds: keep them|undecided after 2 rounds|"
-                     r"are the only config measured again \(no other met the limit\), 2 rounds: keep them", out)
     report = optimize(model_cache, tmp_path, "report", "--study", "c")
-    assert report.returncode == 0 and "confirmed in 2 rounds" in report.stdout
+    assert report.returncode == 0 and report.stdout.splitlines()[0] == lines[0]
+    assert "confirmed in 2 rounds, alternating, each config on a fresh engine in process (AsyncLLM)" in report.stdout
     export = optimize(model_cache, tmp_path, "export", "--study", "c")
     assert export.returncode == 0, export.stderr[-2000:]
+    deploy = out[out.index("deploy: ") + len("deploy: "):out.index("\n\n")]  # the command, over its lines
+    assert shlex.split(deploy.replace("\\\n", "")) == shlex.split(export.stdout)  # as `optimize export` prints it
     meta = json.loads((tmp_path / "c.engine_args.json").read_text())["metadata"]
     assert meta["trial"] == c.recommended.number and meta["confirmed"]["rounds"] == 2
     assert meta["rate_at_limit"]["served_measured_as"] == "as served (vllm serve over HTTP)"

@@ -440,7 +440,7 @@ def test_the_rounds_stop_once_the_gain_decides_within_five_points():
 
 def test_a_confirmation_cut_short_above_0_says_better_so_far_and_how_to_go_on():
     from optimizer.config.settings import StudyConfig
-    from optimizer.decision.verdict import verdict_line
+    from optimizer.decision.verdict import answer_line, verdict_line
 
     config = StudyConfig(study_name="s", storage_url="sqlite:///s.db", ttft_p99_ms=150.0, budget=10, model="m")
     # the two studies of the test above: +20.5% [+6.0%, +36.9%] after 2 of 3 rounds (a deadline or Ctrl-C ends it
@@ -455,6 +455,11 @@ def test_a_confirmation_cut_short_above_0_says_better_so_far_and_how_to_go_on():
     # cut short across 0: no direction yet
     across = decide(_rounds_study({0: [100.0, 100.0], 1: [96.0, 110.0], 2: [70.0, 71.0]}, rounds=3), config)
     assert verdict_line(across).startswith("not decided yet after 2 rounds (#1 +3.0% [")
+    # the last screen's first line says the same in short
+    assert answer_line(done) == ("decision: deploy #1: +20.5% output tok/s over vLLM's defaults [+18.3%, +22.8%] "
+                                 "(2 rounds)")
+    assert answer_line(cut) == ("decision: not decided yet after 2 rounds: #1 +20.5% [+6.0%, +36.9%] against vLLM's "
+                                "defaults; run the same command again")
 
 
 def test_a_candidate_clearly_behind_drops_out_of_the_next_round():
@@ -659,7 +664,7 @@ def test_when_the_rounds_keep_the_defaults_the_leader_is_tied_with_them_not_the_
 
 def test_keeping_the_defaults_gives_the_tied_candidates_width_and_names_the_ones_behind():
     from optimizer.config.settings import StudyConfig
-    from optimizer.decision.verdict import verdict_line
+    from optimizer.decision.verdict import answer_line, verdict_line
 
     config = StudyConfig(study_name="s", storage_url="sqlite:///s.db", ttft_p99_ms=150.0, budget=10, model="m")
     # the defaults lead; #1 is within +-3 points of them, #2 about 10% behind in every round. Before, the sentence
@@ -670,6 +675,7 @@ def test_keeping_the_defaults_gives_the_tied_candidates_width_and_names_the_ones
     line = verdict_line(d)
     assert line.startswith("within +-1.7% of vLLM's defaults (vllm serve) (#1 -0.7% [-1.7%, +1.0%]), behind them: "
                            "#2 -10.6% [") and line.endswith(", 4 rounds: keep them")
+    assert answer_line(d) == "decision: keep vLLM's defaults: the closest rival is #1 -0.7% [-1.7%, +1.0%] (4 rounds)"
 
 
 def test_the_defaults_go_to_the_rounds_only_where_they_met_the_limit_in_the_search(monkeypatch):

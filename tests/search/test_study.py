@@ -26,7 +26,7 @@ from optimizer.search.objective import CANNOT_RUN_MS, CONSTRAINT
 from optimizer.search.confirmed import recommended
 from optimizer.search.study import DIRECTIONS, N_STARTUP_TRIALS, sampler
 from tests.conftest import REPO
-from tests.support.fakes import SimEngine, make_config, run_study
+from tests.support.fakes import SimEngine, make_config, run_study, unwrapped
 
 
 def test_runs_to_budget_with_the_baseline_first_and_once(tmp_path, config_only_model):
@@ -110,7 +110,7 @@ def test_summary_names_gain_and_changes(tmp_path, config_only_model):
     config = make_config(tmp_path, config_only_model, budget=4, seed=2, space=SpaceSpec(fixed={"max_num_seqs": 16}))
     study = run_study(tmp_path, config)
     text = summary_text(study, config)
-    lines = text.splitlines()
+    lines = unwrapped(text)
     # the recommendation and gain worked out here from the stored trials, not read back from decide()
     baseline = study.trials[0]
     assert baseline.user_attrs["baseline"]

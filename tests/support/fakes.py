@@ -1,10 +1,11 @@
 """Fakes and small builders shared by the tests: one definition each, imported where they are used.
 
 `SimEngine`: the simulator (optimizer/engines/simulated.py) for the architecture of the `config_only_model`
-fixture; `make_config`: a short study on it; `run_study`: prepare and run it to its budget; `run_cli`: the CLI
-in-process, with its exit code and stderr; `load`: a study of a SQLite file that `optimize` wrote; `polled_trials`: its trials
-while `optimize` may still be creating it; `FakeServer`: vLLM's OpenAI completions stream, as
-aiohttp.web serves it, for the HTTP client and the measure-only engine.
+fixture; `make_config`: a short study on it; `run_study`: prepare and run it to its budget; `unwrapped`: a
+screen's wrapped sentences whole; `run_cli`: the CLI in-process, with its exit code and stderr; `load`: a study of a
+SQLite file that `optimize` wrote; `polled_trials`: its trials while `optimize` may still be creating it;
+`FakeServer`: vLLM's OpenAI completions stream, as aiohttp.web serves it, for the HTTP client and the measure-only
+engine.
 """
 
 from __future__ import annotations
@@ -54,6 +55,18 @@ def run_study(tmp_path, config, engine=SimEngine) -> optuna.Study:
     # the simulated engine has its own memory limit: this machine's memory must not decide these tests
     prepared = prepare(config, tmp_path, say=lambda *a: None, engine_factory=engine, memory_probe=lambda: None)
     return run(prepared, quiet=True)
+
+
+def unwrapped(text: str) -> list[str]:
+    """The lines of a screen with each sentence the console wrapped (its continuation lines indented by two spaces)
+    joined again, for a test that reads a sentence whole."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if lines and line.startswith("  ") and not line.startswith("   "):
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return lines
 
 
 def run_cli(capsys, *argv) -> tuple[int, str]:

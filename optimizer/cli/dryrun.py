@@ -1,0 +1,154 @@
+"""`optimize --dry-run`: what the run would do, in a dozen lines, without starting an engine or writing anything.
+
+The settings are resolved as the run resolves them (cli/run.py `resolve_config`, the same checks, the same one-line
+errors), then described: the vLLM build and the device, the model and its size, the workload, the limits, the search
+space, the budget's split between the search and the confirmation, and the estimated time. The estimate is the one
+the run would start from: a resumed study's measured trials; the embedded demo's, which the probe at its start fits
+to this machine; the GPU demo's from vLLM's start-up phases; for any other model, none before an engine has started.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from optimizer.config.settings import Choice, FloatRange, IntRange, StudyConfig
+
+WIDTH = 100
+LABEL = 10  # the labels' column: "workload: " and the like
+
+
+def dry_run(config: StudyConfig, resumed: bool) -> int:
+    """Print the plan of the run of `config` (resolved as the run resolves it: cli/run.py `resolve_config`; a resumed
+    study's when `resumed`) and return 0; a --confirm the budget cannot hold fails as the run would (exit code 2)."""
+    from optimizer.search.split import plan
+
+    split = plan(config.budget, config.confirm, config.serves_after)
+    print("\n".join(plan_lines(config, resumed, split.line)))
+    return 0
+
+
+def field(label: str, text: str, width: int = WIDTH) -> list[str]:
+    """'label:   text', wrapped to `width` under the text's column."""
+    return textwrap.wrap(text, width, initial_indent=f"{label}:".ljust(LABEL),
+                         subsequent_indent=" " * LABEL, break_on_hyphens=False) or [f"{label}:"]
+
+
+def plan_lines(config: StudyConfig, resumed: bool, split_line: str) -> list[str]:
+    """The dry run's lines for `config` (a resumed study's when `resumed`)."""
+    from optimizer.core.units import format_ms
+    from optimizer.hardware.device import installed_build
+    from optimizer.hardware.machine import describe, fingerprint
+    from optimizer.params.space import resolve
+    from optimizer.search.progress import clock_text
+    from optimizer.search.runner import budget_text
+    from optimizer.search.study import redact  # a password in the URL is never printed
+
+    info, model = model_text(config)
+    space = resolve(config.space, config.device, info.max_len, config.workload, info.mla, config.engine_args)
+    workload = config.workload.describe()
+    if config.num_requests_auto and not resumed:
+        workload = workload.replace(f"{config.workload.num_requests} requests per replay",
+                                    "requests per replay chosen by a pilot trial")
+    study = f"{config.study_name!r}, " + ("resumed" if resumed else "new") + f", in {redact(config.storage_url)}"
+    return [
+        "dry run: what the run would do; no engine starts, nothing is written",
+        *field("vLLM", f"{installed_build().describe()}; the trials run on {config.device}"),
+        *field("machine", describe(fingerprint(config.device))),
+        *field("study", study),
+        *field("model", model),
+        *field("workload", workload),
+        *field("limits", f"TTFT P99 <= {format_ms(config.ttft_p99_ms)}; a trial stops after "
+                         f"{clock_text(config.trial_timeout_s)}"),
+        *field("space", space_text(space.dists, space.fixed, config.engine_args)),
+        *field("budget", f"{budget_text(config)}; {split_line}"),
+        *field("time", estimate_text(config, resumed)),
+    ]
+
+
+def model_text(config: StudyConfig) -> tuple[Any, str]:
+    """(ModelInfo, its line): name or path, parameters, weights' size. The embedded CPU demo is described from its
+    shape, without generating it."""
+    from optimizer.config.model import inspect_model, is_demo_model, model_info
+    from optimizer.config.model import demo_shape
+    from optimizer.search.runner import model_path
+
+    if config.model_is_default and is_demo_model(config.model):
+        info = model_info(demo_shape(config.model).config, config.model)
+        where = f"embedded {config.model} (a Llama, random weights)"
+    else:
+        info = inspect_model(model_path(config), config.dummy_weights)
+        where = (f"embedded {config.model}" if config.model_is_default else config.model) + \
+            (" with random weights (load_format=dummy)" if config.dummy_weights else "")
+    params = info.weights_bytes / max(info.dtype_bytes, 1)
+    size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
+    weights = f"{info.weights_bytes / 2**30:.1f} GiB" if info.weights_bytes >= 2**30 else \
+        f"{info.weights_bytes / 2**20:.0f} MiB"
+    probe = "; the probe at the start (an engine start, about a minute) may choose a smaller one" \
+        if config.model_is_default and config.demo_probe else ""
+    return info, f"{where}: {size} parameters, {weights} of weights as {info.dtype}{probe}"
+
+
+def space_text(dists: dict[str, Any], fixed: dict[str, Any], engine_args: dict[str, Any]) -> str:
+    """'max_num_seqs 2-256 (log), block_size {32, 64, 128}, ...; fixed: max_model_len=1024, enforce_eager=True'."""
+    def one(name: str, d: Any) -> str:
+        if isinstance(d, IntRange):
+            return f"{name} {d.low}-{d.high}" + (" (log)" if d.log else f" step {d.step}" if d.step != 1 else "")
+        if isinstance(d, FloatRange):
+            return f"{name} {d.low:g}-{d.high:g}" + (f" step {d.step:g}" if d.step else "")
+        assert isinstance(d, Choice)
+        return f"{name} {{{', '.join(str(c) for c in d.choices)}}}"
+
+    held = {**engine_args, **fixed}
+    text = ", ".join(one(k, d) for k, d in dists.items())
+    return text + ("; fixed: " + ", ".join(f"{k}={v}" for k, v in held.items()) if held else "")
+
+
+def estimate_text(config: StudyConfig, resumed: bool) -> str:
+    """The run's estimate of its length, made without starting an engine, and what it rests on."""
+    from optimizer.search.probe import TARGET_S_PER_TRIAL
+    from optimizer.search.progress import clock_text
+
+    deadline = f"; at most {config_deadline(config)}" if config.deadline_unix_s is not None else ""
+    if resumed:  # the run's own first estimate (search/runner.py `start_estimate`), from its measured trials
+        import optuna
+
+        from optimizer.search.confirm import run_estimate_s
+        from optimizer.search.progress import Tally
+        from optimizer.search.runner import start_estimate, stored_trial_s
+        from optimizer.search.split import plan
+        from optimizer.search.study import finished_count, storage_for
+
+        study = optuna.load_study(study_name=config.study_name, storage=storage_for(config.storage_url))
+        split = plan(config.budget, config.confirm, config.serves_after)
+        tally = Tally(split.search_budget, split.runs)
+        tally.resume(study)
+        trial_s = stored_trial_s(study, config.budget)
+        status = tally.status(study, trial_s, run_estimate_s(study) or trial_s, config.deadline_unix_s)
+        line = start_estimate(status, tally).removeprefix("estimated time: ")
+        return f"{line}; {finished_count(study)} search trials finished"
+    if config.demo_probe and config.budget is not None:
+        return (f"~{clock_text(config.budget * TARGET_S_PER_TRIAL)} at most: the probe at the start fits the demo to "
+                f"this machine at {TARGET_S_PER_TRIAL:.0f} s a trial, and prints its own estimate{deadline}")
+    gpu = gpu_demo_estimate(config)
+    if gpu is not None:
+        return gpu + deadline
+    return ("known after the first trial: it rests on an engine start, which a dry run does not make; the run "
+            f"prints it then{deadline}")
+
+
+def gpu_demo_estimate(config: StudyConfig) -> str | None:
+    """The GPU demo's estimate from vLLM's start-up phases (search/gpu_demo.py), where `config` runs it."""
+    from optimizer.config.model import GPU_DEMO_NAME
+
+    if not (config.model_is_default and config.model == GPU_DEMO_NAME and config.device == "cuda"):
+        return None
+    from optimizer.search.gpu_demo import estimate_text as gpu_estimate
+
+    return gpu_estimate(config)
+
+
+def config_deadline(config: StudyConfig) -> str:
+    from optimizer.search.runner import budget_text
+
+    return budget_text(config.model_copy(update={"budget": None}))
