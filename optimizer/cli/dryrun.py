@@ -125,8 +125,10 @@ def estimate_text(config: StudyConfig, resumed: bool) -> str:
         tally.resume(study)
         trial_s = stored_trial_s(study, config.budget)
         status = tally.status(study, trial_s, run_estimate_s(study) or trial_s, config.deadline_unix_s)
-        line = start_estimate(status, tally).removeprefix("estimated time: ")
-        return f"{line}; {finished_count(study)} search trials finished"
+        done = f"{finished_count(study)} search trials finished"
+        if status.work_s == 0:  # the budget is spent: the run would only print the result again
+            return f"none: nothing is left to run ({done}); a larger --budget adds trials"
+        return f"{start_estimate(status, tally).removeprefix('estimated time: ')}; {done}"
     if config.demo_probe and config.budget is not None:
         return (f"~{clock_text(config.budget * TARGET_S_PER_TRIAL)} at most: the probe at the start fits the demo to "
                 f"this machine at {TARGET_S_PER_TRIAL:.0f} s a trial, and prints its own estimate{deadline}")

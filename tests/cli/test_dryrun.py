@@ -76,6 +76,9 @@ def test_a_resumed_study_is_planned_from_its_own_trials_and_left_unchanged(tmp_p
     f = fields(capsys.readouterr().out)
     assert f["study"] == f"'default', resumed, in sqlite:///{db}" and f["limits"].startswith("TTFT P99 <= 30ms")
     assert f["time"].endswith(f"; {finished_count(study)} search trials finished") and f["time"].startswith("~")
+    assert main(["--dry-run", "--studies-dir", str(tmp_path)]) == 0  # its budget of 3 is spent
+    assert fields(capsys.readouterr().out)["time"] == ("none: nothing is left to run (3 search trials finished); a "
+                                                       "larger --budget adds trials")
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 
