@@ -155,8 +155,9 @@ def _curves(ax: Axes, d: Decision) -> None:
     shapes = {PASSED: "o", OVER: "x", BEHIND: "^", WITHDRAWN: "s"}
     kinds, chosen_any = set(), False
     for v, color in zip(curve_trials(d), colors):
-        placed = sorted((r, p) for p in v.curve if (r := chart_rate_rps(p)) is not None
-                        and math.isfinite(p.get("ttft_p99_ms", math.nan)))  # every probe, failed ones too
+        placed = sorted(((r, p) for p in v.curve if (r := chart_rate_rps(p)) is not None
+                         and math.isfinite(p.get("ttft_p99_ms", math.nan))),  # every probe, failed ones too
+                        key=lambda rp: rp[0])  # by rate alone: two probes at one rate do not compare their dicts
         label = f"#{v.number}" + (" vLLM defaults" if v.baseline else "") + (" (recommended)" if v is d.best else "")
         color = "black" if v.baseline else color
         ax.plot([r for r, _ in placed], [p["ttft_p99_ms"] for _, p in placed], color=color, alpha=0.6,

@@ -354,3 +354,15 @@ def test_a_recommendation_that_changes_the_model_s_numbers_says_so_at_the_run_en
     monkeypatch.setitem(synthetic.PARAMS, 2, {**synthetic.PARAMS[2], "kv_cache_dtype": "auto"})
     clean, config = synthetic.build(tmp_path, name="clean")
     assert not [n for n in decide(clean, config).notes if n.startswith("Not checked")]
+
+
+def test_the_chart_takes_two_probes_at_one_rate(tmp_path, monkeypatch):
+    """A trial that probed one rate twice (a repeat at its best rate) is drawn, not a TypeError from comparing the
+    two probes' dicts where their rates tie."""
+    from optimizer.decision.plots import render_png
+
+    monkeypatch.setitem(synthetic.CURVES, 2, [*synthetic.CURVES[2], (7.7, 95)])
+    study, config = synthetic.build(tmp_path)
+    d = decide(study, config)
+    assert sum(p["offered_rate_rps"] == 7.7 for p in d.best.curve) == 2
+    assert render_png(d).startswith(b"\x89PNG")
