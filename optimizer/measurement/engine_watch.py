@@ -99,11 +99,6 @@ class WatchedEngine:
     def validate(self, params: dict[str, Any]) -> None:
         self.engine.validate(params)
 
-    @property
-    def died(self) -> EngineDiedError | None:
-        """The engine's death, once noticed (None while it lives)."""
-        return self._death
-
     async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
         self._death, self._vital, self._reset_seen = None, None, False  # a start after a failed one starts afresh
         self._dead.clear()

@@ -51,11 +51,15 @@ def running_server():
     thread.join(10)
 
 
-@pytest.fixture(params=["fake", "simulated", "remote", pytest.param("vllm", marks=pytest.mark.engine),
+@pytest.fixture(params=["fake", "watched", "simulated", "remote", pytest.param("vllm", marks=pytest.mark.engine),
                         pytest.param("http", marks=pytest.mark.engine)])
 def make_engine(request):
     if request.param == "fake":
         return lambda: FakeEngine(max_memory_fraction=0.95)
+    if request.param == "watched":  # what every trial drives: an engine under watch (measurement/engine_watch.py)
+        from optimizer.measurement.engine_watch import WatchedEngine
+
+        return lambda: WatchedEngine(FakeEngine(max_memory_fraction=0.95))
     if request.param == "remote":
         from optimizer.engines.http_engine import RemoteEngine
 
