@@ -191,45 +191,42 @@ class WatchedEngine:
         dies, with EngineDiedError; asyncio.TimeoutError past `bound_s`."""
         self._raise_if_dead()
         task = asyncio.ensure_future(awaitable)
-        dead = asyncio.ensure_future(self._dead.wait())
-        try:
-            done, _ = await asyncio.wait({task, dead}, timeout=bound_s, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            await _cancel(task)
-            raise
-        finally:
-            dead.cancel()
-        if task in done:
+        if await self._race(task, bound_s):
             return task.result()
-        await _cancel(task)
         if self._death is not None:
             raise self._death
         raise asyncio.TimeoutError
 
     async def _await(self, task: asyncio.Future[T], bound_s: float, grace_s: float = 0.0) -> T:
-        """`task`'s result; its cancellation and EngineDiedError when the engine dies first (after `grace_s`, in which
-        the engine may still raise its own error), and as a hang past `bound_s`."""
+        """`task`'s result; EngineDiedError when the engine dies first, and as a hang past `bound_s`."""
+        if await self._race(task, bound_s, grace_s):
+            try:
+                return task.result()
+            except EngineDiedError as exc:
+                raise self._declare(str(exc)) from None
+        if self._death is not None:
+            raise self._death
+        raise self._declare(f"no answer within {bound_s:.0f} s (the engine hangs)")
+
+    async def _race(self, task: asyncio.Future[Any], bound_s: float | None, grace_s: float = 0.0) -> bool:
+        """Wait for `task` or the engine's death (then up to `grace_s` more, in which the engine may still raise its
+        own error), at most `bound_s` in all. True when `task` finished; otherwise it is cancelled."""
         dead = asyncio.ensure_future(self._dead.wait())
-        deadline = time.monotonic() + bound_s
+        deadline = None if bound_s is None else time.monotonic() + bound_s
         try:
             done, _ = await asyncio.wait({task, dead}, timeout=bound_s, return_when=asyncio.FIRST_COMPLETED)
             if task not in done and dead in done and grace_s > 0:
-                left = max(min(grace_s, deadline - time.monotonic()), 0.0)
+                left = grace_s if deadline is None else max(min(grace_s, deadline - time.monotonic()), 0.0)
                 done, _ = await asyncio.wait({task}, timeout=left)
-        except BaseException:
+        except BaseException:  # cancelled from outside (Ctrl-C, the trial's own bound): the call goes too
             await _cancel(task)
             raise
         finally:
             dead.cancel()
         if task in done:
-            try:
-                return task.result()
-            except EngineDiedError as exc:
-                raise self._declare(str(exc)) from None
+            return True
         await _cancel(task)
-        if self._death is not None:
-            raise self._death
-        raise self._declare(f"no answer within {bound_s:.0f} s (the engine hangs)")
+        return False
 
     def _ensure_watching(self) -> None:
         if self._watcher is None or self._watcher.done():
