@@ -10,9 +10,10 @@ Phases, in a trial's order: start, warm-up (requests before the first prefix-cac
 replay, stats collection, between replays (no call in flight), shutdown. A death during shutdown ends nothing: the
 measurement is complete, and the shutdown ends what is left by PID within its bound.
 
-Which processes count: after the start, every process the engine started that was alive when the start returned;
-during the start, those vLLM has titled as its own (`VLLM::EngineCore`, `VLLM::Worker`: a short-lived helper may come
-and go then), beside vLLM's own start-up errors and the start's bound.
+Which processes count: those vLLM titles as its own (`VLLM::EngineCore`, `VLLM::Worker`, its API server where it
+titles one), not helpers that may end by themselves (torch.compile's workers); where vLLM titles none, every process
+the engine started that was alive when its start returned. During the start, vLLM's own start-up errors and the
+start's bound cover the processes not yet titled.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ class WatchedEngine:
             if self._death is not None and exc.reason == failures.START_FAILED:
                 raise self._death from None
             raise
-        self._vital = [r for r in self.engine.process_refs if r.alive() is not None]
+        alive = [r for r in self.engine.process_refs if r.alive() is not None]
+        self._vital = vllm_titled(alive) or alive  # not a helper that may end by itself (a compile worker)
         await self._pause_here(START)
         self._raise_if_dead()
         self.phase = BETWEEN
@@ -248,17 +250,8 @@ class WatchedEngine:
             return []
         if self._vital is not None:
             return [r for r in self._vital if r.alive() is None]
-        # mid-start: the processes vLLM titled as its own, once seen
-        seen = self._titled
-        prefix = f"{os.environ.get(VLLM_TITLE_ENV) or VLLM_TITLE_DEFAULT}::"
-        for r in self.engine.process_refs:
-            proc = r.alive()
-            try:
-                if proc is not None and proc.name().startswith(prefix):
-                    seen.add(r)
-            except Exception:  # gone between the two looks
-                pass
-        return [r for r in seen if r.alive() is None]
+        self._titled.update(vllm_titled(self.engine.process_refs))  # mid-start: vLLM's own, once seen
+        return [r for r in self._titled if r.alive() is None]
 
     def _declare(self, why: str) -> EngineDiedError:
         """Record the engine's death (the first cause noticed wins), wake every waiter, cancel every request."""
@@ -289,6 +282,20 @@ class WatchedEngine:
             await asyncio.wait_for(self._dead.wait(), timeout=PAUSE_LIMIT_S)
         except asyncio.TimeoutError:
             pass
+
+
+def vllm_titled(refs: list[ProcessRef]) -> list[ProcessRef]:
+    """Those of `refs` alive under a title vLLM gives its own processes (VLLM::EngineCore, VLLM::Worker_TP0, ...)."""
+    prefix = f"{os.environ.get(VLLM_TITLE_ENV) or VLLM_TITLE_DEFAULT}::"
+    out = []
+    for r in refs:
+        proc = r.alive()
+        try:
+            if proc is not None and proc.name().startswith(prefix):
+                out.append(r)
+        except Exception:  # gone between the two looks
+            pass
+    return out
 
 
 _paused: list[str] = []  # PAUSE_ENV is taken once per process

@@ -189,3 +189,38 @@ def test_an_engine_without_processes_passes_through_with_its_capabilities():
     assert isinstance(watched, ReportsEngineStats) == isinstance(sim, ReportsEngineStats)
     assert not isinstance(WatchedEngine(NeverAnswersOnceDead()), ServesInVirtualTime)
     assert watched.phase == START and BETWEEN != START
+
+
+class TitledWithAHelper(NeverAnswersOnceDead):
+    """An engine process titled as vLLM titles its own, beside a helper that ends by itself (a compile worker)."""
+
+    async def start(self, params, log_path=None):
+        title = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); time.sleep(600)"
+        self.proc = subprocess.Popen([sys.executable, "-c", title])
+        self.helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+        while psutil.Process(self.proc.pid).name() != "VLLM::EngineCore":
+            await asyncio.sleep(0.02)
+        self.refs = [ProcessRef.of(psutil.Process(p.pid)) for p in (self.proc, self.helper)]
+        return {}
+
+
+def test_a_helper_that_ends_by_itself_is_no_death_and_vllms_own_process_is_watched():
+    pytest.importorskip("setproctitle")
+    inner = TitledWithAHelper()
+
+    async def main():
+        engine = WatchedEngine(inner, CallBounds(poll_s=0.05))
+        await engine.start({})
+        inner.helper.wait(timeout=10)
+        await asyncio.sleep(0.3)
+        await engine.reset_prefix_cache()  # the helper is gone; the engine is not dead
+        inner.proc.kill()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(EngineDiedError, match=f"{inner.proc.pid} gone"):
+                await engine.guard(asyncio.sleep(30))
+            return time.monotonic() - t0
+        finally:
+            await engine.shutdown()
+
+    assert asyncio.run(main()) < 1.0
