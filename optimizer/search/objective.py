@@ -25,7 +25,7 @@ from optimizer.core.errors import EngineDiedError, EngineStartError
 from optimizer.core.processes import output_to
 from optimizer.engines.compile_cache import cache_env, start_phases
 from optimizer.hardware.device import visible_gpus
-from optimizer.measurement.engine import Engine, EngineFactory
+from optimizer.measurement.engine import Engine, EngineFactory, ServesInVirtualTime
 from optimizer.measurement.engine_watch import CallBounds, WatchedEngine, pause_from_env
 from optimizer.measurement.limits import diagnose
 from optimizer.measurement.disturbance import MachineLoad
@@ -143,7 +143,8 @@ class Objective:
             t_replay = time.perf_counter()
             engine_points: list[dict[str, Any] | None] = []  # per replay, in curve order
             telemetry = for_device(self.config.device, self.nvml)
-            load = MachineLoad()  # what else ran on its CPUs meanwhile: a disturbed run is run again
+            # what else ran on its CPUs meanwhile: a disturbed run is run again (a simulated one cannot be)
+            load = MachineLoad(virtual_time=isinstance(engine, ServesInVirtualTime))
             try:
                 confirm = CONFIRM.of(trial)
                 incumbent = fair_incumbent_rate(trial.study) if self.early_stop and confirm is None else None

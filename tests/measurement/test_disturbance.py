@@ -86,3 +86,10 @@ def test_a_busy_loop_of_another_process_counts_and_one_of_the_trials_own_does_no
     assert other.summary()["others_cpu_s"] >= 0.6, other.summary()  # ~1 s of a core, the machine's ticks aside
     assert mine.summary()["own_cpu_s"] >= 0.6, mine.summary()
     assert mine.summary()["others_cpu_s"] < other.summary()["others_cpu_s"] - 0.3, (mine.summary(), other.summary())
+
+
+def test_an_engine_in_virtual_time_is_never_disturbed():
+    """The simulator measures no wall clock: a busy machine must not make its runs count as disturbed."""
+    with MachineLoad(virtual_time=True) as load:
+        sum(range(10_000))
+    assert not disturbed(load.summary()) and "virtual time" in load.summary()["reason"]
