@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+from pathlib import Path
 
 import numpy as np
 
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core.clock import MonotonicClock
-from optimizer.engines.fake import FakeEngine
 from optimizer.measurement.replay import replay
 from optimizer.measurement.workload import build_workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.fake_engine import FakeEngine  # noqa: E402
 
 
 async def measure(rate_rps: float, requests: int) -> np.ndarray:

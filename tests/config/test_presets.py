@@ -12,7 +12,7 @@ from optimizer.config.presets import PRESETS, demo_workload, get
 from optimizer.config.settings import StudyConfig, build
 from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, WorkloadSpec
 from optimizer.core.errors import UsageError
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.measurement.workload import build_workload
 from optimizer.search.runner import prepare, run
 

@@ -92,7 +92,7 @@ def test_a_trace_with_constant_arrivals_keeps_its_lengths_and_spaces_them_evenly
 
 def test_a_study_at_the_traces_own_timestamps_measures_once_per_trial(tmp_path, config_only_model):
     from optimizer.config.settings import StudyConfig
-    from optimizer.engines.fake import FakeEngine
+    from tests.support.fake_engine import FakeEngine
     from optimizer.search.runner import prepare, run
 
     rows = [(20 + i % 7, 2 + i % 3, 0.05 * i) for i in range(30)]  # 20 req/s for 1.45 s

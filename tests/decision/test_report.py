@@ -21,7 +21,7 @@ from optimizer.decision.decide import decide
 from optimizer.decision.tables import format_output
 from optimizer.decision.document import render
 from optimizer.decision.views import front_rows
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.measurement.rerank import Answer
 from optimizer.search.runner import prepare, run
 from optimizer.search.confirmed import recommended

@@ -5,7 +5,7 @@ import math
 
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.decision.verify import Verified, robust_choice, variants, verify_trial
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.search.confirmed import recommended
 from tests.support.fakes import make_config, run_study
 

@@ -12,7 +12,7 @@ from aiohttp import web
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core import failures
 from optimizer.core.errors import EngineStartError
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.engines.server import free_port
 from optimizer.measurement.engine import Engine
 from optimizer.measurement.workload import build_workload

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.measurement.engine import EngineStats, ReportsEngineStats, RequestTiming
 from optimizer.measurement.limits import diagnose, summarize_engine
 from optimizer.search.fitting import cpu_engine_args

@@ -5,7 +5,7 @@ import asyncio
 import gc
 
 from optimizer.core.clock import MonotonicClock
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.measurement.quiet_heap import GcPauses, frozen_heap
 from optimizer.measurement.replay import replay
 from optimizer.measurement.workload import Request

@@ -4,7 +4,7 @@ for a first token, and returns without an error."""
 import asyncio
 
 from optimizer.core.clock import MonotonicClock
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.measurement.replay import WITHDRAWN, replay
 from optimizer.measurement.workload import Request
 

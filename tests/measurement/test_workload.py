@@ -10,7 +10,7 @@ from optimizer.config.settings import StudyConfig, build
 from optimizer.config.workload_spec import CPU_DEMO_WORKLOAD, LengthDist, WorkloadSpec
 from optimizer.core.clock import MonotonicClock
 from optimizer.core.errors import UsageError
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.measurement.metrics import RequestRecord, measured_window, summarize
 from optimizer.measurement.replay import replay_closed_loop
 from optimizer.measurement.workload import build_workload, fixed_load_rate

@@ -12,7 +12,7 @@ from optimizer.config.model import ModelInfo
 from optimizer.config.settings import StudyConfig
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core.errors import OptimizerError
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.params.preflight import (
     GIB, DeviceMemory, DeviceMemoryHeldError, estimate, held_elsewhere, memory_problems, wait_for_memory,
 )

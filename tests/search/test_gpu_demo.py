@@ -6,7 +6,7 @@ import pytest
 
 from optimizer.config.demo import demo_for
 from optimizer.config.settings import StudyConfig
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.search.gpu_demo import START_PHASES_S, estimate_s, estimate_text, start_s
 from optimizer.search.runner import prepare
 

@@ -6,7 +6,7 @@ import asyncio
 
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core.clock import MonotonicClock
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.measurement.evidence import FAIL, PASS
 from optimizer.measurement.rate_search import BRACKET_PRECISION, FIT_BRACKET, RUN_FIT_BRACKET
 from optimizer.measurement.workload import build_workload

@@ -7,7 +7,7 @@ import time
 
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core.clock import MonotonicClock
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.measurement.workload import build_workload
 from optimizer.search.probes import TrialReplays
 from tests.support.fakes import make_config

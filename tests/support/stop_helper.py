@@ -12,7 +12,7 @@ from pathlib import Path
 from optimizer.config.settings import StudyConfig
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core.signals import install_stop_handlers, interrupted_exit_code, interrupted_message
-from optimizer.engines.fake import FakeEngine
+from tests.support.fake_engine import FakeEngine
 from optimizer.search.runner import prepare, run
 
 
