@@ -220,8 +220,11 @@ class WatchedEngine:
             if task not in done and dead in done and grace_s > 0:
                 left = grace_s if deadline is None else max(min(grace_s, deadline - time.monotonic()), 0.0)
                 done, _ = await asyncio.wait({task}, timeout=left)
-        except BaseException:  # cancelled from outside (Ctrl-C, the trial's own bound): the call goes too
-            await _cancel(task)
+        except BaseException:
+            # cancelled from outside (Ctrl-C, SIGTERM, the trial's own bound): the call is cancelled too and ends as
+            # it would unwatched, its own clean-up awaited (a start waits for vLLM's, then ends what it made)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
             raise
         finally:
             dead.cancel()
