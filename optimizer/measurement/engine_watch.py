@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError
-from optimizer.core.processes import ProcessRef, end_processes
+from optimizer.core.processes import ProcessRef, end_processes, named
 from optimizer.measurement.engine import Engine, EngineStats
 from optimizer.measurement.workload import Request
 
@@ -289,16 +289,7 @@ class WatchedEngine:
 
 def vllm_titled(refs: list[ProcessRef]) -> list[ProcessRef]:
     """Those of `refs` alive under a title vLLM gives its own processes (VLLM::EngineCore, VLLM::Worker_TP0, ...)."""
-    prefix = f"{os.environ.get(VLLM_TITLE_ENV) or VLLM_TITLE_DEFAULT}::"
-    out = []
-    for r in refs:
-        proc = r.alive()
-        try:
-            if proc is not None and proc.name().startswith(prefix):
-                out.append(r)
-        except Exception:  # gone between the two looks
-            pass
-    return out
+    return named(refs, f"{os.environ.get(VLLM_TITLE_ENV) or VLLM_TITLE_DEFAULT}::")
 
 
 _paused: list[str] = []  # PAUSE_ENV is taken once per process
