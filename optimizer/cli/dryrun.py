@@ -29,9 +29,10 @@ def dry_run(config: StudyConfig, resumed: bool) -> int:
 
 
 def field(label: str, text: str, width: int = WIDTH) -> list[str]:
-    """'label:   text', wrapped to `width` under the text's column."""
-    return textwrap.wrap(text, width, initial_indent=f"{label}:".ljust(LABEL),
-                         subsequent_indent=" " * LABEL, break_on_hyphens=False) or [f"{label}:"]
+    """'label:   text', wrapped to `width` under the text's column; a word longer than a line (a path, a URL) stays
+    whole on a line of its own, so it can be copied."""
+    return textwrap.wrap(text, width, initial_indent=f"{label}:".ljust(LABEL), subsequent_indent=" " * LABEL,
+                         break_on_hyphens=False, break_long_words=False) or [f"{label}:"]
 
 
 def plan_lines(config: StudyConfig, resumed: bool, split_line: str) -> list[str]:

@@ -128,4 +128,5 @@ def tail_lines(d: Decision, width: int = WIDTH) -> list[str]:
             out.append("vLLM's defaults miss the limit at every rate tried: the recommendation is the only feasible "
                        "one")
     return [wrapped for line in out for wrapped in textwrap.wrap(line, width, subsequent_indent="  ",
-                                                                 break_on_hyphens=False) or [""]]
+                                                                 break_on_hyphens=False, break_long_words=False)
+                                                   or [""]]

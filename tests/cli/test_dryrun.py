@@ -40,7 +40,8 @@ def test_a_new_demo_study_is_planned_and_nothing_is_made(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "dry run: what the run would do; no engine starts, nothing is written"
-    assert all(len(line) <= 100 for line in lines), proc.stdout
+    # lines fit 100 columns; a path longer than a line stays whole on its own line so it can be copied
+    assert all(len(line) <= 100 or len(line.split()) == 1 for line in lines[1:]), proc.stdout
     f = fields(proc.stdout)
     assert list(f) == LABELS
     assert f["vLLM"] == f"{installed_build().describe()}; the trials run on cpu"
@@ -93,3 +94,10 @@ def test_bad_input_is_the_run_s_one_line_and_exit_2(tmp_path, capsys, argv, said
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and said in err and "Traceback" not in err
     assert not (tmp_path / "s").exists()
+
+
+def test_a_path_longer_than_a_line_stays_whole_on_a_line_of_its_own():
+    from optimizer.cli.dryrun import field
+    path = "sqlite:///" + "/very-long-directory-name" * 5 + "/default.db"
+    lines = field("study", f"'default', new, in {path}")
+    assert lines[0].split() == ["study:", "'default',", "new,", "in"] and lines[1].strip() == path
