@@ -9,9 +9,12 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optimizer.core.errors import OptimizerError, UsageError
+
+if TYPE_CHECKING:
+    from optimizer.config.limits import Limits
 
 DEFAULT_STUDY = "default"
 
@@ -84,6 +87,37 @@ def add_workload_flags(p: Any, count_help: str) -> None:
                    "own rhythm, rescaled to each rate; replaces the length ranges")
 
 
+LIMIT_METRICS = {"ttft": "time to first token", "tpot": "time per output token after the first",
+                 "itl": "each gap between streamed tokens, pooled over the requests", "e2e": "send to last token"}
+
+
+def add_limit_flags(p: Any, rerank: bool = False) -> None:
+    """The flags that state latency limits (config/limits.py), on `p` (a parser or one of its argument groups): a
+    study's limits, or with `rerank` the limits `optimize report` re-ranks the stored replays for."""
+    lead = "re-rank for this " if rerank else "the "
+    for metric, what in LIMIT_METRICS.items():
+        example = {"ttft": "150ms or 0.5s", "tpot": "50ms", "itl": "100ms", "e2e": "5s"}[metric]
+        new_study = " (a new study needs at least one limit)" if metric == "ttft" and not rerank else ""
+        p.add_argument(f"--{metric}-p99", metavar="DURATION",
+                       help=f"{lead}{metric.upper()} P99 limit ({what}) with a unit, e.g. {example}: at most 1%% of "
+                       f"{'gaps' if metric == 'itl' else 'requests'} over it{new_study}")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC:STAT=VALUE",
+                   help="any limit, repeatable: METRIC ttft, tpot, itl or e2e; STAT a percentile (p50, p90, p95, p99, "
+                   "p99.9, any in (0, 100)) or mean; VALUE with a unit, e.g. --slo tpot:p90=40ms --slo ttft:mean=80ms. "
+                   "Under --goodput, METRIC=VALUE: a limit each request must meet")
+    p.add_argument("--goodput", metavar="P%",
+                   help="per-request limits, as vLLM's --goodput: a request is good when it meets every --slo "
+                   "METRIC=VALUE at once (ttft, tpot, e2e), and a rate holds when at least P%% of the requests are "
+                   "good, e.g. --goodput 99%% --slo ttft=200ms --slo tpot=50ms")
+
+
+def limits_given(ns: argparse.Namespace) -> Limits | None:
+    """The Limits the flags of `add_limit_flags` give (None: none given), or a UsageError line naming the fix."""
+    from optimizer.config.limits import parse_limits
+
+    return parse_limits(ns.ttft_p99, ns.tpot_p99, ns.itl_p99, ns.e2e_p99, ns.slo or (), ns.goodput)
+
+
 def workload_settings(ns: argparse.Namespace) -> tuple[dict[str, Any], bool | None]:
     """The workload fields the flags of `add_workload_flags` give (validated), and whether the count is 'auto'
     (None: not given)."""
@@ -154,9 +188,14 @@ def create_command(ns: argparse.Namespace) -> str:
     than the default), with the demo's limit as an example."""
     import shlex
 
-    where = ["--storage", ns.storage] if ns.storage else \
+    return shlex.join(["optimize", "--study", ns.study, *where_flags(ns), "--ttft-p99", "150ms"])
+
+
+def where_flags(ns: argparse.Namespace) -> list[str]:
+    """The flags that find study `ns.study` where `ns` looks for it: its --storage, or a --studies-dir other than the
+    default."""
+    return ["--storage", ns.storage] if ns.storage else \
         ["--studies-dir", ns.studies_dir] if ns.studies_dir != studies_dir_default() else []
-    return shlex.join(["optimize", "--study", ns.study, *where, "--ttft-p99", "150ms"])
 
 
 def load_study(ns: argparse.Namespace):

@@ -37,7 +37,6 @@ def field(label: str, text: str, width: int = WIDTH) -> list[str]:
 
 def plan_lines(config: StudyConfig, resumed: bool, split_line: str) -> list[str]:
     """The dry run's lines for `config` (a resumed study's when `resumed`)."""
-    from optimizer.core.units import format_ms
     from optimizer.hardware.device import installed_build
     from optimizer.hardware.machine import describe, fingerprint
     from optimizer.params.space import resolve
@@ -59,8 +58,7 @@ def plan_lines(config: StudyConfig, resumed: bool, split_line: str) -> list[str]
         *field("study", study),
         *field("model", model),
         *field("workload", workload),
-        *field("limits", f"TTFT P99 <= {format_ms(config.ttft_p99_ms)}; a trial stops after "
-                         f"{clock_text(config.trial_timeout_s)}"),
+        *field("limits", f"{config.limits.text}; a trial stops after {clock_text(config.trial_timeout_s)}"),
         *field("space", space_text(space.dists, space.fixed, config.engine_args)),
         *field("budget", f"{budget_text(config)}; {split_line}"),
         *field("time", estimate_text(config, resumed)),

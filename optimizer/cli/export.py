@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         "optimize export",
         "Write the recommended config of a study as a serve command (printed on stdout; on the CPU build, whose "
         "`vllm` console script cannot run, the server module), as a YAML file for the server's --config, as a JSON "
-        "of engine keyword arguments (AsyncEngineArgs) and as a docker compose service. Each carries the limit, the "
+        "of engine keyword arguments (AsyncEngineArgs) and as a docker compose service. Each carries the limits, the "
         "workload, the measured numbers and what was not tuned in its header.",
         [("optimize export --study llama", "print the serve command; write studies/llama.recommended.yaml, ..."),
          ("optimize export --study llama --out deploy/", "the files into deploy/ instead"),

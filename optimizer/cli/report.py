@@ -11,10 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from optimizer.cli.common import add_common_flags, add_format_flag, guarded, load_study
+from optimizer.cli.common import add_common_flags, add_format_flag, add_limit_flags, guarded, limits_given, load_study
 from optimizer.cli.manual import new_parser
 from optimizer.core.errors import UsageError
-from optimizer.core.units import parse_duration_ms
 from optimizer.search.attrs import CONFIRM, PRUNED_DETAIL, PRUNED_REASON
 from optimizer.search.study import run_name
 
@@ -25,8 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
         "optimize report",
         "Print the feasible Pareto front of a study (output throughput vs TTFT P99), the recommendation against "
         "vLLM's defaults and the parameter importances; write STUDY.report.png and a self-contained "
-        "STUDY.report.html. With --ttft-p99 the stored replays are re-ranked for another limit without rerunning "
-        "anything.",
+        "STUDY.report.html. With limits (--ttft-p99, --tpot-p99, --itl-p99, --e2e-p99, --slo, --goodput) the stored "
+        "replays are re-ranked for them, in place of the study's own, without rerunning anything.",
         [("optimize report --study llama", "the front and the recommendation; writes the PNG and HTML"),
          ("optimize report --study llama --ttft-p99 300ms --format csv", "re-ranked for a 300 ms limit, as CSV"),
          ("optimize report --study llama --trial 3", "trial #3's replays: its latency-vs-load curve"),
@@ -35,11 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_flags(p)
     add_format_flag(p)
     p.add_argument("--out", help="folder for the PNG and HTML report (default: the studies dir)")
-    p.add_argument("--ttft-p99", help="re-rank for this TTFT P99 limit from the stored replays, e.g. 300ms "
-                   "(default: the study's own limit)")
-    for metric in ("tpot", "itl", "e2e"):
-        p.add_argument(f"--{metric}-p99", help=f"also require {metric.upper()} P99 within this limit, e.g. 50ms "
-                       "(re-ranked from the stored replays)")
+    add_limit_flags(p, rerank=True)  # given: they replace the study's own limits (every one to hold is given)
     p.add_argument("--trial", help="print this trial's parameters and replays (its latency-vs-load curve) instead of "
                    "the front; a confirmation run's name (c2, as its console line gives it; in studies made before, "
                    "its number) prints that run: its round, the config it measured, its probes")
@@ -65,12 +60,10 @@ def _report(ns: argparse.Namespace) -> int:
         check_output_dir(ns.out, "--out", "a folder for the PNG and HTML report")
     if ns.bench_json:
         check_output_file(ns.bench_json, "--bench-json", "result.json")
-    limit_ms = parse_duration_ms(ns.ttft_p99, "--ttft-p99") if ns.ttft_p99 is not None else None
+    limits = limits_given(ns)  # None: the study's own
     trial_no = None if ns.trial is None else trial_name(ns.trial)
-    other = {f"{m}_p99_ms": parse_duration_ms(getattr(ns, f"{m}_p99"), f"--{m}-p99")
-             for m in ("tpot", "itl", "e2e") if getattr(ns, f"{m}_p99") is not None}
     config, study = load_study(ns)
-    decision = decide(study, config, limit_ms, other)
+    decision = decide(study, config, limits)
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
     if trial_no is not None or ns.bench_json:
         if trial_no is None and decision.best is None:
@@ -87,7 +80,7 @@ def _report(ns: argparse.Namespace) -> int:
             why = PRUNED_REASON.of(chosen.trial) or "no curve stored"
             for line in heading:
                 (print if ns.format == "table" else say)(line)
-            print(format_output(drop_empty_columns(curve_table(rows)) if ns.format == "table" else rows, ns.format)
+            print(format_output(drop_empty_columns(curve_table(rows, decision.limits)) if ns.format == "table" else rows, ns.format)
                   if rows or ns.format != "table" else
                   f"{what} stored no replays: it could not run ({why}: {PRUNED_DETAIL.of(chosen.trial)})")
             notes = trial_notes(chosen) + ([] if of is not None else confirmation_run_lines(decision, chosen))
@@ -98,8 +91,8 @@ def _report(ns: argparse.Namespace) -> int:
         if ns.bench_json:
             from optimizer.decision.benchjson import bench_result, chosen_point, confirmed_metadata, write_bench_json
 
-            point = chosen_point(chosen.trial, decision.limit_ms)
-            result = bench_result(chosen.trial, config, point, decision.limit_ms)
+            point = chosen_point(chosen.trial, decision.limits)
+            result = bench_result(chosen.trial, config, point, decision.limits)
             meta = confirmed_metadata(decision, of if of is not None else chosen)  # a run: its config's numbers
             if run is not None:
                 meta["optimizer_confirmation_run"] = {"of": run["of"], "round": int(run["round"]) + 1,

@@ -6,14 +6,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optimizer.cli.common import (
-    add_common_flags, add_workload_flags, existing_config, guarded, positive_int, storage_url, workload_settings,
+    add_common_flags, add_limit_flags, add_workload_flags, existing_config, guarded, limits_given, positive_int,
+    storage_url, where_flags, workload_settings,
 )
 from optimizer.cli.manual import main_usage, new_parser, subcommands_text
 from optimizer.core.errors import UsageError
 from optimizer.core.units import parse_duration_ms
+
+if TYPE_CHECKING:
+    from optimizer.config.settings import StudyConfig
+    from optimizer.config.workload_spec import WorkloadSpec
 
 DEFAULT_BUDGET = 40
 
@@ -32,12 +37,12 @@ EXAMPLES = (
 def build_parser() -> argparse.ArgumentParser:
     p = new_parser(
         "optimize",
-        "Find the vLLM engine configuration that serves the most throughput while TTFT P99 stays under your "
-        "limit. Each trial starts the engine with one parameter set and probes the same Poisson workload at "
-        "rates bracketing the limit, each probe sending until its verdict is settled, then fits the rate at the "
-        "limit with its 95% interval; the study lives in a database and resumes where it stopped when the same "
-        "command runs again. Without a subcommand, optimize runs (or resumes) a study; the subcommands read or "
-        "use a study.",
+        "Find the vLLM engine configuration that serves the most throughput while your latency limits hold (TTFT, "
+        "TPOT, ITL or E2E percentiles, or goodput). Each trial starts the engine with one parameter set and probes "
+        "the same Poisson workload at rates bracketing the limits, each probe sending until its verdict is settled, "
+        "then fits the rate at the limits with its 95% interval; the study lives in a database and resumes where it "
+        "stopped when the same command runs again. Without a subcommand, optimize runs (or resumes) a study; the "
+        "subcommands read or use a study.",
         EXAMPLES, usage=main_usage(), before_examples=subcommands_text(),
     )
     # the help lists the flags in these groups, in this order
@@ -49,8 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     decision = p.add_argument_group("the decision")
     output = p.add_argument_group("output")
     add_common_flags(study, output)
-    limits.add_argument("--ttft-p99",
-                        help="the TTFT P99 limit with a unit, e.g. 150ms or 0.5s (required for a new study)")
+    add_limit_flags(limits)  # a new study needs at least one; a rate holds when every limit does
     limits.add_argument("--budget", action="append",
                         help=f"finished trials the study ends with (default {DEFAULT_BUDGET}; running again with a "
                         "larger budget adds trials), or a duration from now (e.g. 8h, 90min): no trial starts that its "
@@ -115,8 +119,9 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
     from optimizer.params.space import parse_space_yaml
 
     out: dict[str, Any] = {}
-    if ns.ttft_p99 is not None:
-        out["ttft_p99_ms"] = parse_duration_ms(ns.ttft_p99, "--ttft-p99")
+    limits = limits_given(ns)
+    if limits is not None:
+        out["limits"] = limits.model_dump()
     out.update(budget_settings(ns.budget or []))
     if ns.repeats is not None:
         out["repeats"] = positive_int(ns.repeats, "--repeats")
@@ -215,8 +220,9 @@ def _detect_device(explicit: str | None = None) -> str:
 
 def resolve_config(ns: argparse.Namespace):
     """Flags (+ YAML) -> StudyConfig, merged over the stored study's config when resuming."""
-    from optimizer.config.settings import StudyConfig, build
     from optimizer.config.demo import EMBEDDED_MODELS, demo_for
+    from optimizer.config.limits import check_workload_shows
+    from optimizer.config.settings import StudyConfig, build
 
     explicit = explicit_settings(ns)
     url = storage_url(ns)
@@ -231,13 +237,13 @@ def resolve_config(ns: argparse.Namespace):
         config = build(StudyConfig, merged, "settings")
         if config.identity() != stored.identity():
             diffs = [k for k in stored.identity() if stored.identity()[k] != config.identity()[k]]
-            raise UsageError(
-                f"study {ns.study!r} already exists with other settings ({', '.join(diffs)}); a study measures "
-                f"one thing. Drop those flags to resume it, or pass --study NEW_NAME to start another."
-            )
+            raise UsageError(changed_settings_text(ns, stored, config, diffs))
+        check_workload_shows(config.limits, shortest_output_tokens(config.workload))
         return config, stored
-    if "ttft_p99_ms" not in explicit:
-        raise UsageError("--ttft-p99 is required for a new study, e.g. `optimize --ttft-p99 150ms --budget 40`")
+    if "limits" not in explicit:
+        raise UsageError("a new study needs a latency limit, e.g. `optimize --ttft-p99 150ms --budget 40`; the "
+                         "others: --tpot-p99, --itl-p99, --e2e-p99, --slo METRIC:STAT=VALUE, --goodput (optimize "
+                         "--help)")
     device = _detect_device(explicit.get("device"))
     settings: dict[str, Any] = {"study_name": ns.study, "storage_url": url, "budget": DEFAULT_BUDGET,
                                 "device": device, **explicit}
@@ -249,7 +255,36 @@ def resolve_config(ns: argparse.Namespace):
         settings.update(demo_for(device, explicit.get("workload"), explicit.get("model")).settings())
     if device == "cpu":
         settings["engine_args"] = {"enforce_eager": True}
-    return build(StudyConfig, settings, "settings"), None
+    config = build(StudyConfig, settings, "settings")
+    check_workload_shows(config.limits, shortest_output_tokens(config.workload))
+    return config, None
+
+
+def changed_settings_text(ns: argparse.Namespace, stored: StudyConfig, config: StudyConfig, diffs: list[str]) -> str:
+    """The line that refuses to resume study `ns.study` with settings `diffs` changed: drop the flags or start another
+    study; other limits are a re-ranking of its stored replays (`optimize report`)."""
+    import shlex
+
+    from optimizer.core.hints import without_password
+
+    named = [f"limits: its own are {stored.limits.text}" if k == "limits" else k for k in diffs]
+    text = (f"study {ns.study!r} already exists with other settings ({', '.join(named)}); a study measures one thing. "
+            f"Drop those flags to resume it, or pass --study NEW_NAME to start another")
+    if "limits" not in diffs:
+        return text + "."
+    where = where_flags(ns)
+    if ns.storage:
+        where = ["--storage", without_password(ns.storage)[0]]  # pasteable, and no password printed
+    report = shlex.join(["optimize", "report", "--study", ns.study, *where]) + " " + config.limits.flags
+    return f"{text}; `{report}` re-ranks its stored replays for the new limits."
+
+
+def shortest_output_tokens(workload: WorkloadSpec) -> int:
+    """The fewest output tokens a request of `workload` asks for: its trace's replayed rows, or the
+    shortest of its output length components."""
+    if workload.trace:
+        return min(out for _, out, _ in workload.trace[: workload.num_requests])
+    return min(d.min for w, d in workload.output_components() if w > 1e-12)
 
 
 def cmd_run(argv: list[str]) -> int:

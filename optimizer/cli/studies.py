@@ -1,5 +1,5 @@
 """`optimize studies`: the studies in the studies folder (every STUDY.db in it) or at a storage URL, one row each:
-its limit, the trials it finished of its budget, its best so far as `optimize report` decides it, and when it last
+its limits, the trials it finished of its budget, its best so far as `optimize report` decides it, and when it last
 did something. It reads the studies and makes no file or folder; a SQLite file that is not a study database is left
 as it is.
 """
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = new_parser(
         "optimize studies",
         "List the studies in the studies folder (each STUDY.db in it), or in the database at --storage: each study's "
-        "TTFT P99 limit, the trials and confirmation runs it finished of its budget, its best so far (the "
+        "latency limits, the trials and confirmation runs it finished of its budget, its best so far (the "
         "recommendation `optimize report` gives, in output tokens/s and requests/s at the limit, and the decision in "
         "a few words) and its last activity. No file or folder is made.",
         [("optimize studies", "the studies in ./studies"),
@@ -136,12 +136,11 @@ def study_rows(url: str) -> list[dict[str, Any]]:
 
 
 def study_row(study: Any) -> dict[str, Any]:
-    """A study as one row: name, limit, finished trials and runs of its budget, the best so far as `optimize report`
+    """A study as one row: name, limits, finished trials and runs of its budget, the best so far as `optimize report`
     decides it (decision/decide.py: confirmed numbers where there are), the decision in a few words, last activity."""
     import json
 
     from optimizer.config.settings import StudyConfig
-    from optimizer.core.units import format_ms
     from optimizer.decision.decide import decide
     from optimizer.decision.document import verdict
     from optimizer.decision.views import confirmation_records, trial_row
@@ -160,7 +159,7 @@ def study_row(study: Any) -> dict[str, Any]:
         else:
             row = trial_row(d, d.best, [])
             rate_rps = row["rate_at_limit_rps"] if row["rate_at_limit_rps"] is not None else row["rate_rps"]
-    return {"study": study.study_name, "TTFT P99": format_ms(config.ttft_p99_ms),
+    return {"study": study.study_name, "limits": config.limits.text,
             "trials": f"{done}/{config.budget}" if config.budget is not None else f"{done} (time budget)",
             "best": "-" if d.best is None else f"#{d.best.number}",
             "tok/s": tok_s, "req/s": rate_rps, "decision": verdict(d),

@@ -22,8 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
         "optimize verify",
         "Run the recommended config and the next best ones again, each on a fresh engine at the rate it was "
         "recommended for, under other arrival seeds, burstier (gamma) arrivals and a surge of long prompts; report "
-        "the worst case against the limit and recommend the most robust config within a small throughput margin "
-        "of the best. Starts engines: minutes per config.",
+        "the worst case of each of the study's limits and recommend the most robust config (the most headroom under "
+        "every limit) within a small throughput margin of the best. Starts engines: minutes per config.",
         [("optimize verify --study llama", "the 3 best configs, 2 other seeds each"),
          ("optimize verify --study llama --top 1 --seeds 4 --margin 10%", "the recommendation alone, 4 seeds")])
     add_common_flags(p)
@@ -58,15 +58,15 @@ def _verify(ns: argparse.Namespace) -> int:
     from optimizer.config.model import inspect_model
     from optimizer.search.score import best_first
     from optimizer.search.runner import factory_for, model_path
-    from optimizer.decision.verify import report_rows, robust_choice, verify_trial
+    from optimizer.decision.verify import report_rows, robust_choice, values_heading, verify_trial
 
     top, seeds = positive_int(ns.top, "--top"), positive_int(ns.seeds, "--seeds")
     margin = _percent(ns.margin, "--margin")
     config, study = load_study(ns)
     ranked = best_first(study)  # the one score (search/score.py), best first
     if not ranked:
-        raise OptimizerError(f"study {ns.study!r} has no trial that meets its limit: nothing to verify. Relax the "
-                             f"limit or run more trials first.")
+        raise OptimizerError(f"study {ns.study!r} has no trial that meets {config.limits.text}: nothing to verify. "
+                             f"Relax the limits or run more trials first.")
     path = model_path(config)
     info = inspect_model(path, config.dummy_weights)
     factory = factory_for(config, path)  # the backend the study measured with
@@ -77,21 +77,24 @@ def _verify(ns: argparse.Namespace) -> int:
             print(f"verifying trial #{t.number} ({t.values[0]:.1f} tok/s) ...", file=sys.stderr)
         results.append(asyncio.run(verify_trial(t, config, factory, info.vocab_size, seeds or 1,
                                                 logs / f"verify-{t.number:05d}.log")))
-    chosen = robust_choice(results, margin)
-    print(format_output(report_rows(results, config.ttft_p99_ms, chosen), "table"))
+    limits = config.limits
+    chosen = robust_choice(results, margin, limits)
+    print(values_heading(limits))
+    print(format_output(report_rows(results, limits, chosen), "table"))
     if chosen is None:
-        print(f"No verified config holds TTFT P99 <= {config.ttft_p99_ms:.0f}ms under every variant: deploy with "
-              f"headroom (a lower rate than recommended), or run a study with a stricter --ttft-p99.")
+        print(f"No verified config holds {limits.text} under every variant: deploy with headroom (a lower rate "
+              f"than recommended), or run a study with stricter limits than {limits.flags}.")
     else:
         best = results[0]
         note = "" if chosen is best else (f" (trial #{best.trial_number} serves {best.throughput_tok_s:.1f} tok/s but is "
                                           f"less robust)")
+        worst = ", ".join(f"{lim.name} {chosen.worst_ms(lim, limits):.0f}ms" for lim in limits)
         print(f"most robust within {margin:.0%} of the best throughput: trial #{chosen.trial_number}, "
-              f"{chosen.throughput_tok_s:.1f} tok/s, worst TTFT P99 {chosen.worst_ttft_p99_ms:.0f}ms{note}")
+              f"{chosen.throughput_tok_s:.1f} tok/s, worst {worst}{note}")
     out = Path(ns.studies_dir) / f"{config.study_name}.verify.json"
-    payload = {"limit_ms": config.ttft_p99_ms, "margin": margin,
+    payload = {"limits": limits.model_dump(mode="json"), "margin": margin,
                "recommended_trial": None if chosen is None else chosen.trial_number,
-               "results": [r.to_dict() for r in results]}
+               "results": [r.to_dict(limits) for r in results]}
     out.write_text(json.dumps(payload, indent=2, default=str))
     STUDY_VERIFY.set(study, payload)
     if not ns.quiet:

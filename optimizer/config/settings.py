@@ -9,6 +9,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from optimizer.config.limits import Limits
 from optimizer.config.strict import StrictModel
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.core.errors import UsageError
@@ -81,7 +82,8 @@ class StudyConfig(StrictModel):
 
     study_name: str = Field(description="Name of the study inside the storage.")
     storage_url: str = Field(description="SQLAlchemy URL of the study database.")
-    ttft_p99_ms: float = Field(gt=0, description="The TTFT P99 limit, milliseconds.")
+    limits: Limits = Field(description="The latency limits every trial is measured against "
+                                       "(optimizer/config/limits.py): a rate holds when all of them do.")
     budget: int | None = Field(gt=0, description="Finished trials the study ends with; None: no trial limit, the "
                                                  "deadline decides.")
     deadline_unix_s: float | None = Field(None, description="No trial starts that its estimated duration would "
@@ -130,6 +132,15 @@ class StudyConfig(StrictModel):
     calibration: str | None = Field(None, description="Step-time model from `optimize calibrate` for the "
                                                       "simulator (pre-screen); None: the nominal model.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _limits_of_a_ttft_study(cls, data: Any) -> Any:
+        """A config stored with one TTFT P99 limit (`ttft_p99_ms`, before limits of every metric) reads as it."""
+        if isinstance(data, dict) and "ttft_p99_ms" in data and "limits" not in data:
+            data = dict(data)
+            data["limits"] = {"items": [{"metric": "ttft", "stat": "p99", "value_ms": data.pop("ttft_p99_ms")}]}
+        return data
+
     @model_validator(mode="after")
     def _some_budget(self) -> StudyConfig:
         if self.budget is None and self.deadline_unix_s is None:
@@ -143,7 +154,7 @@ class StudyConfig(StrictModel):
 
     def identity(self) -> dict[str, Any]:
         """Fields that define what a study measures: a resume may not change them."""
-        return self.model_dump(include={"ttft_p99_ms", "model", "dummy_weights", "workload", "search", "space",
+        return self.model_dump(include={"limits", "model", "dummy_weights", "workload", "search", "space",
                                         "engine_args", "backend", "deploy_as"})
 
 

@@ -6,7 +6,7 @@ keys that summary determines are written: `duration`, token totals and request t
 rates and counts (`total_input_tokens` counts the completed requests' prompts, as vLLM's does, also when some
 failed); `median_ttft_ms` is the stored P50; `p99_ttft_ms`, `p99_tpot_ms`, `p99_itl_ms` and `p99_e2el_ms` the
 stored P99s. Means, standard deviations and other percentiles were not stored and are left out rather than
-guessed. Extra facts (study, trial, SLO, engine arguments) go in as the
+guessed. Extra facts (study, trial, the limits the config was tuned for, engine arguments) go in as the
 top-level metadata keys that `vllm bench serve --metadata KEY=VALUE` adds.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
+from optimizer.config.limits import Limits
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import OptimizerError
-from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.rerank import rank_curve
@@ -38,15 +38,15 @@ _OPTIONAL = ("mean_ttft_ms", "std_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "s
              "p99_e2el_ms")
 
 
-def chosen_point(trial: FrozenTrial, limit_ms: float) -> dict[str, Any]:
-    """The replay the trial is judged by under `limit_ms`: its qualifying point at the highest offered rate."""
-    ranked = rank_curve(CURVE.of(trial), limit_ms)
+def chosen_point(trial: FrozenTrial, limits: Limits) -> dict[str, Any]:
+    """The replay the trial is judged by under `limits`: its qualifying point at the highest offered rate."""
+    ranked = rank_curve(CURVE.of(trial), limits)
     if ranked.point is None:
         why = PRUNED_REASON.of(trial)
         raise OptimizerError(
-            f"trial #{trial.number} has no stored replay that meets TTFT P99 <= {format_ms(limit_ms)}"
+            f"trial #{trial.number} has no stored replay that meets {limits.text}"
             + (f" (it could not run: {why})" if why else "")
-            + ": pick another --trial, or pass a looser --ttft-p99"
+            + f": pick another --trial, or pass looser limits than these ({limits.flags})"
         )
     return dict(ranked.point)
 
@@ -56,9 +56,10 @@ def total_input_tokens(config: StudyConfig) -> int:
     return sum(r.input_len for r in build_workload(config.workload, vocab_size=1000).requests)
 
 
-def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any],
-                 limit_ms: float) -> dict[str, Any]:
-    """`point` (one stored replay of `trial`) in the shape of `vllm bench serve --save-result`."""
+def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """`point` (one stored replay of `trial`) in the shape of `vllm bench serve --save-result`, with the `limits` it
+    was judged at among the metadata keys (`optimizer_limits`: each {metric, stat, value_ms}, and their goodput
+    share; `optimizer_slo`: them in words)."""
     rate = point.get("offered_rate_rps")
     completed, failed = int(point["completed"]), int(point["failed"])
     req_tput = float(point["request_throughput_rps"])
@@ -80,7 +81,8 @@ def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any],
         "optimizer_study": config.study_name,
         "optimizer_trial": trial.number,
         "optimizer_baseline": bool(BASELINE.of(trial)),
-        "optimizer_ttft_p99_limit_ms": limit_ms,
+        "optimizer_limits": limits.model_dump(mode="json"),
+        "optimizer_slo": limits.text,
         "optimizer_sustained": bool(point.get("sustained")),
         "optimizer_engine_args": ENGINE_CONFIG.of(trial),
         "optimizer_workload": config.workload.model_dump(),

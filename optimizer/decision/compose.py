@@ -30,6 +30,18 @@ def _confirmed_labels(confirmed: dict[str, Any]) -> dict[str, str]:
         **{f"gain_{k}" if k != "gain_pct" else k: gain[k] for k in ("gain_pct", "low_pct", "high_pct") if gain}})
 
 
+def _slo_labels(slo: dict[str, Any]) -> dict[str, str]:
+    """Each limit as a label, its unit in the name ('optimize.slo.tpot_p99_ms': '50.0'), the set in words, and the
+    goodput share where the limits are per request."""
+    limits = slo["limits"]
+    out = {"optimize.slo": str(slo.get("text", ""))} if slo.get("text") else {}
+    out.update({f"optimize.slo.{lim['metric']}_{lim['stat']}_ms": str(float(lim["value_ms"]))
+                for lim in limits["items"]})
+    if limits.get("goodput_pct") is not None:
+        out["optimize.slo.goodput_pct"] = str(limits["goodput_pct"])
+    return out
+
+
 API_KEY_ENV = "VLLM_API_KEY"  # read by `vllm serve` as its --api-key
 BIND_ENV = "VLLM_BIND_ADDRESS"
 # Loopback unless the deployer says otherwise: an OpenAI-compatible API with no key must not face the network.
@@ -52,8 +64,7 @@ def to_compose(args: dict[str, Any], argv: list[str], header: list[str], meta: d
     of the study's vLLM version; the numbers also as labels. A model from the hub reads the host's Hugging Face
     cache and token, so that `up` neither downloads it again nor fails on a gated one."""
     measured = meta.get("measured", {})
-    labels = {"optimize.study": str(meta["study"]), "optimize.trial": str(meta["trial"]),
-              "optimize.slo.ttft_p99_ms": str(meta["slo"]["ttft_p99_ms"])}
+    labels = {"optimize.study": str(meta["study"]), "optimize.trial": str(meta["trial"]), **_slo_labels(meta["slo"])}
     w = meta["workload"]
     labels["optimize.workload"] = (f"{w['arrivals']}, {w['num_requests']} requests, inputs {w['input_len_min']}-"
                                    f"{w['input_len_max']}, outputs {w['output_len_min']}-{w['output_len_max']} "

@@ -14,6 +14,7 @@ from typing import Any
 
 import optuna
 
+from optimizer.config.limits import Limits
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import UsageError
 from optimizer.core.units import format_ms
@@ -24,7 +25,7 @@ from optimizer.decision.numbers import (
 )
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import beats, required_gain
-from optimizer.measurement.rerank import Answer, pareto_front, rank_curve, recommend
+from optimizer.measurement.rerank import Answer, pareto_front, point_value_ms, rank_curve, recommend, worst_ratio
 from optimizer.measurement.sequential import FIRST_LOOK_ROUND, PROJECTED_ROUNDS, Outcome
 from optimizer.params.accuracy import accuracy_line
 from optimizer.params.deploy import label as deploy_label
@@ -38,11 +39,11 @@ from optimizer.search.study import FINISHED, confirmation_runs, run_name, search
 
 @dataclass(frozen=True)
 class Decision:
-    """Everything the report shows, for one limit."""
+    """Everything the report shows, for one set of limits."""
 
     study_name: str
-    limit_ms: float
-    searched_limit_ms: float
+    limits: Limits  # what the trials are ranked at: the study's own, or those `optimize report` re-ranks for
+    searched_limits: Limits  # what the study searched with
     views: list[TrialView]  # every finished trial, by number
     front: list[TrialView]  # the feasible Pareto front, highest throughput first
     best: TrialView | None
@@ -50,7 +51,6 @@ class Decision:
     importances: dict[str, float] = field(default_factory=dict)
     importance_note: str = ""
     notes: list[str] = field(default_factory=list)
-    other_limits_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"tpot_p99_ms": 50.0}
     noise_cv: float = math.nan  # the study's noise level: CV of throughput over repeated replays at one rate
     arrivals: str = "poisson"  # the workload's arrivals (the burst aside): poisson, constant, closed_loop
     defaults_of: str = "vllm serve"  # whose defaults the baseline is (optimizer/params/deploy.py)
@@ -107,7 +107,7 @@ class Decision:
 
     @property
     def reranked(self) -> bool:
-        return not math.isclose(self.limit_ms, self.searched_limit_ms) or bool(self.other_limits_ms)
+        return self.limits.key != self.searched_limits.key
 
     @property
     def gain_pct(self) -> float | None:
@@ -161,7 +161,7 @@ class Decision:
     def by_throughput(self) -> list[TrialView]:
         """Answerable trials, highest throughput first."""
         return sorted((v for v in self.views if v.ranked.answerable),
-                      key=lambda v: (-v.ranked.output_throughput_tok_s, v.ranked.ttft_p99_ms, v.number))
+                      key=lambda v: (-v.ranked.output_throughput_tok_s, v.ranked.latency_ms, v.number))
 
 
 def budget_split(config: StudyConfig) -> Plan | None:
@@ -172,20 +172,18 @@ def budget_split(config: StudyConfig) -> Plan | None:
         return None
 
 
-def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = None,
-           other_limits_ms: dict[str, float] | None = None) -> Decision:
-    """Rank every finished trial of `study` for `limit_ms` (default: the limit the study searched with) and any
-    other latency limits (TPOT, ITL, E2E P99), from the stored curves."""
-    limit = config.ttft_p99_ms if limit_ms is None else limit_ms
-    other = dict(other_limits_ms or {})
+def decide(study: optuna.Study, config: StudyConfig, limits: Limits | None = None) -> Decision:
+    """Rank every finished trial of `study` for `limits` (default: those the study searched with), from the stored
+    curves."""
+    limits = config.limits if limits is None else limits
     trials = sorted(search_trials(study), key=lambda t: t.number)  # confirmation runs are not search trials
-    ranked = rank_trials(trials, config.engine_args, limit, other)  # the one score (search/score.py)
+    ranked = rank_trials(trials, config.engine_args, limits)  # the one score (search/score.py)
     views = [TrialView(t, ranked[t.number]) for t in trials]
     by_number = {v.number: v for v in views}
     front = [by_number[n] for n in pareto_front(ranked)]
     best_n = recommend(ranked)
-    own_limit = math.isclose(limit, config.ttft_p99_ms) and not other
-    confirmed = confirmation(study) if own_limit else None  # measured at the study's limit only
+    own_limits = limits.key == config.limits.key
+    confirmed = confirmation(study) if own_limits else None  # measured at the study's limits only
     split = budget_split(config)
     if confirmed is not None and confirmed.recommended is not None and confirmed.recommended.number in by_number:
         best_n = confirmed.recommended.number  # chosen from the confirmed numbers (search/confirmed.py::recommended)
@@ -193,8 +191,8 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     base = next((v for v in views if v.baseline), None)
     importances, note = param_importances(views)
     undecided = confirmed is not None and confirmed.outcome == Outcome.UNDECIDED
-    decision = Decision(config.study_name, limit, config.ttft_p99_ms, views, front, best, base, importances, note,
-                        other_limits_ms=other, noise_cv=noise_cv(trials),
+    decision = Decision(config.study_name, limits, config.limits, views, front, best, base, importances, note,
+                        noise_cv=noise_cv(trials),
                         arrivals=_arrivals_label(config.workload), defaults_of=deploy_label(config.deploy_as),
                         confirmation=confirmed,
                         defaults_as_run=defaults_as_run(base.trial, config) if base is not None else {},
@@ -209,13 +207,6 @@ def decide(study: optuna.Study, config: StudyConfig, limit_ms: float | None = No
     if compared_per_gpu(trials, config.engine_args):
         decision.notes.append("trials use different numbers of GPUs (tensor x pipeline x data parallel): output "
                               "throughput is compared per GPU")
-    missing = sorted({k for k in other for v in views for p in v.curve if k not in p})
-    if missing:
-        decision.notes.append(f"some stored replays did not record {', '.join(missing)} (studies made before it was "
-                              f"stored): those replays cannot answer that limit")
-    if other:
-        decision.notes.append("also required: " + ", ".join(f"{k[:-3].replace('_', ' ').upper()} <= {format_ms(v)}"
-                                                             for k, v in other.items()))
     decision.notes.extend(caveats(decision))
     return decision
 
@@ -234,21 +225,21 @@ def caveats(d: Decision) -> list[str]:
     """What the stored data cannot vouch for, in sentences a person acts on."""
     out = []
     if d.reranked:
-        out.append(f"re-ranked from the stored replays for TTFT P99 <= {format_ms(d.limit_ms)} (the study searched "
-                   f"for <= {format_ms(d.searched_limit_ms)}); nothing was rerun")
+        out.append(f"re-ranked from the stored replays for {d.limits.text} (the study searched for "
+                   f"{d.searched_limits.text}); nothing was rerun")
     measured = [v for v in d.views if v.ranked.answer != Answer.NOT_RUN]
     if d.best is None:
         closest = [(v.number, c) for v in measured if (c := v.ranked.closest) is not None]
-        low = min(closest, key=lambda nc: nc[1]["ttft_p99_ms"], default=None)
-        where = "" if low is None else (f"; the lowest TTFT P99 stored is {format_ms(low[1]['ttft_p99_ms'])} "
-                                        f"(trial #{low[0]} at {rate_text(low[1].get('offered_rate_rps'))})")
-        out.append(f"the stored data cannot answer this limit: no stored replay meets TTFT P99 <= "
-                   f"{format_ms(d.limit_ms)}{where}. Rates below the stored ones were not tried: {_measure_hint(d)}")
+        low = min(closest, key=lambda nc: worst_ratio(nc[1], d.limits), default=None)
+        where = "" if low is None else (f"; the closest stored is trial #{low[0]} at "
+                                        f"{rate_text(low[1].get('offered_rate_rps'))}: {values_text(low[1], d.limits)}")
+        out.append(f"the stored data cannot answer these limits: no stored replay meets {d.limits.text}{where}. "
+                   f"Rates below the stored ones were not tried: {_measure_hint(d)}")
         return out
     if d.best.ranked.answer == Answer.LOWER_BOUND and (p := d.best.ranked.point) is not None and not d.confirmed:
         out.append(f"trial #{d.best.number}'s throughput is a lower bound: the highest Poisson rate it tried "
-                   f"({rate_text(p.get('offered_rate_rps'))}) already meets the limit (TTFT P99 "
-                   f"{format_ms(p['ttft_p99_ms'])}), so it may sustain more: {_measure_hint(d)}")
+                   f"({rate_text(p.get('offered_rate_rps'))}) already meets the limits ({values_text(p, d.limits)}), "
+                   f"so it may sustain more: {_measure_hint(d)}")
     if d.best is not d.baseline and (line := accuracy_line(d.best.trial.params)):
         out.append(line)  # the export says it too (decision/export.py): a deployer may read only the run's end
     confirmed = {c.number for c in d.confirmation.configs} if d.confirmed and d.confirmation else set()
@@ -257,14 +248,21 @@ def caveats(d: Decision) -> list[str]:
     if others:
         out.append(f"lower bounds that might rank higher if measured: {', '.join(f'#{n}' for n in others)}")
     unanswered = [v.number for v in measured if v.ranked.answer == Answer.NO_POINT]
-    if unanswered and d.limit_ms < d.searched_limit_ms:
-        out.append(f"{len(unanswered)} trial(s) have no stored replay within the limit; they were not tried at "
-                   f"lower rates and might meet it there: {', '.join(f'#{n}' for n in unanswered)}")
+    if unanswered and d.reranked:
+        out.append(f"{len(unanswered)} trial(s) cannot be ranked for these limits: no stored replay meets them, and "
+                   f"their searches never probed lower rates, where they might: "
+                   f"{', '.join(f'#{n}' for n in unanswered)}")
     return out
 
 
+def values_text(point: Any, limits: Limits) -> str:
+    """'TTFT P99 80ms, TPOT P99 61ms': each limit's statistic at a stored point."""
+    return ", ".join(f"{lim.name} {format_ms(v) if math.isfinite(v := point_value_ms(point, lim, limits)) else 'n/a'}"
+                     for lim in limits)
+
+
 def _measure_hint(d: Decision) -> str:
-    return (f"measure it with a new study, `optimize --study NEW_NAME --ttft-p99 {format_ms(d.limit_ms)}` with the "
+    return (f"measure it with a new study, `optimize --study NEW_NAME {d.limits.flags}` with the "
             f"model and workload flags of study {d.study_name!r}")
 
 
@@ -295,5 +293,5 @@ def view(d: Decision, number: int | str, runs: Sequence[str] = ()) -> TrialView:
 def run_views(study: optuna.Study, d: Decision) -> dict[str, TrialView]:
     """The study's finished confirmation runs by name (c3: search/study.py `run_name`), each ranked under the
     report's limit like a trial (none in a study made before the confirmation, or without one)."""
-    return {run_name(t): TrialView(t, rank_curve(CURVE.of(t), d.limit_ms, d.other_limits_ms))
+    return {run_name(t): TrialView(t, rank_curve(CURVE.of(t), d.limits))
             for t in confirmation_runs(study, FINISHED)}

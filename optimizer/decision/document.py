@@ -65,6 +65,15 @@ def trial_records(d: Decision) -> list[dict[str, Any]]:
     return out
 
 
+def limits_record(d: Decision) -> dict[str, Any]:
+    """The limits the trials are ranked at and those the study searched with, as typed values: `limits` and
+    `searched` each a list of {metric, stat, value_ms}, with their goodput share (None: percentile limits), the
+    limits in words, and whether the report re-ranks for other limits than the study's."""
+    ranked, searched = d.limits.model_dump(mode="json"), d.searched_limits.model_dump(mode="json")
+    return {"limits": ranked["items"], "goodput_pct": ranked["goodput_pct"], "text": d.limits.text,
+            "searched": searched["items"], "searched_goodput_pct": searched["goodput_pct"], "reranked": d.reranked}
+
+
 def report_document(d: Decision) -> dict[str, Any]:
     """The decision as one JSON-ready document (NaN where a number is missing; `json_text` writes it as null)."""
     c = d.confirmation if d.confirmed else None
@@ -83,8 +92,7 @@ def report_document(d: Decision) -> dict[str, Any]:
     return {
         "study": d.study_name,
         "title": title(d),
-        "limits": {"ttft_p99_ms": d.limit_ms, "searched_ttft_p99_ms": d.searched_limit_ms,
-                   "other_p99_ms": d.other_limits_ms, "reranked": d.reranked},
+        "limits": limits_record(d),
         "verdict": verdict(d),
         "answer": answer_line(d),
         "recommendation": recommendation,

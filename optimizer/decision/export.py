@@ -5,6 +5,7 @@ workload and the measured numbers it was chosen by."""
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 from optuna.trial import FrozenTrial
 
+from optimizer.config.limits import Limits
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import OptimizerError
 from optimizer.core.hints import wrapped
@@ -25,6 +27,7 @@ from optimizer.params.accuracy import accuracy_line
 from optimizer.params.open_space import ENV_PREFIX, split_env
 from optimizer.params.space import SEARCHABLE
 from optimizer.search.attrs import BASELINE, BASELINE_NOTE, ENGINE_CONFIG, ENGINE_PARAMS, RESULT
+from optimizer.search.measured import bound_text
 
 
 def fixed_args(config: StudyConfig) -> dict[str, Any]:
@@ -152,17 +155,35 @@ def to_yaml(args: dict[str, Any], header: list[str]) -> str:
     return "".join(f"# {line}\n" for line in header) + body
 
 
+def measured_values_text(result: dict[str, Any], limits: Limits) -> str:
+    """'TTFT P99 97ms, TPOT P99 41ms': each limit's statistic at the trial's chosen rate, as its RESULT stored it (a
+    trial stored before: its '<metric>_p99_ms'); a statistic not stored is left out."""
+    stored = result.get("values_at_rate_ms") or {}
+    out = []
+    for lim in limits:
+        value = stored.get(lim.key)
+        if value is None and lim.stat == "p99" and limits.goodput_pct is None:
+            value = result.get(f"{lim.metric}_p99_ms")
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out.append(f"{lim.name} {format_ms(value)}")
+    return ", ".join(out)
+
+
 def header_lines(trial: FrozenTrial, config: StudyConfig) -> list[str]:
+    """The exported files' opening lines: what was tuned, for which limits and workload, and what was measured (each
+    limit's statistic at the chosen rate, and the limit that stopped a higher rate where the trial stored it)."""
     r = RESULT.of(trial)
     w = config.workload
     rate = r.get("rate_rps")
+    values = measured_values_text(r, config.limits)
+    bound = bound_text(r)
     return [
         f"Recommended by optimize, study {config.study_name!r}, trial #{trial.number}.",
-        f"SLO: TTFT P99 <= {format_ms(config.ttft_p99_ms)}.",
+        f"SLO: {config.limits.text}.",
         f"Workload: {w.describe()}.",
         f"Measured: {r.get('output_throughput_tok_s', 0):.1f} output tok/s at "
-        f"{'a burst' if rate is None else f'{rate:.2f} req/s'}, TTFT P50 {format_ms(r.get('ttft_p50_ms', 0))}, "
-        f"P99 {format_ms(r.get('ttft_p99_ms', 0))}.",
+        f"{'a burst' if rate is None else f'{rate:.2f} req/s'}" + (f", {values}" if values else "") + "."
+        + (f" Bound by {bound}." if bound else ""),
     ]
 
 
@@ -225,7 +246,7 @@ def metadata(trial: FrozenTrial, config: StudyConfig) -> dict[str, Any]:
     return {
         "study": config.study_name,
         "trial": trial.number,
-        "slo": {"ttft_p99_ms": config.ttft_p99_ms},
+        "slo": {"limits": config.limits.model_dump(mode="json"), "text": config.limits.text},
         "workload": config.workload.model_dump(),
         "measured": dict(RESULT.of(trial)),
         "device": config.device,
@@ -278,7 +299,7 @@ def confirmed_line(tp: Throughput, gain: Gain | None, verdict: str | None = None
 
 
 def served_line(served: dict[str, Any]) -> str:
-    """'As served (vllm serve over HTTP): 31.20 req/s at the TTFT P99 limit [29.80, 32.60]; in process 44.80
+    """'As served (vllm serve over HTTP): 31.20 req/s at the limits [29.80, 32.60]; in process 44.80
     [43.10, 46.50]; provision for 27.10 req/s as served, 40.20 req/s in process (...).': the config's rate at the
     limit measured both ways, and the rates to provision it for (decision/served.py::served_record)."""
     inproc = served.get("rate_at_limit_rps")
@@ -293,7 +314,7 @@ def served_line(served: dict[str, Any]) -> str:
     if served.get("served_rate_at_limit_rps") is None:
         return f"As served (vllm serve over HTTP): not measured ({served.get('served_not_measured')}){then}."
     high = served.get("served_high_rps")
-    return (f"As served (vllm serve over HTTP): {served['served_rate_at_limit_rps']:.2f} req/s at the TTFT P99 limit "
+    return (f"As served (vllm serve over HTTP): {served['served_rate_at_limit_rps']:.2f} req/s at the limits "
             f"[{served['served_low_rps']:.2f}, {'open' if high is None else format(high, '.2f')}]"
             + (" (they differ by more than their intervals)" if served.get("served_differs") else "") + f"{then}.")
 
@@ -313,8 +334,8 @@ def export_all(trial: FrozenTrial | None, config: StudyConfig, out_dir: Path, mo
     (views.py::served_record); `machine`: the study's stored fingerprint (which allocator its engines had)."""
     if trial is None:
         raise OptimizerError(
-            f"study {config.study_name!r} has no trial that meets TTFT P99 <= {format_ms(config.ttft_p99_ms)}: "
-            f"nothing to export. Relax the limit (--ttft-p99), widen the search space, or run more trials."
+            f"study {config.study_name!r} has no trial that meets {config.limits.text}: nothing to export. Relax the "
+            f"limits ({config.limits.flags}), widen the search space, or run more trials."
         )
     args, env = serve_args(trial, config, model), serve_env(trial, config)
     notes = not_tuned_lines(trial, config, args) + [line for line in (accuracy_line(trial.params), allocator_line(

@@ -1,6 +1,6 @@
 """The report's page: one self-contained HTML file that reads at a glance in a 1400 px browser window.
 
-It opens with what was measured (model, workload, limit, machine, vLLM, date, trial counts), then the decision
+It opens with what was measured (model, workload, limits, machine, vLLM, date, trial counts), then the decision
 with its interval and the confirmation's table, the figure, the front and the parameter importance, every
 config's probes (decision/probes.py), and every trial and confirmation run with what stopped it. Tables wrap instead of
 scrolling: the engine parameters are one "changed from vLLM's defaults" cell.
@@ -25,10 +25,10 @@ from optimizer.decision.probes import Panel, chart_html, legend_html, outcome, r
 from optimizer.decision.tables import format_output
 from optimizer.decision.trial import TrialView
 from optimizer.decision.views import (
-    confirmation_lines, confirmation_rows, front_rows, limited_line, role_text, summary_lines, title,
+    confirmation_lines, confirmation_rows, front_rows, limited_by_line, role_text, summary_lines, title,
 )
 from optimizer.hardware.machine import describe
-from optimizer.measurement.rerank import Answer, rank_curve
+from optimizer.measurement.rerank import Answer, point_value_ms, rank_curve
 from optimizer.params.space import distance_to_default
 from optimizer.search.attrs import (
     CONFIRM, CURVE, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CREATED, STUDY_MACHINE,
@@ -57,16 +57,18 @@ def run_info(study: optuna.Study, config: StudyConfig) -> RunInfo:
 
 
 def trial_counts(d: Decision) -> str:
-    """'10 search trials: 4 meet the limit, 6 miss it (6 stopped early), 0 could not run; 6 confirmation runs ...'."""
+    """'10 search trials: 4 meet the limit, 6 miss it (6 stopped early), 0 could not run; 6 confirmation runs ...'
+    ('the limits', 'them' where the study has several)."""
     meet = sum(v.ranked.answerable for v in d.views)
     missed = [v for v in d.views if v.ranked.answer == Answer.NO_POINT]
     early = sum(bool(RESULT.of(v.trial).get("stopped_early")) for v in missed)
     pruned = sum(v.ranked.answer == Answer.NOT_RUN for v in d.views)
-    out = (f"{len(d.views)} search trials: {meet} meet the limit, {len(missed)} miss it ({early} stopped early: they "
+    what, it = ("the limits", "them") if len(d.limits) > 1 else ("the limit", "it")
+    out = (f"{len(d.views)} search trials: {meet} meet {what}, {len(missed)} miss {it} ({early} stopped early: they "
            f"could not beat the best so far), {pruned} could not run")
     c = d.confirmation
     if c is None:
-        return out + ("; confirmation runs not shown: they measured the study's own limit" if d.reranked else
+        return out + ("; confirmation runs not shown: they measured the study's own limits" if d.reranked else
                       "; no confirmation runs")
     return (out + f"; {c.runs_done} confirmation runs of {c.runs_planned} planned ({c.shape}, "
                   f"{len(c.full_rounds)} full)")
@@ -93,14 +95,13 @@ def metadata_rows(d: Decision, info: RunInfo) -> list[tuple[str, str]]:
     model = c.model + (" (the embedded demo model)" if c.model_is_default else "") \
         + (", random weights" if c.dummy_weights else "") \
         + (f", dtype {c.engine_args['dtype']}" if c.engine_args.get("dtype") else "")
-    limit = format_ms(c.ttft_p99_ms) + ("" if not d.reranked else
-                                        f" as searched; this page is re-ranked for {format_ms(d.limit_ms)}")
+    limit = c.limits.text + ("" if not d.reranked else f" as searched; this page is re-ranked for {d.limits.text}")
     date = (info.created.replace("T", " ").replace("+00:00", " UTC") if info.created else
             NOT_RECORDED + (f" (first trial started {info.first_trial_start}, local time)"
                             if info.first_trial_start else ""))
     return [("model", model),
             ("workload", "; ".join(x for x in (c.workload.describe(), length_mix_text(c.workload)) if x)),
-            ("TTFT P99 limit", limit),
+            ("tuned for", limit),
             ("machine", f"{describe(fp)}; engine on {c.device}" if fp else NOT_RECORDED),
             ("vLLM", str(fp.get("vllm")) if fp and fp.get("vllm") else NOT_RECORDED),
             ("date", date),
@@ -119,40 +120,39 @@ def changed_text(d: Decision, v: TrialView) -> str:
 
 
 def trial_reason(d: Decision, v: TrialView) -> str:
-    """Why a trial stands where it does under the page's limit: what failed at the rate above its best, or why it
-    met the limit nowhere (stopped early, every probe missed, could not run)."""
+    """Why a trial stands where it does under the page's limits: what failed at the rate above its best (which limit,
+    by how much), or why it met the limits nowhere (stopped early, every probe missed, could not run)."""
     r = v.ranked
     if r.answer == Answer.NOT_RUN:
         detail = str(PRUNED_DETAIL.of(v.trial))
         return f"could not run: {PRUNED_REASON.of(v.trial) or 'no probe stored'}" + (f": {detail[:200]}"
                                                                                      if detail else "")
     if r.answer == Answer.CEILING:
-        out = "even a burst met the limit: no arrival pattern offers more"
+        out = "even a burst met the limits: no arrival pattern offers more"
     elif r.answer == Answer.LOWER_BOUND:
         out = "no higher rate was tried: it may sustain more (a lower bound)"
     elif r.answer == Answer.MEASURED:
         above = [p for p in v.curve if p.get("offered_rate_rps") == r.next_rate_rps]
-        out = f"at {r.next_rate_rps:.2f} req/s " + (outcome(above[0], d.limit_ms, d.other_limits_ms).words
-                                                    if above else "it failed")
+        out = f"at {r.next_rate_rps:.2f} req/s " + (outcome(above[0], d.limits).words if above else "it failed")
     else:
-        head = "no probe meets the limit" if d.reranked else why_infeasible(RESULT.of(v.trial))
+        head = "no probe meets the limits" if d.reranked else why_infeasible(RESULT.of(v.trial))
         lowest = min(v.curve, key=lambda p: p.get("offered_rate_rps") or math.inf)
-        out = f"{head}; at {rate_text(lowest)} {outcome(lowest, d.limit_ms, d.other_limits_ms).words}"
-    limited = limited_line(v)
+        out = f"{head}; at {rate_text(lowest)} {outcome(lowest, d.limits).words}"
+    limited = limited_by_line(v)
     return f"{out}; {limited}" if limited else out
 
 
 def _runs(d: Decision) -> list[tuple[TrialView, str]]:
-    """The confirmation's runs, each as a view ranked under the page's limit, with its role."""
+    """The confirmation's runs, each as a view ranked under the page's limits, with its role."""
     if d.confirmation is None:
         return []
     out = []
     for conf in d.confirmation.configs:
         for round_, run in sorted(conf.runs.items()):
-            view = TrialView(run, rank_curve(CURVE.of(run), d.limit_ms, d.other_limits_ms))
+            view = TrialView(run, rank_curve(CURVE.of(run), d.limits))
             out.append((view, f"confirmation round {round_ + 1} of #{conf.number}"))
         if conf.served is not None:
-            view = TrialView(conf.served, rank_curve(CURVE.of(conf.served), d.limit_ms, d.other_limits_ms))
+            view = TrialView(conf.served, rank_curve(CURVE.of(conf.served), d.limits))
             out.append((view, f"as served (vllm serve over HTTP) of #{conf.number}"))
     return out
 
@@ -165,10 +165,19 @@ def _rate_cell(d: Decision, v: TrialView) -> str:
     return "-" if v.ranked.point is None else rate_text(v.ranked.point).replace(" req/s", "") + " (passed)"
 
 
+def _values_cell(d: Decision, v: TrialView) -> str:
+    """'80ms, 41ms': each limit's statistic at the chosen point, in the order the column's header names them."""
+    if not v.ranked.answerable:
+        return "-"
+    values = [point_value_ms(v.ranked.point, lim, d.limits) for lim in d.limits]
+    return ", ".join(format_ms(x) if math.isfinite(x) else "n/a" for x in values)
+
+
 def trial_rows(d: Decision) -> list[dict[str, Any]]:
     """Every trial and confirmation run, by number: its role, numbers, probes, what stopped it and its parameters."""
     entries = [(v, role_text(d, v)) for v in d.views] + _runs(d)
     by_config = {v.number: v for v in d.views}
+    latency = ", ".join(lim.name for lim in d.limits)  # 'TTFT P99, TPOT P99': each limit's statistic, in order
     rows = []
     for v, role in sorted(entries, key=_in_order):
         config = by_config.get((CONFIRM.of(v.trial) or {}).get("of", v.number), v)
@@ -177,7 +186,7 @@ def trial_rows(d: Decision) -> list[dict[str, Any]]:
             "trial": _label(v), "role": role,
             "output tok/s": f"{v.ranked.output_throughput_tok_s:.1f}" if v.ranked.answerable else "-",
             "rate at the limit, req/s [95%]": _rate_cell(d, v),
-            "TTFT P99": format_ms(v.ranked.ttft_p99_ms) if v.ranked.answerable else "-",
+            latency: _values_cell(d, v),
             "probes": f"{len(v.curve)}" + (f" ({requests} req)" if requests else ""),
             "what stopped it": trial_reason(d, v),
             "changed from vLLM's defaults": changed_text(d, config),
@@ -206,7 +215,7 @@ def _in_order(entry: tuple[TrialView, str]) -> tuple[bool, int]:
 def decision_headline(d: Decision) -> str:
     """The answer in one sentence: the confirmed median and its interval where the study was confirmed."""
     if d.best is None:
-        return "No trial meets the limit: there is no recommendation."
+        return f"No trial meets {d.limits.text}: there is no recommendation."
     if not d.confirmed:
         return summary_lines(d)[0]
     tp, g = d.throughput(d.best), d.gain(d.best)
@@ -223,6 +232,11 @@ def _decision_lines(d: Decision) -> list[str]:
     return [line for line in summary_lines(d) if not line.startswith(skip)]
 
 
+def _also(d: Decision) -> str:
+    """'; each probe judged under TTFT P99 <= 150ms, TPOT P99 <= 50ms' where the study has more than one limit."""
+    return f"; each probe judged under {d.limits.text}" if len(d.limits) > 1 else ""
+
+
 def _importance_html(d: Decision) -> str:
     e = html.escape
     n = len(importance_trials(d.views))
@@ -230,7 +244,8 @@ def _importance_html(d: Decision) -> str:
         return f"<h2>Parameter importance</h2><p>{e(d.importance_note)}</p>"
     caveat = importance_caveat(n)
     rows = [{"parameter": k, "importance": f"{v:.2f}"} for k, v in d.importances.items()]
-    return (f"<h2>Parameter importance, from {n} trials that meet the limit</h2><p>{e(d.importance_note)}</p>"
+    meet = "meet the limits" if len(d.limits) > 1 else "meet the limit"
+    return (f"<h2>Parameter importance, from {n} trials that {meet}</h2><p>{e(d.importance_note)}</p>"
             + (f"<p class='caveat'>{e(caveat)}</p>" if caveat else "") + format_output(rows, "html"))
 
 
@@ -268,8 +283,9 @@ def render_html(d: Decision, png: bytes, info: RunInfo | None = None) -> str:
             f"<h2>Overview</h2>"
             f"<img alt='report figure' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
             f"<h2>Feasible Pareto front</h2>{front}{_importance_html(d)}"
-            f"<h2>Probes of every config: offered rate (req/s) vs TTFT P99 (log), the limit dashed</h2>"
+            f"<h2>Probes of every config: offered rate (req/s) vs {e(d.limits.first.name)} (log), its limit dashed"
+            f"{e(_also(d))}</h2>"
             f"<p>{legend_html()} <span class='key'>ring: the rate chosen</span> (hover a marker for its numbers)</p>"
-            f"{chart_html(probe_panels(d), d.limit_ms, d.other_limits_ms)}"
+            f"{chart_html(probe_panels(d), d.limits)}"
             f"<h2>Every trial and confirmation run</h2><div class='trials'>{format_output(trial_rows(d), 'html')}</div>"
             f"</body></html>")

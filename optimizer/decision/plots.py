@@ -1,8 +1,10 @@
 """The report's picture (PNG, matplotlib's Agg canvas: no display needed), and both report files written.
 
-Four panels: the Pareto front with the SLO limit, the optimization history, TTFT P99 against offered rate for
-every probe of the best configurations and vLLM's defaults (each marked passed, or what failed it), and the
-parameter importances with the number of trials behind them. The page around it is decision/html.py.
+Four panels: the Pareto front with the SLO limit, the optimization history, latency against offered rate for every
+probe of the best configurations and vLLM's defaults (each marked passed, or which limit failed it), and the
+parameter importances with the number of trials behind them. The latency axes are the first limit's statistic (TTFT
+P99 for most studies), its limit the dashed line; a point meets the limits only where it meets every one of them. The
+page around it is decision/html.py.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from optimizer.decision.importance import importance_caveat, importance_trials
 from optimizer.decision.probes import BEHIND, KINDS, OVER, PASSED, WITHDRAWN, chart_rate_rps, outcome
 from optimizer.decision.trial import TrialView
 from optimizer.decision.views import title
-from optimizer.measurement.rerank import Answer
+from optimizer.measurement.rerank import Answer, point_value_ms
 
 CURVES_SHOWN = 3
 _PLAIN = LogFormatter(labelOnlyBase=False)  # 20, 50, 100 instead of 2x10^1
@@ -53,44 +55,56 @@ def _empty_note(ax: Axes, text: str) -> None:
 
 
 def _slo_label(d: Decision) -> str:
-    return f"TTFT P99 limit {format_ms(d.limit_ms)}"
+    """'TPOT P99 limit 50ms': the first limit's, the one the latency axes show."""
+    first = d.limits.first
+    return f"{first.name} limit {format_ms(first.value_ms)}"
+
+
+def _latency_ms(d: Decision, point: Any) -> float:
+    """A stored point's place on the latency axes: the first limit's statistic there."""
+    return point_value_ms(point, d.limits.first, d.limits) if point is not None else math.nan
 
 
 def _pareto(ax: Axes, d: Decision) -> None:
+    first = d.limits.first
     feasible = [v for v in d.views if v.ranked.answerable]
-    missed = [c for v in d.views if v.ranked.answer == Answer.NO_POINT and (c := v.ranked.closest) is not None]
+    missed = [c for v in d.views if v.ranked.answer == Answer.NO_POINT and (c := v.ranked.closest) is not None
+              and math.isfinite(_latency_ms(d, c))]
     if missed:
-        ax.scatter([c["ttft_p99_ms"] for c in missed], [c["output_throughput_tok_s"] for c in missed],
-                   marker="x", color="0.6", label="misses the limit (its lowest-TTFT replay)")
+        ax.scatter([_latency_ms(d, c) for c in missed], [c["output_throughput_tok_s"] for c in missed],
+                   marker="x", color="0.6", label="misses the limits (its closest replay)")
     exact = [v for v in feasible if v.ranked.answer != Answer.LOWER_BOUND]
     bounds = [v for v in feasible if v.ranked.answer == Answer.LOWER_BOUND]
     if exact:
-        ax.scatter([v.ranked.ttft_p99_ms for v in exact], [v.ranked.output_throughput_tok_s for v in exact],
-                   color="tab:blue", alpha=0.6, label="meets the limit")
+        ax.scatter([_latency_ms(d, v.ranked.point) for v in exact], [v.ranked.output_throughput_tok_s for v in exact],
+                   color="tab:blue", alpha=0.6, label="meets the limits" if len(d.limits) > 1 else "meets the limit")
     if bounds:
-        ax.scatter([v.ranked.ttft_p99_ms for v in bounds], [v.ranked.output_throughput_tok_s for v in bounds],
-                   marker="^", color="tab:blue", alpha=0.6, label="meets the limit (lower bound)")
+        ax.scatter([_latency_ms(d, v.ranked.point) for v in bounds],
+                   [v.ranked.output_throughput_tok_s for v in bounds], marker="^", color="tab:blue", alpha=0.6,
+                   label="meets the limits (lower bound)" if len(d.limits) > 1 else "meets the limit (lower bound)")
     if d.front:
-        pts = sorted((v.ranked.ttft_p99_ms, v.ranked.output_throughput_tok_s) for v in d.front)
+        pts = sorted((_latency_ms(d, v.ranked.point), v.ranked.output_throughput_tok_s) for v in d.front)
         ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color="tab:orange", linewidth=1.5,
                 marker="o", label="Pareto front")
-    ax.axvline(d.limit_ms, **SLO_STYLE, label=_slo_label(d))
+    ax.axvline(first.value_ms, **SLO_STYLE, label=_slo_label(d))
     base = d.baseline
     if base is not None and base.ranked.point is not None:
-        ax.scatter([base.ranked.ttft_p99_ms], [base.ranked.output_throughput_tok_s], s=130, marker="s",
+        ax.scatter([_latency_ms(d, base.ranked.point)], [base.ranked.output_throughput_tok_s], s=130, marker="s",
                    facecolors="none", edgecolors="black", linewidths=1.5, label=f"vLLM defaults (#{base.number})",
                    zorder=4)
     if d.best is not None:
-        _recommended(ax, d, d.best.ranked.ttft_p99_ms)
-    xs = [v.ranked.ttft_p99_ms for v in feasible] + [c["ttft_p99_ms"] for c in missed]
-    if xs and max(xs + [d.limit_ms]) / max(min(xs + [d.limit_ms]), 1e-9) > 20:
+        _recommended(ax, d, _latency_ms(d, d.best.ranked.point))
+    xs = [x for x in [_latency_ms(d, v.ranked.point) for v in feasible] + [_latency_ms(d, c) for c in missed]
+          if math.isfinite(x) and x > 0]
+    if xs and max(xs + [first.value_ms]) / max(min(xs + [first.value_ms]), 1e-9) > 20:
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(_PLAIN)
         ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
-    ax.set_xlabel("TTFT P99 at the best sustained rate (ms)")
+    ax.set_xlabel(f"{first.name} at the best sustained rate (ms)")
     ax.set_ylabel("output throughput (tokens/s)")
-    ax.set_title("Pareto front: throughput vs TTFT P99" + ("" if feasible else
-                 f"\n(no stored replay meets TTFT P99 <= {format_ms(d.limit_ms)})"))
+    within = f"\n(each point within {d.limits.text})" if len(d.limits) > 1 and feasible else ""
+    ax.set_title(f"Pareto front: throughput vs {first.name}" + (within if feasible else
+                 f"\n(no stored replay meets {d.limits.text})"))
     ax.grid(alpha=0.3)
     _legend_below(ax)
 
@@ -119,20 +133,22 @@ def _history(ax: Axes, d: Decision) -> None:
     missed = [n for n, tp, _ in hist if tp is None]
     if done:
         ax.scatter([n for n, _ in done], [tp for _, tp in done], color="tab:blue", alpha=0.6,
-                   label="trial meets the limit")
+                   label="trial meets the limits" if len(d.limits) > 1 else "trial meets the limit")
     if steps:
         ax.step([n for n, _ in steps], [b for _, b in steps], where="post", color="tab:orange", linewidth=1.5,
                 label="best so far")
     if missed:
-        ax.scatter(missed, [0] * len(missed), marker="x", color="0.5", label="misses the limit or cannot run")
+        ax.scatter(missed, [0] * len(missed), marker="x", color="0.5",
+                   label="misses the limits or cannot run" if len(d.limits) > 1 else "misses the limit or cannot run")
     if d.best is not None:
         _recommended(ax, d, d.best.number)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial number")
-    ax.set_ylabel("output throughput within the limit (tokens/s)")
+    ax.set_ylabel("output throughput within the limits (tokens/s)" if len(d.limits) > 1 else
+                  "output throughput within the limit (tokens/s)")
     ax.set_title("Optimization history")
     if not done:
-        _empty_note(ax, f"no trial meets TTFT P99 <= {format_ms(d.limit_ms)}")
+        _empty_note(ax, f"no trial meets {d.limits.text}")
         ax.set_ylim(-0.04, 1)
         ax.set_yticks([0])
     else:
@@ -143,7 +159,7 @@ def _history(ax: Axes, d: Decision) -> None:
 
 
 def curve_trials(d: Decision) -> list[TrialView]:
-    """The best searched configurations by throughput within the limit, then vLLM's defaults."""
+    """The best searched configurations by throughput within the limits, then vLLM's defaults."""
     shown = [v for v in d.by_throughput() if not v.baseline][:CURVES_SHOWN]
     if d.baseline is not None and d.baseline.curve:
         shown.append(d.baseline)
@@ -155,27 +171,27 @@ def _curves(ax: Axes, d: Decision) -> None:
     shapes = {PASSED: "o", OVER: "x", BEHIND: "^", WITHDRAWN: "s"}
     kinds, chosen_any = set(), False
     for v, color in zip(curve_trials(d), colors):
-        placed = sorted(((r, p) for p in v.curve if (r := chart_rate_rps(p)) is not None
-                         and math.isfinite(p.get("ttft_p99_ms", math.nan))),  # every probe, failed ones too
-                        key=lambda rp: rp[0])  # by rate alone: two probes at one rate do not compare their dicts
+        placed = sorted(((r, p, y) for p in v.curve if (r := chart_rate_rps(p)) is not None
+                         and math.isfinite(y := _latency_ms(d, p))),  # every probe, failed ones too
+                        key=lambda rpy: rpy[0])  # by rate alone: two probes at one rate do not compare their dicts
         label = f"#{v.number}" + (" vLLM defaults" if v.baseline else "") + (" (recommended)" if v is d.best else "")
         color = "black" if v.baseline else color
-        ax.plot([r for r, _ in placed], [p["ttft_p99_ms"] for _, p in placed], color=color, alpha=0.6,
+        ax.plot([r for r, _, _ in placed], [y for _, _, y in placed], color=color, alpha=0.6,
                 linestyle=":" if v.baseline else "-", label=label)
-        for r, p in placed:
-            kind = outcome(p, d.limit_ms, d.other_limits_ms).kind
+        for r, p, y in placed:
+            kind = outcome(p, d.limits).kind
             kinds.add(kind)
-            ax.scatter([r], [p["ttft_p99_ms"]], marker=shapes[kind], color=color, s=36, zorder=3,
+            ax.scatter([r], [y], marker=shapes[kind], color=color, s=36, zorder=3,
                        **({"facecolors": "none", "edgecolors": color} if kind == PASSED else {}))
         chosen = v.ranked.point
-        if chosen is not None and (rate := chart_rate_rps(chosen)) is not None:
+        if chosen is not None and (rate := chart_rate_rps(chosen)) is not None \
+                and math.isfinite(y := _latency_ms(d, chosen)):
             chosen_any = True
-            ax.scatter([rate], [chosen["ttft_p99_ms"]], s=150, facecolors="none", edgecolors=color, linewidths=2,
-                       zorder=4)
-    ax.axhline(d.limit_ms, **SLO_STYLE, label=_slo_label(d))
+            ax.scatter([rate], [y], s=150, facecolors="none", edgecolors=color, linewidths=2, zorder=4)
+    ax.axhline(d.limits.first.value_ms, **SLO_STYLE, label=_slo_label(d))
     handles, _ = ax.get_legend_handles_labels()
-    words = {PASSED: "probe passed", OVER: "failed: over the limit", BEHIND: "failed: fell behind",
-             WITHDRAWN: "failed: withdrawn"}
+    over = "failed: over a limit" if len(d.limits) > 1 else "failed: over the limit"
+    words = {PASSED: "probe passed", OVER: over, BEHIND: "failed: fell behind", WITHDRAWN: "failed: withdrawn"}
     handles += [Line2D([], [], marker=shapes[k], linestyle="none", color="0.3", markerfacecolor="none",
                        label=words[k]) for k in KINDS if k in kinds]
     if chosen_any:
@@ -184,7 +200,7 @@ def _curves(ax: Axes, d: Decision) -> None:
     ax.set_yscale("log")
     ax.margins(y=0.08)
     ax.set_xlabel("offered request rate (requests/s, Poisson; a burst at its completion rate)")
-    ax.set_ylabel("TTFT P99 (ms, log scale)")
+    ax.set_ylabel(f"{d.limits.first.name} (ms, log scale)")
     ax.set_title(f"Latency vs load: every probe of the best {CURVES_SHOWN} and vLLM defaults")
     ax.yaxis.set_major_formatter(_PLAIN)
     ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))

@@ -1,11 +1,12 @@
-"""Each stored probe judged under the report's limit, in words (passed, or what failed it), and a chart of every
-config's probes as inline SVG: offered rate against TTFT P99, the limit, one marker per outcome.
+"""Each stored probe judged under the report's limits, in words (passed, or what failed it), and a chart of every
+config's probes as inline SVG: offered rate against the first limit's statistic (TTFT P99 for most studies), that
+limit, one marker per outcome.
 
 A probe fails for one of three reasons, its marker the first that applies: the engine fell behind (its queue grew
-while requests arrived: measurement/evidence.py), its requests over the limit (the count a probe sized by evidence
-settles its verdict on; the P99 at another limit or for a replay of a fixed length), or requests withdrawn or
-failed (withdrawn: still waiting for their first token, past the limit, when the probe stopped; they count as
-over). A burst is drawn at the rate it completed at.
+while requests arrived: measurement/evidence.py), its requests over a limit (the counts a probe sized by evidence
+settles its verdict on, one per limit; the statistic at other limits or for a replay of a fixed length), or requests
+withdrawn or failed (withdrawn: still waiting for their first token, past the limit, when the probe stopped; they
+count as over). A burst is drawn at the rate it completed at.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from optimizer.config.limits import Limit, Limits
 from optimizer.core.units import format_ms
-from optimizer.measurement.rerank import qualifies
+from optimizer.measurement.rerank import as_limits, judged_at, point_value_ms, qualifies
 
 PASSED, OVER, BEHIND, WITHDRAWN = "passed", "over the limit", "fell behind", "withdrawn"
 KINDS = (PASSED, OVER, BEHIND, WITHDRAWN)
@@ -25,39 +27,98 @@ KINDS = (PASSED, OVER, BEHIND, WITHDRAWN)
 
 @dataclass(frozen=True)
 class Outcome:
-    """A probe under one limit: its kind (the marker: PASSED, or the first reason it failed) and all of it in words."""
+    """A probe under a set of limits: its kind (the marker: PASSED, or the first reason it failed) and all of it in
+    words."""
 
     kind: str
     words: str
 
 
-def outcome(point: Mapping[str, Any], limit_ms: float, other_limits_ms: Mapping[str, float] | None = None) -> Outcome:
-    """Pure: did the probe meet the limit (the report's rule, measurement/rerank.py::qualifies), and if not, why."""
-    n, over = point.get("requests"), point.get("over_limit")
-    judged_here = point.get("limit_ms") == limit_ms and n is not None and over is not None
-    p99 = f"TTFT P99 {ms_beside(point.get('ttft_p99_ms', math.nan), limit_ms)}"
-    if qualifies(point, limit_ms, other_limits_ms):
-        return Outcome(PASSED, f"passed: {over} of {n} over the limit, {p99}" if judged_here else f"passed: {p99}")
+@dataclass(frozen=True)
+class _Count:
+    """One limit's part of a probe's verdict: how many of its requests were over, and whether it missed."""
+
+    limit: Limit | None  # None: goodput's one joint criterion
+    requests: int
+    over: int
+    verdict: str | None
+    missed: bool
+
+
+def _counts(point: Mapping[str, Any], limits: Limits) -> list[_Count]:
+    """The verdict's counts, one per limit (a probe stored before: its one TTFT limit's), in the limits' order."""
+    parts = point.get("limits")
+    if not parts:
+        over, verdict = point.get("over_limit") or 0, point.get("verdict")
+        return [_Count(limits.first, int(point.get("requests") or 0), int(over), verdict, bool(over))]
+    out = []
+    for part in parts:
+        verdict = part.get("verdict")
+        missed = verdict == "fail" or (verdict == "unsettled" and not part.get("within", False))
+        out.append(_Count(next((lim for lim in limits if lim.key == part.get("key")), None),
+                          int(part.get("requests") or 0), int(part.get("over_limit") or 0), verdict, missed))
+    return out
+
+
+def _count_text(c: _Count, limits: Limits) -> str:
+    """'12 of 800 over TPOT P99 50ms' ('over the limit' where the study has one); a mean limit: 'TPOT mean over
+    50ms' (its value, not a count, decides it)."""
+    if c.limit is None:
+        return f"{c.over} of {c.requests} outside {limits.text}"
+    if c.limit.percentile is None:  # a mean: its value, not a count, decides it
+        return f"{c.limit.name} {'over' if c.missed else 'within'} {format_ms(c.limit.value_ms)}"
+    where = "the limit" if len(limits) == 1 else f"{c.limit.name} {format_ms(c.limit.value_ms)}"
+    unsettled = (f" (more than {c.limit.share * 100:g}%, unsettled)" if c.missed and c.verdict == "unsettled"
+                 else "")
+    return f"{c.over} of {c.requests} over {where}{unsettled}"
+
+
+def _value_text(value_ms: float, limit: Limit) -> str:
+    return ms_beside(value_ms, limit.value_ms) if math.isfinite(value_ms) else "not measured"
+
+
+def values_words(point: Mapping[str, Any], limits: Limits) -> str:
+    """'TTFT P99 80ms, TPOT P99 61ms': each limit's statistic at the probe, a decimal more beside its limit."""
+    return ", ".join(f"{lim.name} {_value_text(point_value_ms(point, lim, limits), lim)}" for lim in limits)
+
+
+def outcome(point: Mapping[str, Any], limits: Limits | float) -> Outcome:
+    """Pure: did the probe meet the limits (the report's rule, measurement/rerank.py::qualifies), and if not, why:
+    each limit it missed, by its count where the probe was judged at these limits ('12 of 800 over TPOT P99 50ms'),
+    else by its value ('TPOT P99 61ms over 50ms'). A float is a TTFT P99 limit."""
+    limits = as_limits(limits)
+    judged_here = judged_at(point, limits) and point.get("requests") is not None \
+        and point.get("over_limit") is not None
+    counts = _counts(point, limits) if judged_here else []
+    values = values_words(point, limits)
+    if qualifies(point, limits):
+        if not judged_here:
+            return Outcome(PASSED, f"passed: {values}")
+        return Outcome(PASSED, f"passed: {', '.join(_count_text(c, limits) for c in counts)}; {values}"
+                       if len(counts) > 1 else f"passed: {_count_text(counts[0], limits)}, {values}")
     reasons: list[tuple[str, str]] = []
     completed, failed = point.get("completed") or 0, point.get("failed") or 0
     if completed == 0:
         reasons.append((BEHIND, "no request completed"))
     elif not point.get("sustained", True):
         reasons.append((BEHIND, "fell behind: its queue grew while requests arrived"))
-    if judged_here and over:
-        unsettled = " (more than 1%, unsettled)" if point.get("verdict") == "unsettled" else ""
-        reasons.append((OVER, f"{over} of {n} over the limit{unsettled}, {p99}"))
-    elif not judged_here and not math.isnan(point.get("ttft_p99_ms", math.nan)) and point["ttft_p99_ms"] > limit_ms:
-        reasons.append((OVER, f"{p99} over {format_ms(limit_ms)}"))
-    for key, lim in (other_limits_ms or {}).items():
-        value = point.get(key)
-        if value is None or math.isnan(value) or value > lim:
-            name = key[:-3].replace("_", " ").upper()
-            reasons.append((OVER, f"{name} {ms_beside(value or math.nan, lim)} over {format_ms(lim)}"))
+    if judged_here:
+        missed = [c for c in counts if c.missed]
+        if len(limits) == 1 and missed:
+            reasons.append((OVER, f"{_count_text(missed[0], limits)}, {values}"))
+        for c in missed if len(limits) > 1 else ():
+            value = "" if c.limit is None else \
+                f", measured {_value_text(point_value_ms(point, c.limit, limits), c.limit)}"
+            reasons.append((OVER, f"{_count_text(c, limits)}{value}"))
+    else:
+        for lim in limits:
+            value = point_value_ms(point, lim, limits)
+            if not math.isfinite(value) or value > lim.value_ms:
+                reasons.append((OVER, f"{lim.name} {_value_text(value, lim)} over {format_ms(lim.value_ms)}"))
     if failed:  # withdrawn past the limit (they count as over), or failed: the marker where nothing else failed it
         reasons.append((WITHDRAWN, f"{failed} withdrawn or failed before their first token"))
     if not reasons:
-        reasons.append((OVER, f"missed the limit, {p99}"))
+        reasons.append((OVER, f"missed the limit{'s' if len(limits) > 1 else ''}, {values}"))
     return Outcome(reasons[0][0], "failed: " + "; ".join(words for _, words in reasons))
 
 
@@ -101,19 +162,21 @@ class Panel:
 @dataclass(frozen=True)
 class Axes:
     """The axes every panel shares, so that panels compare at a glance: rate linear from just below the lowest
-    probe's, TTFT P99 log."""
+    probe's, the first limit's statistic (the latency axis) log."""
 
     rate_low_rps: float
     rate_max_rps: float
-    ttft_low_ms: float
-    ttft_high_ms: float
+    latency_low_ms: float
+    latency_high_ms: float
 
     @classmethod
-    def of(cls, panels: Sequence[Panel], limit_ms: float) -> Axes:
-        """Axes that hold every probe of `panels` and the limit, with a margin."""
+    def of(cls, panels: Sequence[Panel], limits: Limits | float) -> Axes:
+        """Axes that hold every probe of `panels` and the first limit, with a margin."""
+        limits = as_limits(limits)
+        first = limits.first
         rates = [r for p in panels for q in p.points if (r := chart_rate_rps(q)) is not None and math.isfinite(r)]
-        ttfts = [t for p in panels for q in p.points if _finite_positive(t := q.get("ttft_p99_ms"))]
-        low, high = min([*ttfts, limit_ms]), max([*ttfts, limit_ms])
+        values = [t for p in panels for q in p.points if _finite_positive(t := point_value_ms(q, first, limits))]
+        low, high = min([*values, first.value_ms]), max([*values, first.value_ms])
         top = max(rates, default=1.0)
         return cls(min(rates, default=0.0) * 0.9, top + 0.05 * (top - min(rates, default=0.0) * 0.9), low / 1.3,
                    high * 1.3)
@@ -123,10 +186,10 @@ class Axes:
         span = max(self.rate_max_rps - self.rate_low_rps, 1e-9)
         return _LEFT + (_W - _LEFT - _RIGHT) * min(max(rate_rps - self.rate_low_rps, 0.0) / span, 1.0)
 
-    def y(self, ttft_ms: float) -> float:
-        """The SVG y of a TTFT P99 (log scale, clipped to the plot)."""
-        span = math.log(self.ttft_high_ms / self.ttft_low_ms)
-        frac = math.log(min(max(ttft_ms, self.ttft_low_ms), self.ttft_high_ms) / self.ttft_low_ms) / span
+    def y(self, latency_ms: float) -> float:
+        """The SVG y of a latency (log scale, clipped to the plot)."""
+        span = math.log(self.latency_high_ms / self.latency_low_ms)
+        frac = math.log(min(max(latency_ms, self.latency_low_ms), self.latency_high_ms) / self.latency_low_ms) / span
         return _H - _BOTTOM - (_H - _TOP - _BOTTOM) * frac
 
 
@@ -157,56 +220,59 @@ def marker(kind: str, x: float, y: float, size: float = 3.6) -> str:
     return f"<rect x='{x - s:.1f}' y='{y - s:.1f}' width='{2 * s:.1f}' height='{2 * s:.1f}' fill='{c}'/>"
 
 
-def _ticks(axes: Axes, limit_ms: float) -> str:
+def _ticks(axes: Axes, limit: Limit) -> str:
     e, bottom = html.escape, _H - _BOTTOM
     out = [f"<line x1='{_LEFT}' y1='{bottom}' x2='{_W - _RIGHT}' y2='{bottom}' stroke='#999'/>",
            f"<line x1='{_LEFT}' y1='{_TOP}' x2='{_LEFT}' y2='{bottom}' stroke='#999'/>"]
     for frac, anchor in ((0.0, "middle"), (0.5, "middle"), (1.0, "end")):  # the last one inside the panel
         rate = axes.rate_low_rps + (axes.rate_max_rps - axes.rate_low_rps) * frac
         out.append(f"<text x='{axes.x(rate):.1f}' y='{_H - 5}' font-size='9' text-anchor='{anchor}'>{rate:.3g}</text>")
-    y = axes.y(limit_ms)
+    y = axes.y(limit.value_ms)
     out.append(f"<line x1='{_LEFT}' y1='{y:.1f}' x2='{_W - _RIGHT}' y2='{y:.1f}' stroke='#d62728' "
                f"stroke-dasharray='4 3'/>")
     out.append(f"<text x='{_LEFT - 3}' y='{y + 3:.1f}' font-size='9' text-anchor='end' fill='#d62728'>"
-               f"{e(format_ms(limit_ms))}</text>")
-    for ttft in (axes.ttft_low_ms * 1.3, axes.ttft_high_ms / 1.3):
-        if abs(axes.y(ttft) - y) > 10:
-            out.append(f"<text x='{_LEFT - 3}' y='{axes.y(ttft) + 3:.1f}' font-size='9' text-anchor='end'>"
-                       f"{e(format_ms(ttft))}</text>")
+               f"<title>{e(limit.text)}</title>{e(format_ms(limit.value_ms))}</text>")
+    for value in (axes.latency_low_ms * 1.3, axes.latency_high_ms / 1.3):
+        if abs(axes.y(value) - y) > 10:
+            out.append(f"<text x='{_LEFT - 3}' y='{axes.y(value) + 3:.1f}' font-size='9' text-anchor='end'>"
+                       f"{e(format_ms(value))}</text>")
     return "".join(out)
 
 
-def panel_svg(panel: Panel, axes: Axes, limit_ms: float, other_limits_ms: Mapping[str, float] | None = None) -> str:
-    """One config's probes as an SVG: each probe a marker with its outcome on hover, joined in rate order."""
+def panel_svg(panel: Panel, axes: Axes, limits: Limits | float) -> str:
+    """One config's probes as an SVG: each probe a marker with its outcome under `limits` on hover, at the first
+    limit's statistic, joined in rate order."""
     e = html.escape
-    placed = [(r, p) for p in panel.points if (r := chart_rate_rps(p)) is not None
-              and _finite_positive(p.get("ttft_p99_ms"))]
-    line = " ".join(f"{axes.x(r):.1f},{axes.y(p['ttft_p99_ms']):.1f}" for r, p in sorted(placed, key=lambda rp: rp[0]))
+    limits = as_limits(limits)
+    placed = [(r, p, v) for p in panel.points if (r := chart_rate_rps(p)) is not None
+              and _finite_positive(v := point_value_ms(p, limits.first, limits))]
+    line = " ".join(f"{axes.x(r):.1f},{axes.y(v):.1f}" for r, _, v in sorted(placed, key=lambda rpv: rpv[0]))
     body = [f"<polyline points='{line}' fill='none' stroke='#bbb'/>"] if len(placed) > 1 else []
-    for r, p in placed:
-        found = outcome(p, limit_ms, other_limits_ms)
-        x, y = axes.x(r), axes.y(p["ttft_p99_ms"])
+    for r, p, v in placed:
+        found = outcome(p, limits)
+        x, y = axes.x(r), axes.y(v)
         ring = (f"<circle cx='{x:.1f}' cy='{y:.1f}' r='7' fill='none' stroke='#000' stroke-width='1.3'/>"
                 if _is_chosen(p, panel.chosen) else "")
         body.append(f"<g class='probe {found.kind.replace(' ', '-')}'><title>{e(rate_text(p))}: {e(found.words)}"
                     f"</title>{ring}{marker(found.kind, x, y)}</g>")
     return (f"<svg viewBox='0 0 {_W} {_H}' role='img' aria-label='{e(panel.title)}'>"
             f"<text x='6' y='14' font-size='11' font-weight='bold'>{e(panel.title)}</text>"
-            f"{_ticks(axes, limit_ms)}{''.join(body)}</svg>")
+            f"{_ticks(axes, limits.first)}{''.join(body)}</svg>")
 
 
 def legend_html() -> str:
     """The markers in words, for the line above the panels."""
-    items = [(PASSED, "passed"), (OVER, "over the limit (the count, or the P99)"),
+    items = [(PASSED, "passed"), (OVER, "over a limit (its count, or its statistic)"),
              (BEHIND, "fell behind (queue grew)"), (WITHDRAWN, "requests withdrawn or failed")]
     return " ".join(f"<span class='key'><svg viewBox='0 0 12 12' width='12' height='12'>{marker(k, 6, 6)}</svg> "
                     f"{html.escape(words)}</span>" for k, words in items)
 
 
-def chart_html(panels: Sequence[Panel], limit_ms: float, other_limits_ms: Mapping[str, float] | None = None) -> str:
-    """Every panel on shared axes, in a grid that wraps to the window's width."""
-    axes = Axes.of(panels, limit_ms)
-    cells = "".join(f"<figure{' class=best' if p.highlight else ''}>{panel_svg(p, axes, limit_ms, other_limits_ms)}"
+def chart_html(panels: Sequence[Panel], limits: Limits | float) -> str:
+    """Every panel on shared axes (the first limit's statistic against the rate), in a grid that wraps to the
+    window's width; each probe judged under every limit."""
+    limits = as_limits(limits)
+    axes = Axes.of(panels, limits)
+    cells = "".join(f"<figure{' class=best' if p.highlight else ''}>{panel_svg(p, axes, limits)}"
                     f"</figure>" for p in panels)
     return f"<div class='probes'>{cells}</div>"
-

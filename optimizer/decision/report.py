@@ -17,26 +17,38 @@ from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision
 from optimizer.decision.tables import format_output
+from optimizer.measurement.rerank import point_value_ms
 from optimizer.search.attrs import PRUNED_REASON
 
 
-def _row(label: str, v: Any) -> list[str]:
+def _latency_header(d: Decision) -> list[str]:
+    """The end table's latency columns: TTFT P50 where a limit is on TTFT, then each limit's statistic."""
+    return (["TTFT P50"] if any(lim.metric == "ttft" for lim in d.limits) else []) + [lim.name for lim in d.limits]
+
+
+def _ms(value_ms: float) -> str:
+    return format_ms(value_ms) if math.isfinite(value_ms) else "-"
+
+
+def _row(d: Decision, label: str, v: Any) -> list[str]:
     """One line of the end table from a decision.TrialView (None: no such trial)."""
+    blank = ["-"] * len(_latency_header(d))
     if v is None:
-        return [label, "-", "-", "-", "-", "-", "-"]
+        return [label, "-", "-", "-", "-", *blank]
     trial = v.trial
     if trial.state == TrialState.PRUNED:
-        return [label, f"#{trial.number}", "cannot run", PRUNED_REASON.of(trial) or "?", "-", "-", "-"]
+        return [label, f"#{trial.number}", "cannot run", PRUNED_REASON.of(trial) or "?", "-", *blank]
     p = v.ranked.point
     if p is None:
-        return [label, f"#{trial.number}", "misses limit at every rate", "-", "-", "-", "-"]
+        return [label, f"#{trial.number}", "misses the limits at every rate", "-", "-", *blank]
     rate = p.get("offered_rate_rps")
     replays = p.get("replays", 1)
     failed = v.ranked.next_rate_rps
+    p50 = [_ms(float(p.get("ttft_p50_ms", math.nan)))] if any(lim.metric == "ttft" for lim in d.limits) else []
     return [label, f"#{trial.number}", f"{v.ranked.output_throughput_tok_s:.1f}" + (f" (median of {replays})"
                                                                                      if replays > 1 else ""),
             "burst" if rate is None else f"{rate:.2f}", "-" if failed is None else f"{failed:.2f}",
-            format_ms(p.get("ttft_p50_ms", math.nan)), format_ms(p.get("ttft_p99_ms", math.nan))]
+            *p50, *(_ms(point_value_ms(p, lim, d.limits)) for lim in d.limits)]
 
 
 WIDTH = 100  # a terminal's width: the last screen's lines keep to it where their content allows
@@ -79,13 +91,13 @@ def table_lines(d: Decision, config: StudyConfig) -> list[str]:
     if d.confirmed:
         assert d.confirmation is not None
         rounds = len(d.confirmation.full_rounds)
-        return [f"confirmed in {rounds} round{'s' if rounds != 1 else ''} at TTFT P99 <= {format_ms(d.limit_ms)}: "
-                f"medians and 95% intervals; req/s: the rate at the limit",
+        return [f"confirmed in {rounds} round{'s' if rounds != 1 else ''} at {d.limits.text}: "
+                f"medians and 95% intervals; req/s: the rate at the limits",
                 format_output(confirmed_rows(d), "table")]
-    header = ["config", "trial", "output tok/s", "rate req/s", "failed at req/s", "TTFT P50", "TTFT P99"]
-    return [f"TTFT P99 <= {format_ms(config.ttft_p99_ms)}, one measurement each (not confirmed)",
-            format_output([dict(zip(header, _row(f"vLLM defaults ({d.defaults_of})", d.baseline))),
-                           dict(zip(header, _row("recommended", d.best)))], "table")]
+    header = ["config", "trial", "output tok/s", "rate req/s", "failed at req/s", *_latency_header(d)]
+    return [f"{d.limits.text}, one measurement each (not confirmed)",
+            format_output([dict(zip(header, _row(d, f"vLLM defaults ({d.defaults_of})", d.baseline))),
+                           dict(zip(header, _row(d, "recommended", d.best)))], "table")]
 
 
 def confirmed_rows(d: Decision) -> list[dict[str, Any]]:
@@ -111,7 +123,7 @@ def confirmed_rows(d: Decision) -> list[dict[str, Any]]:
 
 
 def tail_lines(d: Decision, width: int = WIDTH) -> list[str]:
-    """What follows the table: the advice where nothing met the limit; else what `optimize report` says of the
+    """What follows the table: the advice where nothing met the limits; else what `optimize report` says of the
     decision (decision/views.py `summary_lines`) less what the lines above give, each wrapped to `width`."""
     import textwrap
 
@@ -119,7 +131,9 @@ def tail_lines(d: Decision, width: int = WIDTH) -> list[str]:
     from optimizer.decision.views import summary_lines
 
     if d.best is None:
-        out = ["No trial met the limit. Relax --ttft-p99, lower the workload's lengths, or widen the ranges."]
+        out = [f"No trial met the limit{'s' if len(d.limits) > 1 else ''}: {d.limits.text}. Relax "
+               f"{'them' if len(d.limits) > 1 else 'it'} ({d.limits.flags}), lower the workload's lengths, or widen "
+               f"the ranges."]
     else:
         shown = ("recommended:", f"vLLM defaults ({d.defaults_of}, baseline):")  # the table has them
         verdict = verdict_line(d) if d.confirmed else None  # the decision's line has it

@@ -9,6 +9,7 @@ import json
 import math
 from typing import Any
 
+from optimizer.config.limits import Limit, Limits
 from optimizer.core.errors import UsageError
 
 
@@ -77,13 +78,26 @@ def format_output(rows: list[dict[str, Any]], fmt: str) -> str:
     return "\n".join(lines)
 
 
-# `report --trial` as a table: what each probe decided and on what (its counts), its latency, what the engine did;
-# `--format csv` or `json` carries every column of the curve's rows (decision/views.py::curve_rows).
-CURVE_TABLE_COLUMNS = ("replay", "arrivals", "offered_rate_rps", "requests", "over_limit", "verdict", "ttft_p50_ms",
-                       "ttft_p99_ms", "output_throughput_tok_s", "meets_limit", "chosen", "engine_running_peak",
-                       "engine_queued_p99_ms")
+# `report --trial` as a table: what each probe decided and on what (its counts; with several limits, the one its
+# verdict rests on), its latency, what the engine did; `--format csv` or `json` carries every column of the curve's
+# rows (decision/views.py::curve_rows).
+CURVE_TABLE_COLUMNS = ("replay", "arrivals", "offered_rate_rps", "requests", "over_limit", "verdict", "binding",
+                       "ttft_p50_ms", "ttft_p99_ms", "output_throughput_tok_s", "meets_limit", "chosen",
+                       "engine_running_peak", "engine_queued_p99_ms")
 
 
-def curve_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A trial's curve rows cut to CURVE_TABLE_COLUMNS, for a terminal (~210 characters instead of ~330)."""
-    return [{k: r[k] for k in CURVE_TABLE_COLUMNS if k in r} for r in rows]
+def limit_column(limit: Limit, limits: Limits) -> str:
+    """The column of a limit's statistic, its unit in the name: 'tpot_p99_ms', 'e2e_mean_ms'; under goodput, each
+    metric's percentile at the goodput share ('tpot_p99_ms' at 99%)."""
+    stat = limit.stat if limits.goodput_pct is None else f"p{limits.goodput_pct:g}"
+    return f"{limit.metric}_{stat}_ms"
+
+
+def curve_table(rows: list[dict[str, Any]], limits: Limits | None = None) -> list[dict[str, Any]]:
+    """A trial's curve rows cut to CURVE_TABLE_COLUMNS and, with `limits`, each limit's statistic after the TTFT
+    P99, for a terminal (~210 characters instead of ~330)."""
+    columns = list(CURVE_TABLE_COLUMNS)
+    if limits is not None:
+        at = columns.index("ttft_p99_ms") + 1
+        columns[at:at] = [c for lim in limits if (c := limit_column(lim, limits)) not in columns]
+    return [{k: r[k] for k in columns if k in r} for r in rows]

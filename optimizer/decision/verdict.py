@@ -8,7 +8,6 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from optimizer.core.units import format_ms
 from optimizer.decision.decide import Decision, view
 from optimizer.decision.numbers import Gain
 from optimizer.measurement.sequential import PRECISE_HALF_WIDTH, Outcome
@@ -77,7 +76,7 @@ def answer_line(d: Decision) -> str:
     measurement each, which has none), and the rounds behind it. The sentences of `verdict_line` and the report say
     the rest."""
     if d.best is None:
-        return f"decision: nothing to deploy: no config met TTFT P99 <= {format_ms(d.limit_ms)}"
+        return f"decision: nothing to deploy: no config met {d.limits.text}"
     if not d.confirmed:
         if d.best is d.baseline:
             return "decision: keep vLLM's defaults: no trial beat them (one measurement each, not confirmed)"

@@ -6,14 +6,15 @@ import json
 import math
 from typing import Any
 
-from optimizer.core.units import format_ms
-from optimizer.decision.decide import Decision, rate_text, resolution, view
+from optimizer.config.limits import key_name
+from optimizer.decision.decide import Decision, rate_text, resolution, values_text, view
 from optimizer.decision.numbers import gain_statistic, interval_text, throughput_statistic
 from optimizer.decision.served import IN_PROCESS, served_cell, served_lines, served_record
+from optimizer.decision.tables import limit_column
 from optimizer.decision.trial import TrialView
 from optimizer.decision.verdict import verdict_line
 from optimizer.measurement.noise import median
-from optimizer.measurement.rerank import Answer, qualifies
+from optimizer.measurement.rerank import Answer, point_value_ms, qualifies
 from optimizer.params.space import SEARCHABLE, distance_to_default
 from optimizer.search.attrs import LIMITED_BY, PRUNED_REASON, RESULT, TELEMETRY
 from optimizer.search.confirmed import Confirmed
@@ -27,9 +28,20 @@ def _role(d: Decision, v: TrialView, tied: frozenset[int] = frozenset()) -> str:
     return ", ".join(roles)
 
 
+def limit_values(d: Decision, p: Any) -> dict[str, float | None]:
+    """Each of the decision's limits' statistic at a stored point, by its column ('tpot_p90_ms': 41.2; None where the
+    point did not store it)."""
+    out: dict[str, float | None] = {}
+    for lim in d.limits:
+        value = point_value_ms(p, lim, d.limits) if p else math.nan
+        out[limit_column(lim, d.limits)] = value if math.isfinite(value) else None
+    return out
+
+
 def trial_row(d: Decision, v: TrialView, params: list[str], tied: frozenset[int] = frozenset()) -> dict[str, Any]:
-    """One trial's row: the chosen point's numbers (units in the keys), the rate it failed above them (its bracket),
-    whether the measurements tie it with the recommendation, and its engine values."""
+    """One trial's row: the chosen point's numbers (units in the keys; each limit's statistic among them), the rate it
+    failed above them (its bracket), whether the measurements tie it with the recommendation, and its engine
+    values."""
     p = v.ranked.point or {}
     cfg = v.engine_config
     # the trial's own fit answers its study's limit only (another limit re-ranks the stored probes)
@@ -47,6 +59,7 @@ def trial_row(d: Decision, v: TrialView, params: list[str], tied: frozenset[int]
         "ttft_p50_ms": p.get("ttft_p50_ms"),
         "ttft_p99_ms": p.get("ttft_p99_ms"),
         "tpot_p99_ms": p.get("tpot_p99_ms"),
+        **limit_values(d, p),
         "answer": v.ranked.answer.value,
         **{k: cfg.get(k) for k in params},
     }
@@ -85,7 +98,7 @@ def _describe(d: Decision, v: TrialView) -> str:
     result = RESULT.of(v.trial)
     fitted = f"{rate_at_limit_text(result)}; " if result.get("rate_at_limit") and not d.reranked else ""
     search = (f"{fitted}{r.output_throughput_tok_s:.1f} output tok/s at {rate_text(r.rate_rps)}, "
-              f"TTFT P99 {format_ms(r.ttft_p99_ms)} ({r.answer.value})")
+              f"{values_text(r.point, d.limits)} ({r.answer.value})")
     shown = d.throughput(v)
     return f"trial #{v.number}: {shown.text()}; in the search: {search}" if shown.confirmed else \
         f"trial #{v.number}: {search}"
@@ -221,7 +234,7 @@ def confirmation_lines(d: Decision) -> list[str]:
     assert c is not None and d.best is not None
     rounds = len(c.full_rounds)
     done = f"{rounds} rounds" if rounds == c.rounds else f"{rounds} of {c.rounds} planned rounds"
-    out = [(f"TTFT P99 limit {format_ms(d.limit_ms)}; confirmed in {done}, alternating, each config on a fresh "
+    out = [(f"{d.limits.text}; confirmed in {done}, alternating, each config on a fresh "
             f"engine {IN_PROCESS}, its rate at the limit found by probes sized by evidence.\n"
             f"tok/s: the {throughput_statistic(c)}; gain over vLLM's defaults: the {gain_statistic(c)}")]
     out.append(verdict_line(d))
@@ -251,14 +264,15 @@ def _noise_text(d: Decision, a: TrialView, b: TrialView) -> str:
 
 def title(d: Decision) -> str:
     how = "re-ranked from stored replays" if d.reranked else "as searched"
-    return (f"study {d.study_name!r}: feasible Pareto front of output throughput vs TTFT P99, "
-            f"TTFT P99 <= {format_ms(d.limit_ms)} ({how})")
+    return (f"study {d.study_name!r}: feasible Pareto front of output throughput vs {d.limits.first.name}, "
+            f"{d.limits.text} ({how})")
 
 
 def curve_rows(d: Decision, v: TrialView) -> list[dict[str, Any]]:
-    """A trial's stored replays in the order they ran: its latency-vs-load curve, judged under the limit, with each
-    probe's counts (requests resolved, how many over the limit, its verdict). A burst has no offered or sent rate
-    (every request goes at once); the engine's KV cache peak is in percent."""
+    """A trial's stored replays in the order they ran: its latency-vs-load curve, judged under the decision's limits,
+    with each probe's counts (requests resolved, how many over the limit, its verdict; with several limits, the counts
+    of the one its verdict rests on, `binding`) and each limit's statistic. A burst has no offered or sent rate (every
+    request goes at once); the engine's KV cache peak is in percent."""
     keys = ("offered_rate_rps", "requests", "over_limit", "verdict", "sent_rate_rps", "achieved_rate_rps",
             "output_throughput_tok_s", "request_throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p99_ms",
             "itl_p99_ms", "e2e_p99_ms", "completed", "failed", "sustained")
@@ -272,7 +286,9 @@ def curve_rows(d: Decision, v: TrialView) -> list[dict[str, Any]]:
         rows.append({
             "replay": i, "arrivals": "burst" if burst else d.arrivals,
             **{k: None if burst and k == "sent_rate_rps" else p.get(k) for k in keys},
-            "meets_limit": qualifies(p, d.limit_ms, d.other_limits_ms),
+            **limit_values(d, p),
+            "binding": key_name(p["binding"]) if p.get("binding") and len(d.limits) > 1 else None,
+            "meets_limit": qualifies(p, d.limits),
             "chosen": v.ranked.point is not None  # every replay at the chosen rate (repeats are merged)
             and p.get("offered_rate_rps") == v.ranked.point.get("offered_rate_rps"),
             **({**{f"engine_{k}": engine.get(k) for k in engine_keys},
@@ -308,11 +324,14 @@ def trial_heading(d: Decision, v: TrialView, of: TrialView | None = None) -> lis
 
 
 def limited_by_line(v: TrialView) -> str | None:
-    """What limited the trial at its chosen point, from its engine stats there (else the line stored with it)."""
+    """What limited the trial at its chosen point: the limit that bound it (stored with it), then its engine stats
+    there (else the line stored with it)."""
     from optimizer.measurement.limits import diagnose
 
     point = v.ranked.point
-    found = diagnose(point.get("engine"), point.get("ttft_p99_ms")) if point else None
+    bound = RESULT.of(v.trial).get("bound_by") or {}
+    found = diagnose(point.get("engine"), point.get("ttft_p99_ms"), bound.get("text"),
+                     (bound.get("limit") or "").partition(":")[0] or None) if point else None
     return found.line if found else LIMITED_BY.of(v.trial)
 
 
@@ -356,12 +375,3 @@ def confirmation_run_lines(d: Decision, v: TrialView) -> list[str]:
 def role_text(d: Decision, v: TrialView) -> str:
     """`v`'s role in the decision in words: 'recommended', 'baseline', 'tied', joined; '' for none."""
     return _role(d, v, frozenset(x.number for x in d.ties))
-
-
-def limited_line(v: TrialView) -> str | None:
-    """What limited `v` at its chosen point (its engine's stats, or the line its trial stored), None where unknown."""
-    from optimizer.measurement.limits import diagnose
-
-    point = v.ranked.point
-    found = diagnose(point.get("engine"), point.get("ttft_p99_ms")) if point else None
-    return found.line if found else LIMITED_BY.of(v.trial)

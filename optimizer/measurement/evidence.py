@@ -94,26 +94,29 @@ def looks(cap: int, first: int = FIRST_LOOK_REQUESTS) -> list[int]:
     return [*out, cap]
 
 
-def count_verdict(n: int, k: int, alpha_look: float, share: float = EXCESS_SHARE) -> str:
-    """PASS, FAIL or UNSETTLED for k over the limit among n requests, each side tested at `alpha_look`."""
+def count_verdict(n: int, k: int, alpha_look: float, share: float = EXCESS_SHARE,
+                  alpha_fail: float | None = None) -> str:
+    """PASS, FAIL or UNSETTLED for k over the limit among n requests, the pass side tested at `alpha_look`, the
+    fail side at `alpha_fail` (default the same)."""
     if n <= 0:
         return UNSETTLED
     if binomial_cdf(k, n, share) <= alpha_look:
         return PASS
-    if k > 0 and 1.0 - binomial_cdf(k - 1, n, share) <= alpha_look:
+    if k > 0 and 1.0 - binomial_cdf(k - 1, n, share) <= (alpha_look if alpha_fail is None else alpha_fail):
         return FAIL
     return UNSETTLED
 
 
-def far_below(ttft_ms: Sequence[float], limit_ms: float) -> bool:
-    """Enough requests, none near the limit, and the fitted tail puts almost none over it."""
-    if len(ttft_ms) < FAR_MIN_REQUESTS or max(ttft_ms) > FAR_FRACTION * limit_ms:
+def far_below(values_ms: Sequence[float], limit_ms: float, share: float = EXCESS_SHARE) -> bool:
+    """Enough values, none near the limit, and the fitted tail puts almost none over it (a tenth of the `share`
+    the limit allows)."""
+    if len(values_ms) < FAR_MIN_REQUESTS or max(values_ms) > FAR_FRACTION * limit_ms:
         return False
-    tail = exponential_tail(ttft_ms)
+    tail = exponential_tail(values_ms)
     if tail is None:  # no spread in the top decile: no tail to extrapolate, only the count can tell
         return False
-    u, beta, share = tail
-    return share * math.exp(-(limit_ms - u) / beta) <= FAR_TAIL_SHARE
+    u, beta, tail_share = tail
+    return tail_share * math.exp(-(limit_ms - u) / beta) <= share * (FAR_TAIL_SHARE / EXCESS_SHARE)
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ class Counted:
 
     resolved: int  # requests whose side of the limit is known
     over: int  # of them, over the limit
-    ttft_ms: tuple[float, ...]  # of the resolved requests with a first token
+    values_ms: tuple[float, ...]  # the measured values of the resolved (TTFT: of those with a first token)
     pending: int  # sent, neither a first token yet nor past the limit
     clusters: int = 0  # runs of requests over the limit, in send order (CLUSTER_GAP apart, CLUSTER_MAX long)
     sending_s: float = 0.0  # from the first send to the moment (or to the last send, for a finished probe)
@@ -137,7 +140,7 @@ class Counted:
         capacity sees only first tokens while the batch fills); and for at least the slowest first token (at most the
         limit: one stall far past it is an over the count weighs, not a queue) / STEADY_DRIFT: a queue growing by that
         share of the time sent would have shown in it."""
-        slowest_s = min(max(self.ttft_ms, default=0.0), self.limit_ms) / 1000.0
+        slowest_s = min(max(self.values_ms, default=0.0), self.limit_ms) / 1000.0
         return self.sending_s >= max(STEADY_E2E * self.longest_e2e_s, slowest_s / STEADY_DRIFT)
 
     @property
@@ -203,87 +206,3 @@ def falls_behind(records: Sequence[Sent], now_s: float | None = None) -> bool:
     between = len(sends) - 1 - len(sends) // 2
     growth = backlog_at(records, end_s) - backlog_at(records, mid_s)
     return growth >= max(BEHIND_MIN_REQUESTS, BEHIND_SHARE * between)
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """One probe's verdict and what it rests on."""
-
-    verdict: str  # PASS, FAIL or UNSETTLED (the cap came first)
-    requests: int  # resolved requests
-    over_limit: int
-    behind: bool  # the backlog grew over the arrivals' window
-    settled_at: int | None  # the look that settled it (None: unsettled)
-    far: bool = False  # passed far below the limit, on the fitted tail
-    independent_fraction: float = 1.0  # Counted.independent_fraction: clusters / over
-    over_indices: tuple[int, ...] = ()  # which requests (workload indices) were over
-
-    @property
-    def over_share(self) -> float:
-        return self.over_limit / self.requests if self.requests else math.nan
-
-    @property
-    def passes(self) -> bool:
-        """Within the limit: settled so, or unsettled with at most 1% over and keeping pace (the best guess)."""
-        if self.verdict != UNSETTLED:
-            return self.verdict == PASS
-        return not self.behind and self.requests > 0 and self.over_share <= EXCESS_SHARE
-
-
-class ProbeRule:
-    """The sequential test of one probe: called with the records so far and the time, it says when to stop sending
-    (`__call__` -> True); `evidence` is the verdict on the records at the end."""
-
-    def __init__(self, limit_ms: float, cap: int, alpha: float = 0.05, first_look: int = FIRST_LOOK_REQUESTS):
-        self.limit_ms, self.cap = limit_ms, cap
-        self.looks = looks(cap, min(first_look, cap))
-        self.alpha_look = alpha / len(self.looks)
-        self._next = 0  # index of the next look
-        self.settled: Evidence | None = None
-        self.settled_s: float | None = None  # when, on the records' clock
-
-    def kept(self, records: Sequence[Sent], withdrawn: str) -> list[Sent]:
-        """The probe's requests once it stopped: those withdrawn before their first token (error `withdrawn`) only
-        when they had already waited past the limit (they count as over); the rest were never judged."""
-        if self.settled_s is None:
-            return list(records)
-        limit_s = self.limit_ms / 1000.0
-        return [r for r in records if r.error != withdrawn or self.settled_s - r.sent_s > limit_s]
-
-    def __call__(self, records: Sequence[Sent], now_s: float) -> bool:
-        if self.settled is not None:
-            return True
-        while self._next < len(self.looks) - 1:  # the cap's look is taken on the finished records
-            if len(records) < self.looks[self._next]:  # cheap: fewer sent than the look needs resolved
-                return False
-            c = count(records, now_s, self.limit_ms)
-            if c.resolved < self.looks[self._next]:
-                return False
-            self._next += 1
-            found = self._judge(records, c, now_s, self.looks[self._next - 1])
-            if found is not None:
-                self.settled, self.settled_s = found, now_s
-                return True
-        return False
-
-    def _judge(self, records: Sequence[Sent], c: Counted, now_s: float | None, look: int) -> Evidence | None:
-        behind = falls_behind(records, now_s)
-        f = c.independent_fraction  # the test counts clusters, not requests: n x f trials, f x k over
-        verdict = FAIL if behind else count_verdict(round(c.resolved * f), c.clusters, self.alpha_look)
-        if verdict == PASS and not c.steady:
-            verdict = UNSETTLED  # too soon to vouch for a pass: the batch may still be filling
-        if verdict == UNSETTLED and c.over == 0 and c.steady and far_below(c.ttft_ms, self.limit_ms):
-            return Evidence(PASS, c.resolved, c.over, behind, look, far=True)
-        if verdict == UNSETTLED:
-            return None
-        return Evidence(verdict, c.resolved, c.over, behind, look, independent_fraction=f)
-
-    def evidence(self, records: Sequence[Sent]) -> Evidence:
-        """The verdict on every record of the finished probe (all resolved, in send order): the settled one, or the
-        cap's look."""
-        c = count(records, math.inf, self.limit_ms)
-        f = c.independent_fraction
-        found = self.settled or self._judge(records, c, None, len(records))
-        if found is None:
-            return Evidence(UNSETTLED, c.resolved, c.over, falls_behind(records), None, False, f, c.over_indices)
-        return Evidence(found.verdict, c.resolved, c.over, found.behind, found.settled_at, found.far, f, c.over_indices)

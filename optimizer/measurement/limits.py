@@ -57,8 +57,11 @@ class Diagnosis:
     line: str  # the one line a person reads
 
 
-def diagnose(engine: dict[str, Any] | None, ttft_p99_ms: float | None) -> Diagnosis | None:
-    """What limited a replay, from its `summarize_engine` dict and the client's TTFT P99; None without data."""
+def diagnose(engine: dict[str, Any] | None, ttft_p99_ms: float | None, bound_text: str | None = None,
+             bound_metric: str | None = None) -> Diagnosis | None:
+    """What limited a replay, from its `summarize_engine` dict and the client's TTFT P99; None without data. With
+    the limit that bound the trial (`bound_text`, 'TPOT P99 61 ms > 50 ms at 48.2 req/s', and its metric), the line
+    leads with it; a TPOT or ITL limit is a decode limit: `decode_batch` unless the KV cache was full."""
     if not engine or not engine.get("requests"):
         return None
     queued = engine.get("queued_p99_ms") or 0.0
@@ -68,6 +71,9 @@ def diagnose(engine: dict[str, Any] | None, ttft_p99_ms: float | None) -> Diagno
     ttft = ttft_p99_ms if ttft_p99_ms is not None and math.isfinite(ttft_p99_ms) else None
     if preemptions or kv >= KV_FULL:
         label, why = "kv_cache", f"KV cache peaked at {kv:.0%} with {preemptions} preemptions"
+    elif bound_metric in ("tpot", "itl"):
+        label, why = "decode_batch", (f"{peak} sequences decoded together at the peak (max_num_seqs {cap or '?'}): "
+                                      "each step serves them all, so each streams slower")
     elif ttft is not None and queued + prefill < ENGINE_SHARE * ttft:
         label, why = "outside_engine", "most of TTFT is spent outside the engine's scheduler"
     elif queued > prefill and cap and peak >= cap:
@@ -78,6 +84,7 @@ def diagnose(engine: dict[str, Any] | None, ttft_p99_ms: float | None) -> Diagno
     else:
         label, why = "prefill", f"prefill outweighs queueing; running peaked at {peak}/{cap or '?'}"
     ttft_text = f"TTFT P99 {ttft:.0f} ms" if ttft is not None else "TTFT P99 n/a"
-    line = (f"limited by {label}: {why}; {ttft_text}: queued P99 {queued:.0f} ms, prefill P99 {prefill:.0f} ms; "
+    lead = f"limited by {bound_text}; {label}" if bound_text else f"limited by {label}"
+    line = (f"{lead}: {why}; {ttft_text}: queued P99 {queued:.0f} ms, prefill P99 {prefill:.0f} ms; "
             f"KV peak {kv:.0%}, {preemptions} preemptions")
     return Diagnosis(label, line)

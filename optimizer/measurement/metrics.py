@@ -56,15 +56,28 @@ class Distribution:
     p50_ms: float
     p90_ms: float
     p99_ms: float
+    p95_ms: float = math.nan
+    p99_9_ms: float = math.nan
 
     @classmethod
     def of_seconds(cls, values_s: list[float]) -> Distribution:
         if not values_s:
             nan = float("nan")
-            return cls(nan, nan, nan, nan)
+            return cls(nan, nan, nan, nan, nan, nan)
         arr_ms = np.asarray(values_s, dtype=float) * 1000.0
-        p50, p90, p99 = (float(np.percentile(arr_ms, q)) for q in PERCENTILES)
-        return cls(float(arr_ms.mean()), p50, p90, p99)
+        p50, p90, p99, p95, p99_9 = (float(np.percentile(arr_ms, q)) for q in (*PERCENTILES, 95, 99.9))
+        return cls(float(arr_ms.mean()), p50, p90, p99, p95, p99_9)
+
+    def stat_ms(self, stat: str) -> float:
+        """'p99', 'p99.9', 'mean', ...: the statistic, NaN when this summary does not hold it."""
+        name = "mean_ms" if stat == "mean" else f"{stat.replace('.', '_')}_ms"
+        return float(getattr(self, name, math.nan))
+
+    def stats(self) -> dict[str, float | None]:
+        """Every statistic it holds, by the name a limit gives it ('p99.9'), JSON-safe (NaN: None)."""
+        out = {"mean": self.mean_ms, "p50": self.p50_ms, "p90": self.p90_ms, "p95": self.p95_ms,
+               "p99": self.p99_ms, "p99.9": self.p99_9_ms}
+        return {k: round(v, 3) if math.isfinite(v) else None for k, v in out.items()}
 
 
 @dataclass(frozen=True)

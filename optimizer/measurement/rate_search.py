@@ -18,10 +18,31 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from typing import Any
+
+from optimizer.config.limits import Limit, Limits
 from optimizer.config.settings import RateSearchSpec
-from optimizer.measurement.evidence import FAIL, Evidence
+from optimizer.measurement.evidence import FAIL
+from optimizer.measurement.probe_rule import GOODPUT, Evidence
 from optimizer.measurement.metrics import ReplayMetrics
 from optimizer.measurement.rate_fit import ProbeCount, RateAtLimit, fit_rate_at_limit
+
+
+def _limits(limits: Limits | float) -> Limits:
+    return limits if isinstance(limits, Limits) else Limits.ttft_p99(float(limits))
+
+
+def replay_stats(m: ReplayMetrics) -> dict[str, dict[str, float | None]]:
+    """Every metric's statistics of one replay, JSON-safe, by metric and statistic name."""
+    return {"ttft": m.ttft.stats(), "tpot": m.tpot.stats(), "itl": m.itl.stats(), "e2e": m.e2e.stats()}
+
+
+def limit_value_ms(stats: dict[str, dict[str, float | None]], limit: Limit, limits: Limits | None = None) -> float:
+    """The limit's statistic in a replay's `stats` (NaN when not stored: a percentile it does not hold); under
+    goodput, the metric's stored percentile at the goodput share (`Limits.stat_of`)."""
+    stat = limit.stat if limits is None else limits.stat_of(limit)
+    value = (stats.get(limit.metric) or {}).get(stat)
+    return math.nan if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -50,11 +71,22 @@ class CurvePoint:
     effective_fraction: float | None = None  # clusters / requests over the limit (evidence.Counted), 1 with none
     limit_ms: float | None = None  # the TTFT limit its verdict was settled at
     over_indices: list[int] | None = None  # the workload indices of its requests over the limit
+    # every metric's statistics, and each limit's part of the verdict (None in curves stored before)
+    stats: dict[str, dict[str, float | None]] | None = None  # {"tpot": {"p99": 41.2, "mean": ...}, ...}
+    limits: list[dict[str, Any]] | None = None  # probe_rule.LimitEvidence.to_dict() of each limit, in order
+    binding: str | None = None  # the key of the limit its verdict rests on ("tpot:p99")
+    limits_key: str | None = None  # Limits.key of the limits it was judged at
 
     @classmethod
-    def of(cls, m: ReplayMetrics, limit_ms: float) -> CurvePoint:
-        """A replay of a fixed length: feasible when it kept pace and its TTFT P99 is within the limit."""
+    def of(cls, m: ReplayMetrics, limits: Limits | float) -> CurvePoint:
+        """A replay of a fixed length: feasible when it kept pace and each limit's statistic is within it (under
+        goodput, each metric's percentile at the goodput share)."""
+        limits = _limits(limits)
         sustained = m.sustained
+        stats = replay_stats(m)
+        values = {lim.key: limit_value_ms(stats, lim, limits) for lim in limits}
+        binding = max(limits, key=lambda lim: values[lim.key] / lim.value_ms if math.isfinite(values[lim.key])
+                      else math.inf)
         return cls(
             offered_rate_rps=m.offered_rate_rps,
             sent_rate_rps=m.sent_rate_rps,
@@ -69,19 +101,26 @@ class CurvePoint:
             completed=m.completed,
             failed=m.failed,
             sustained=sustained,
-            feasible=sustained and m.ttft.p99_ms <= limit_ms,
+            feasible=sustained and all(values[lim.key] <= lim.value_ms for lim in limits),
             total_input_tokens=m.total_input_tokens,
+            stats=stats,
+            binding=binding.key if limits.goodput_pct is None else GOODPUT,
+            limits_key=limits.key,
         )
 
     @classmethod
-    def of_probe(cls, m: ReplayMetrics, ev: Evidence, limit_ms: float) -> CurvePoint:
-        """A probe sized by evidence: feasible when its verdict passes (or, unsettled at the cap, when at most 1%
-        of its requests were over and it kept pace)."""
-        point = cls.of(m, math.inf)
+    def of_probe(cls, m: ReplayMetrics, ev: Evidence, limits: Limits | float) -> CurvePoint:
+        """A probe sized by evidence: feasible when its verdict passes (or, unsettled at the cap, when each limit's
+        share over was within what it allows and it kept pace)."""
+        limits = _limits(limits)
+        point = cls.of(m, limits)
+        ttft = limits.get("ttft", "p99")
         return cls(**{**point.__dict__, "sustained": m.completed > 0 and not ev.behind, "feasible": ev.passes,
                       "requests": ev.requests, "over_limit": ev.over_limit, "verdict": ev.verdict,
-                      "effective_fraction": round(ev.independent_fraction, 3), "limit_ms": limit_ms,
-                      "over_indices": list(ev.over_indices)})
+                      "effective_fraction": round(ev.independent_fraction, 3),
+                      "limit_ms": ttft.value_ms if ttft is not None and len(limits) == 1 else None,
+                      "over_indices": list(ev.over_indices), "limits": [p.to_dict() for p in ev.limits],
+                      "binding": ev.binding})
 
     def to_dict(self) -> dict:
         # JSON has no infinity: a burst is stored with rate null
@@ -102,6 +141,7 @@ class RateSearchResult:
     first_guess_rps: float | None = None  # where the search started, when a short burst's pace guessed it
     floor_rps: float | None = None  # the incumbent's floor: below it the search stopped (None: no floor)
     flat: bool = False  # the descent stopped: TTFT P99 did not fall as the rate fell (`latency_is_flat`)
+    fit_limit: str | None = None  # the key of the limit whose fit is the rate at the limit (None: one TTFT limit)
 
     @property
     def feasible(self) -> bool:
@@ -117,12 +157,31 @@ class RateSearchResult:
                  if self.best.offered_rate_rps < p.offered_rate_rps < math.inf and not p.feasible]
         return min(above, default=None)
 
-    def violation_ms(self, limit_ms: float) -> float:
-        """How far the closest point missed the limit (0 when feasible): the constraint Optuna learns from."""
+    def violations(self, limits: Limits) -> dict[str, float]:
+        """Each limit's constraint, as Optuna learns from it: how far the trial's point missed it, as a share of the
+        limit (measured / limit - 1; <= 0 within it). A feasible trial: each limit's slack at its best point. An
+        infeasible one: at its point closest to holding every limit (the lowest largest ratio), where at least one
+        is positive (a point that missed on its count, its statistic within, counts a small miss on its binding
+        limit)."""
+        def ratios(p: CurvePoint) -> dict[str, float]:
+            stats = p.stats or {"ttft": {"p99": p.ttft_p99_ms}}
+            return {lim.key: limit_value_ms(stats, lim, limits) / lim.value_ms - 1 for lim in limits}
+
         if self.best is not None:
-            return 0.0
-        misses = [p.ttft_p99_ms - limit_ms for p in self.points if not math.isnan(p.ttft_p99_ms)]
-        return max(min(misses, default=limit_ms), 1.0)
+            return {k: min(v, 0.0) if math.isfinite(v) else 0.0 for k, v in ratios(self.best).items()}
+        each = [(ratios(p), p) for p in self.points]
+        scored = [(max(r.values()), r, p) for r, p in each if all(math.isfinite(v) for v in r.values())]
+        if not scored:
+            return {lim.key: CANNOT_MEASURE for lim in limits}
+        _, found, point = min(scored, key=lambda t: t[0])
+        if max(found.values()) <= 0:
+            key = point.binding if point.binding in found else next(iter(found))
+            found[key] = MISSED_ON_COUNT
+        return found
+
+
+CANNOT_MEASURE = 100.0  # the constraint of a limit no replay measured (no request completed): 100 x over it
+MISSED_ON_COUNT = 0.01  # a point that missed its verdict with its statistic within: 1% over, so Optuna sees a miss
 
 
 INCUMBENT_FLOOR = 0.9  # below 90% of the incumbent's rate a config cannot win: stop descending
@@ -154,14 +213,23 @@ FLAT_SHARE = 0.8
 TAIL_SHARE = 0.1
 
 
+def part_value_ms(p: CurvePoint, key: str | None) -> float:
+    """The point's statistic for the limit `key` (None, or a curve stored before: its TTFT P99)."""
+    part = next((d for d in p.limits or () if d["key"] == key), None) if key is not None else None
+    if part is None or part.get("value_ms") is None:
+        return p.ttft_p99_ms if key is None or key == "ttft:p99" else math.nan
+    return float(part["value_ms"])
+
+
 def latency_is_flat(points: list[CurvePoint]) -> bool:
     """Pure: no probe passed; the latest, at least FLAT_DESCENT below the highest rate tried, kept at least
-    FLAT_SHARE of that rate's TTFT P99; and at both, at most TAIL_SHARE of the requests were over the limit."""
+    FLAT_SHARE of that rate's value of the limit it missed; and at both, at most TAIL_SHARE of the requests were over
+    the limit."""
     if not points or any(p.feasible for p in points):
         return False
 
     def tail_only(p: CurvePoint) -> bool:
-        return (math.isfinite(p.offered_rate_rps) and math.isfinite(p.ttft_p99_ms) and bool(p.requests)
+        return (math.isfinite(p.offered_rate_rps) and math.isfinite(part_value_ms(p, p.binding)) and bool(p.requests)
                 and p.over_limit is not None and p.over_limit <= TAIL_SHARE * p.requests)
 
     measured = [p for p in points if math.isfinite(p.offered_rate_rps)]
@@ -169,26 +237,65 @@ def latency_is_flat(points: list[CurvePoint]) -> bool:
     if top is None or not (tail_only(top) and tail_only(last)):
         return False
     return (top.offered_rate_rps >= FLAT_DESCENT * last.offered_rate_rps * (1 - 1e-3)  # rates stored rounded
-            and last.ttft_p99_ms >= FLAT_SHARE * top.ttft_p99_ms)
+            and part_value_ms(last, top.binding) >= FLAT_SHARE * part_value_ms(top, top.binding))
 
 
-def probe_counts(points: list[CurvePoint]) -> list[ProbeCount]:
-    """The probes of a curve as the fit reads them (points without counts, from fixed-length replays, are left out).
+def probe_counts(points: list[CurvePoint], key: str | None = None) -> list[ProbeCount]:
+    """The probes of a curve as the fit reads them, for the limit `key` (None: each probe's binding limit; points
+    without counts, from fixed-length replays, are left out).
 
     A probe that fell behind counts every request it resolved as over: its queue grew over the arrivals, so at that
     rate the share over heads to 1 however few were over when its verdict stopped it. Its count alone (one over of
     202, say) would tell the fit the rate is safe, leave the interval open above, and put the rate at the limit above
     a rate the search saw fail."""
-    def counted(p: CurvePoint) -> ProbeCount:
-        assert p.requests is not None and p.over_limit is not None
-        if p.verdict == FAIL and not p.sustained:
-            return ProbeCount(p.offered_rate_rps, p.requests, p.requests, p.effective_fraction or 1.0,
-                              None if p.over_indices is None else tuple(range(p.requests)))
-        return ProbeCount(p.offered_rate_rps, p.requests, p.over_limit, p.effective_fraction or 1.0,
-                          None if p.over_indices is None else tuple(p.over_indices))
+    def counts(p: CurvePoint) -> tuple[int | None, int | None, float, list[int] | None]:
+        part = next((d for d in p.limits or () if d["key"] == key), None) if key is not None else None
+        if part is None:
+            return p.requests, p.over_limit, p.effective_fraction or 1.0, p.over_indices
+        return part["requests"], part["over_limit"], part["independent_fraction"] or 1.0, part["over_indices"]
 
-    return [counted(p) for p in points
-            if p.requests and p.over_limit is not None and math.isfinite(p.offered_rate_rps)]
+    out = []
+    for p in points:
+        requests, over, fraction, indices = counts(p)
+        if not requests or over is None or not math.isfinite(p.offered_rate_rps):
+            continue
+        if p.verdict == FAIL and not p.sustained:
+            out.append(ProbeCount(p.offered_rate_rps, requests, requests, fraction,
+                                  None if indices is None else tuple(range(requests))))
+        else:
+            out.append(ProbeCount(p.offered_rate_rps, requests, over, fraction,
+                                  None if indices is None else tuple(indices)))
+    return out
+
+
+def limit_shares(points: list[CurvePoint]) -> dict[str, float]:
+    """The counted limits of a curve's probes and the share over each allows (a mean limit has no count)."""
+    out: dict[str, float] = {}
+    for p in points:
+        for d in p.limits or ():
+            if d.get("share") is not None:
+                out.setdefault(d["key"], float(d["share"]))
+    return out
+
+
+def fit_at_limits(points: list[CurvePoint], **kwargs: Any) -> tuple[RateAtLimit | None, str | None]:
+    """The rate at which every counted limit holds: each limit's pooled fit (rate_fit.py), and the lowest of them,
+    with the key of the limit it belongs to (its interval: the lowest of each end). Curves stored before limits of
+    every metric fit their one TTFT count."""
+    shares = limit_shares(points)
+    if not shares:  # a curve stored before limits of every metric: its TTFT count; mean limits alone: no count
+        return (None, None) if any(p.limits for p in points) else (fit_rate_at_limit(probe_counts(points), **kwargs),
+                                                                    None)
+    fits = {key: fit_rate_at_limit(probe_counts(points, key), share=share, **kwargs) for key, share in shares.items()}
+    if any(f is None for f in fits.values()):  # a limit met at no rate: no rate holds them all
+        return None, next(k for k, f in fits.items() if f is None)
+    found = {k: f for k, f in fits.items() if f is not None}
+    key = min(found, key=lambda k: (found[k].rate_rps, math.isinf(found[k].high_rps)))
+    low = min(f.low_rps for f in found.values())
+    high = min(f.high_rps for f in found.values())
+    best = found[key]
+    return RateAtLimit(best.rate_rps, min(low, best.rate_rps), max(high, best.rate_rps), best.requests,
+                       best.probes), key
 
 
 def bisected_enough(points: list[CurvePoint], passed_rps: float, failed_rps: float,
@@ -203,7 +310,7 @@ def bisected_enough(points: list[CurvePoint], passed_rps: float, failed_rps: flo
         return True
     if failed_rps > passed_rps * (1 + fit_bracket):
         return False
-    found = fit_rate_at_limit(probe_counts(points), resamples=0, remeasure_cv=0.0)
+    found, _ = fit_at_limits(points, resamples=0, remeasure_cv=0.0)
     return found is not None and found.half_width <= precision
 
 
@@ -259,5 +366,5 @@ async def search_rate(probe_at: ProbeAt, spec: RateSearchSpec, start_rps: float,
             step = widened(step)
     passed = [p for p in result.points if p.feasible]
     result.best = max(passed, key=lambda p: p.offered_rate_rps, default=None)
-    result.fit = fit_rate_at_limit(probe_counts(result.points))
+    result.fit, result.fit_limit = fit_at_limits(result.points)
     return result

@@ -1,7 +1,8 @@
-"""Pure: re-rank a finished study for another TTFT P99 limit from its stored curves, without rerunning anything.
+"""Pure: re-rank a finished study for other latency limits from its stored curves, without rerunning anything.
 
-Every trial stores each replay of its rate search as one curve point. For a limit, a point qualifies when its
-rate was sustained and its TTFT P99 is within the limit; the trial's answer is the qualifying point with the
+Every trial stores each replay of its rate search as one curve point, with every metric's statistics. For a set of
+limits, a point judged at those very limits answers by its verdict; at other limits, it qualifies when its rate was
+sustained and each limit's statistic is within it; the trial's answer is the qualifying point with the
 highest offered rate (a burst, stored with rate None, counts as the highest), and its throughput is that point's
 output tokens/s. Only measured points can answer, so each answer says how far it can be trusted (`Answer`).
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from optimizer.config.limits import Limit, Limits
 from optimizer.measurement.noise import coefficient_of_variation, median
 
 Point = Mapping[str, Any]
@@ -40,20 +42,51 @@ def rate_key_rps(point: Point) -> float:
 
 
 
-def _within(value: Any, limit_ms: float) -> bool:
-    return value is not None and not math.isnan(value) and value <= limit_ms
+def as_limits(limits: Limits | float) -> Limits:
+    """A float is a TTFT P99 limit in milliseconds."""
+    return limits if isinstance(limits, Limits) else Limits.ttft_p99(float(limits))
 
 
-def qualifies(point: Point, limit_ms: float, other_limits_ms: Mapping[str, float] | None = None) -> bool:
-    """Sustained, TTFT P99 within the limit, and each other limit met (a metric the point did not store, or a NaN
-    from a replay with no completion, never qualifies). A probe judged at this very limit answers by its verdict
-    (the count over the limit: measurement/evidence.py); at another limit, by its P99."""
-    if point.get("verdict") is not None and point.get("limit_ms") == limit_ms:
-        if not point.get("feasible"):
-            return False
-    elif not (point.get("sustained") and _within(point.get("ttft_p99_ms"), limit_ms)):
+def point_value_ms(point: Point, limit: Limit, limits: Limits | None = None) -> float:
+    """The limit's statistic at a stored point: from its stats (a point stored before them: its '<metric>_p99_ms'),
+    else from the limit's own part of its verdict; under goodput, each metric's stored percentile at the goodput share
+    (`Limits.stat_of`)."""
+    stat = limit.stat if limits is None else limits.stat_of(limit)
+    value = ((point.get("stats") or {}).get(limit.metric) or {}).get(stat)
+    if value is None and stat == "p99":
+        value = point.get(f"{limit.metric}_p99_ms")
+    if value is None:
+        part = next((d for d in point.get("limits") or () if d.get("key") == limit.key), None)
+        value = None if part is None else part.get("value_ms")
+    return math.nan if value is None else float(value)
+
+
+def judged_at(point: Point, limits: Limits) -> bool:
+    """The point's verdict was settled at exactly these limits (a point stored before: at this one TTFT limit)."""
+    if point.get("verdict") is None:
         return False
-    return all(_within(point.get(key), lim) for key, lim in (other_limits_ms or {}).items())
+    if point.get("limits_key") is not None:
+        return point["limits_key"] == limits.key
+    ttft = limits.get("ttft", "p99")
+    return len(limits) == 1 and ttft is not None and point.get("limit_ms") == ttft.value_ms
+
+
+def qualifies(point: Point, limits: Limits | float) -> bool:
+    """A point judged at these limits answers by its verdict (the counts over each: measurement/probe_rule.py); at
+    other limits, sustained and each limit's statistic within it (a statistic the point did not store, or a NaN
+    from a replay with no completion, never qualifies)."""
+    limits = as_limits(limits)
+    if judged_at(point, limits):
+        return bool(point.get("feasible"))
+    if not point.get("sustained"):
+        return False
+    return all(point_value_ms(point, lim, limits) <= lim.value_ms for lim in limits)
+
+
+def worst_ratio(point: Point, limits: Limits) -> float:
+    """The largest ratio of measured to limit over the limits (inf where one is not measured)."""
+    ratios = [point_value_ms(point, lim, limits) / lim.value_ms for lim in limits]
+    return max(ratios) if all(math.isfinite(r) for r in ratios) else math.inf
 
 
 @dataclass(frozen=True)
@@ -63,7 +96,8 @@ class Ranked:
     answer: Answer
     point: Point | None = None  # the chosen qualifying point
     next_rate_rps: float | None = None  # MEASURED: the lowest tried Poisson rate above the chosen one (it missed)
-    closest: Point | None = None  # NO_POINT: the stored point with the lowest TTFT P99
+    closest: Point | None = None  # NO_POINT: the stored point nearest to holding every limit
+    latency_ms: float = math.nan  # the first limit's statistic at the chosen point: the front's latency axis
 
     @property
     def answerable(self) -> bool:
@@ -83,6 +117,11 @@ class Ranked:
         return None if self.point is None else self.point.get("offered_rate_rps")
 
 
+def _median_of(values: Sequence[Any]) -> float | None:
+    found = [float(v) for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
+    return median(found) if found else None
+
+
 def merge_repeats(curve: Sequence[Point]) -> list[Point]:
     """Replays at the same offered rate (a trial's repeats) become one point: the median of each number, sustained
     when most were, with `replays` (how many) and `output_throughput_cv` (their coefficient of variation)."""
@@ -100,6 +139,9 @@ def merge_repeats(curve: Sequence[Point]) -> list[Point]:
                 values = [float(p[key]) for p in points if isinstance(p.get(key), (int, float))
                           and not math.isnan(p[key])]
                 merged[key] = median(values) if values else math.nan
+        if all(isinstance(p.get("stats"), Mapping) for p in points):  # each statistic: the median of the replays'
+            merged["stats"] = {metric: {stat: _median_of([p["stats"].get(metric, {}).get(stat) for p in points])
+                                        for stat in stats} for metric, stats in points[0]["stats"].items()}
         for key in ("sustained", "feasible"):
             if key in points[0]:
                 merged[key] = 2 * sum(bool(p.get(key)) for p in points) > len(points)
@@ -110,42 +152,44 @@ def merge_repeats(curve: Sequence[Point]) -> list[Point]:
     return out
 
 
-def rank_curve(curve: Sequence[Point] | None, limit_ms: float,
-               other_limits_ms: Mapping[str, float] | None = None) -> Ranked:
-    """The trial's best point for `limit_ms` (and any other limits), and how far the stored points vouch for it.
-    Repeated replays at one rate count as one point, their medians (`merge_repeats`)."""
+def rank_curve(curve: Sequence[Point] | None, limits: Limits | float) -> Ranked:
+    """The trial's best point for `limits`, and how far the stored points vouch for it. Repeated replays at one
+    rate count as one point, their medians (`merge_repeats`)."""
+    limits = as_limits(limits)
     if not curve:
         return Ranked(Answer.NOT_RUN)
     curve = merge_repeats(curve)
-    good = [p for p in curve if qualifies(p, limit_ms, other_limits_ms)]
+    good = [p for p in curve if qualifies(p, limits)]
     if not good:
-        finite = [p for p in curve if p.get("ttft_p99_ms") is not None and not math.isnan(p["ttft_p99_ms"])]
-        closest = min(finite, key=lambda p: p["ttft_p99_ms"], default=None)
+        finite = [p for p in curve if math.isfinite(worst_ratio(p, limits))]
+        closest = min(finite, key=lambda p: worst_ratio(p, limits), default=None)
         return Ranked(Answer.NO_POINT, closest=closest)
     best = max(good, key=lambda p: (rate_key_rps(p), p["output_throughput_tok_s"]))
+    latency = point_value_ms(best, limits.first, limits)
     rate = rate_key_rps(best)
     if math.isinf(rate):
-        return Ranked(Answer.CEILING, point=best)
+        return Ranked(Answer.CEILING, point=best, latency_ms=latency)
     # The burst is not a Poisson rate: it bounds throughput but does not bracket the best sustainable rate.
     above = [rate_key_rps(p) for p in curve if rate < rate_key_rps(p) < math.inf]
     if not above:
-        return Ranked(Answer.LOWER_BOUND, point=best)
-    return Ranked(Answer.MEASURED, point=best, next_rate_rps=min(above))
+        return Ranked(Answer.LOWER_BOUND, point=best, latency_ms=latency)
+    return Ranked(Answer.MEASURED, point=best, next_rate_rps=min(above), latency_ms=latency)
 
 
 def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    """(throughput, TTFT P99): `a` is at least as good in both and better in one."""
+    """(throughput, latency at the first limit): `a` is at least as good in both and better in one."""
     return a[0] >= b[0] and a[1] <= b[1] and a != b
 
 
 def pareto_front(ranked: Mapping[int, Ranked]) -> list[int]:
     """Keys of the answerable entries no other answerable entry dominates, highest throughput first."""
-    pts = {k: (r.output_throughput_tok_s, r.ttft_p99_ms) for k, r in ranked.items() if r.answerable}
+    pts = {k: (r.output_throughput_tok_s, r.latency_ms if math.isfinite(r.latency_ms) else r.ttft_p99_ms)
+           for k, r in ranked.items() if r.answerable}
     front = [k for k, p in pts.items() if not any(dominates(q, p) for j, q in pts.items() if j != k)]
     return sorted(front, key=lambda k: (-pts[k][0], pts[k][1], k))
 
 
 def recommend(ranked: Mapping[int, Ranked]) -> int | None:
-    """The key of the answerable entry with the highest throughput (ties: lower TTFT P99, then lower key)."""
+    """The key of the answerable entry with the highest throughput (ties: lower latency, then lower key)."""
     front = pareto_front(ranked)
     return front[0] if front else None

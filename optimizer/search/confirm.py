@@ -52,6 +52,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optimizer.config.limits import Limits
 from optimizer.measurement.disturbance import disturbance_text, disturbed
 from optimizer.measurement.rate_search import BRACKET_STEP
 from optimizer.measurement.sequential import (GROUP_SEQUENTIAL, PRECISE_HALF_WIDTH, SPENDING_POWER, Outcome,
@@ -63,7 +64,7 @@ from optimizer.search.confirmed import (DISTURBED_TRIES, FIT_VALUE, SPREAD_ALL_R
                                         confirmation)
 from optimizer.search.missed import why_infeasible
 from optimizer.search.score import (
-    baseline, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first, study_limit_ms,
+    baseline, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first, study_limits,
     tied_with,
 )
 from optimizer.search.split import CONFIGS, SPLIT_RULE, rounds_after_drop, rounds_for
@@ -108,10 +109,10 @@ def candidates(study: optuna.Study) -> list[FrozenTrial]:
     return out
 
 
-def run_spec(trial: FrozenTrial, limit_ms: float, engine_args: dict[str, Any]) -> dict[str, Any]:
+def run_spec(trial: FrozenTrial, limits: Limits | float, engine_args: dict[str, Any]) -> dict[str, Any]:
     """Where a candidate's run starts its bisection: the rate its search trial passed (inf: a burst met the limit)
     and the rate it failed; for a trial that met the limit nowhere, the lowest rate it tried."""
-    ranked = rank_trials([trial], engine_args, limit_ms)[trial.number]
+    ranked = rank_trials([trial], engine_args, limits)[trial.number]
     if ranked.answerable:
         start = math.inf if ranked.rate_rps is None else float(ranked.rate_rps)
         return {"start_rps": start, "failed_rps": ranked.next_rate_rps}
@@ -161,7 +162,7 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
         compared = len(chosen) if any(is_baseline(t) for t in chosen) else 1
         plan_attr = {"plan": key, "rounds": rounds if asked else rounds_for(rounds, compared),
                      "candidates": [t.number for t in chosen], **({} if asked else {"split": SPLIT_RULE}),
-                     "limit_ms": study_limit_ms(study), "spending": SPENDING_POWER, "looks": GROUP_SEQUENTIAL,
+                     "limits": study_limits(study).model_dump(mode="json"), "spending": SPENDING_POWER, "looks": GROUP_SEQUENTIAL,
                      "value": FIT_VALUE, "dropped": {}, "served": served, "precise_half_width": PRECISE_HALF_WIDTH,
                      "spread": SPREAD_ALL_RUNS}
     c = confirmation(study, plan_attr)
@@ -181,12 +182,12 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
     for x, r in runs:
         seed = None if workload_seed is None else round_seed(workload_seed, r)
         prior = [x.rate_rps(k) or 0.0 for k in sorted(x.runs) if k < r]
-        home.enqueue_trial({}, user_attrs=run_attrs(key, x.trial, r, plan_attr["limit_ms"], engine_args, seed,
+        home.enqueue_trial({}, user_attrs=run_attrs(key, x.trial, r, plan_limits(plan_attr), engine_args, seed,
                                                     prior_rps=prior), skip_if_exists=False)
     if not runs:
         seed = None if workload_seed is None else round_seed(workload_seed, c.rounds)  # a draw no round replays
         for x in c.served_missing:
-            home.enqueue_trial({}, user_attrs=run_attrs(key, x.trial, c.rounds, plan_attr["limit_ms"], engine_args,
+            home.enqueue_trial({}, user_attrs=run_attrs(key, x.trial, c.rounds, plan_limits(plan_attr), engine_args,
                                                         seed, served=True), skip_if_exists=False)
     return plan_attr
 
@@ -225,7 +226,12 @@ def prior_spec(rates_rps: Sequence[float]) -> dict[str, float] | None:
     return {"start_rps": median_rps / PRIOR_SPAN, "failed_rps": median_rps * PRIOR_SPAN, "step": PRIOR_STEP}
 
 
-def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limit_ms: float, engine_args: dict[str, Any],
+def plan_limits(plan_attr: dict[str, Any]) -> Limits | float:
+    """The limits a confirmation plan ranks its candidates at (a plan stored before: its TTFT P99 limit, ms)."""
+    return Limits.model_validate(plan_attr["limits"]) if "limits" in plan_attr else float(plan_attr["limit_ms"])
+
+
+def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limits: Limits | float, engine_args: dict[str, Any],
               workload_seed: int | None = None, served: bool = False,
               prior_rps: Sequence[float] = ()) -> dict[str, Any]:
     """The user attributes of one queued run of `trial`: its engine arguments, where its bisection starts (from its
@@ -234,7 +240,7 @@ def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limit_ms: float, e
     study's), that it is stored in the confirmation study and, for a run through `vllm serve` (`served`), `served:
     true` (the objective starts a server for it)."""
     spec = prior_spec(prior_rps) or {k: (None if isinstance(v, float) and math.isinf(v) else v)
-                                     for k, v in run_spec(trial, limit_ms, engine_args).items()}
+                                     for k, v in run_spec(trial, limits, engine_args).items()}
     return CONFIRM.item({"plan": plan_key, "of": trial.number, "round": round_, "params": ENGINE_PARAMS.of(trial),
                          "workload_seed": workload_seed, CONFIRM_APART: True, **spec,
                          **({"served": True} if served else {})})

@@ -18,6 +18,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optimizer.config.limits import Limits
 from optimizer.measurement.disturbance import disturbed
 from optimizer.measurement.intervals import Interval, block_gain_interval, interval
 from optimizer.measurement.rate_fit import RateAtLimit
@@ -344,14 +345,14 @@ def confirmation(study: optuna.Study, plan: dict[str, Any] | None = None) -> Con
     return Confirmation(plan, configs)
 
 
-def recommended(study: optuna.Study, limit_ms: float | None = None) -> FrozenTrial | None:
-    """The recommendation: at the study's own limit, the config the confirmation recommends
+def recommended(study: optuna.Study, limits: Limits | None = None) -> FrozenTrial | None:
+    """The recommendation: at the study's own limits, the config the confirmation recommends
     (`Confirmation.recommended`: the best over its full rounds, or vLLM's defaults when no candidate beats them by
-    more than +-3 points); otherwise, or at another `limit_ms`, the best-scored trial (the one `pareto_front` puts
-    first). None when no trial meets the limit."""
-    if limit_ms is None:
+    more than +-3 points); otherwise, or at other `limits`, the best-scored trial (the one `pareto_front` puts
+    first). None when no trial meets the limits."""
+    if limits is None:
         confirmed = confirmation(study)
         if confirmed is not None and confirmed.recommended is not None:
             return confirmed.recommended.trial
-    trials = best_first(study, limit_ms)
+    trials = best_first(study, limits)
     return trials[0] if trials else None

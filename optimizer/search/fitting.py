@@ -4,6 +4,7 @@ the machine's fingerprint stored with it. A resume keeps all three, and warns wh
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -80,16 +81,18 @@ def size_demo(config: StudyConfig, info: ModelInfo, factory: EngineFactory, logs
 
     budget = config.budget or 40
     runs = plan(config.budget, config.confirm, config.serves_after).runs if config.budget is not None else 0
-    scale = choose_scale(result, config.ttft_p99_ms, budget, config.workload.num_requests, confirm_runs=runs,
+    ttft = next((lim for lim in config.limits if lim.metric == "ttft"), None)  # the prefill is fitted to it
+    ttft_ms = ttft.value_ms if ttft is not None else math.inf
+    scale = choose_scale(result, ttft_ms, budget, config.workload.num_requests, confirm_runs=runs,
                          warmup_load_requests=config.workload.warmup_load_requests)
     say(f"probe: lone {result.prompt_tokens}-token prefill {format_ms(result.prefill_ms)}, "
         f"{result.decode_ms:.1f} ms per output token, burst ceiling {result.burst_rps:.1f} req/s, engine start "
         f"{result.start_s:.0f} s")
-    verdict = (f"its lone prefill (predicted {format_ms(scale.predicted_prefill_ms)}) is the largest within 20% of "
-               f"the {format_ms(config.ttft_p99_ms)} limit" if scale.fits else
+    verdict = ("no TTFT limit: the largest shape estimated within the budget" if ttft is None else
+               f"its lone prefill (predicted {format_ms(scale.predicted_prefill_ms)}) is the largest within 20% of "
+               f"the {ttft.text} limit" if scale.fits else
                f"even its lone prefill (predicted {format_ms(scale.predicted_prefill_ms)}) is past 20% of the "
-               f"{format_ms(config.ttft_p99_ms)} limit: few configs may meet it; a larger --ttft-p99 gives a "
-               f"clearer study")
+               f"{ttft.text} limit: few configs may meet it; a larger {ttft.flag.split()[0]} gives a clearer study")
     if config.budget is None and config.deadline_unix_s is not None:
         import time
 

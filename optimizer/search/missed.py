@@ -33,7 +33,9 @@ def why_infeasible(result: dict) -> str:
     P99 there, and why it went no lower."""
     tried = result.get("requests")
     evidence = f" ({tried} requests)" if tried else ""
-    closest = (f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))}{answered_text(result)} at "
+    bound = (result.get("bound_by") or {}).get("text")
+    closest = (f"{bound}{answered_text(result)}{count_text(result)}" if bound else
+               f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))}{answered_text(result)} at "
                f"{rate_text(result.get('rate_rps'))}{count_text(result)}")
     floor = result.get("floor_rps")
     if result.get("stopped_early") and floor:
@@ -42,6 +44,6 @@ def why_infeasible(result: dict) -> str:
     if result.get("stopped_early"):
         return f"over the limit below the best's rate ({closest}): it cannot beat the best, stopped early{evidence}"
     if result.get("flat"):
-        return (f"over the limit at every rate tried, and TTFT P99 did not fall as the rate fell ({closest}, the "
+        return (f"over the limit at every rate tried, and the latency did not fall as the rate fell ({closest}, the "
                 f"closest): not a queue that a lower rate drains, stopped{evidence}")
     return f"over the limit at every rate tried ({closest}, the closest){evidence}"

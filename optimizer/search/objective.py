@@ -28,6 +28,7 @@ from optimizer.hardware.device import visible_gpus
 from optimizer.measurement.engine import Engine, EngineFactory, ServesInVirtualTime
 from optimizer.measurement.engine_watch import CallBounds, WatchedEngine, pause_from_env
 from optimizer.measurement.limits import diagnose
+from optimizer.measurement.rate_search import limit_value_ms
 from optimizer.measurement.disturbance import MachineLoad
 from optimizer.measurement.telemetry import for_device
 from optimizer.measurement.workload import Workload, build_workload, fixed_load_rate
@@ -43,26 +44,24 @@ from optimizer.search.attrs import (
     MACHINE_LOAD, MEMORY_WAITED_FOR, PRUNED_DETAIL, PRUNED_REASON, RESULT, TELEMETRY, TIMINGS, WORKER,
 )
 from optimizer.search.breaker import StartFailureBreaker, environment_cause
-from optimizer.search.dashboard import set_constraint
+from optimizer.search.dashboard import constraint_key, set_constraints
 from optimizer.search.incumbent import fair_incumbent_rate
+from optimizer.search.measured import Bound, bound_by, closest_point, trial_result
 from optimizer.search.records import RecordStore
 from optimizer.search.recovery import record_processes, save_processes, worker_identity
 from optimizer.search.probes import TrialReplays
 from optimizer.search.repeats import with_repeats
 from optimizer.search.study import in_confirmation_study
 
-CONSTRAINT = "ttft_p99_over_limit_ms"
-# The constraint value of a config that cannot run at all: worse than any measured SLO miss.
-CANNOT_RUN_MS = 1e7
+CONSTRAINT = "ttft_p99_over_limit"  # a TTFT P99 limit's constraint (dashboard.constraint_key): measured / limit - 1
+# Each limit's constraint value for a config that cannot run at all: worse than any measured miss.
+CANNOT_RUN = 1e4
 # On the CPU build, where vLLM's default memory fraction (0.92) does not fit beside other processes: the middle of
 # the CPU space's range (params/space.py), so that the probe's engine start, made with it, predicts a trial's.
 CPU_BASELINE_MEMORY_FALLBACK = 0.2
 # The baseline's replays at a load the workload fixes (closed-loop clients, a trace at its own timestamps): their
 # spread is the study's noise level there. A rate search needs none: its probes' pooled fit gives its interval.
 BASELINE_REPEATS = 3
-# How each stored trial was measured; trials stored before have none (fixed-length replays: MEASURED_BEFORE)
-MEASUREMENT = "probes sized by evidence, pooled fit"
-MEASURED_BEFORE = "fixed-length replays"
 
 
 @dataclass
@@ -168,41 +167,25 @@ class Objective:
             timings.shutdown_s = time.perf_counter() - t_stop
             timings.total_s = time.perf_counter() - t0
             TIMINGS.set(trial, timings.to_dict())
-        limit = self.config.ttft_p99_ms
+        limits = self.config.limits
         replays = search.points + search.repeats  # in the order they ran, as engine_points
         CURVE.set(trial, [{**p.to_dict(), **({"engine": e} if e else {})}
                           for p, e in zip(replays, engine_points + [None] * len(replays))])
         if search.repeats:  # the trial's numbers at its best rate are the medians of its replays there
-            search = with_repeats(search, limit)
-        violation = search.violation_ms(limit)
-        set_constraint(trial, CONSTRAINT, violation)
-        point = search.best or min(search.points, key=lambda p: (p.ttft_p99_ms if math.isfinite(p.ttft_p99_ms)
-                                                                  else math.inf))
-        summary = {"measurement": MEASUREMENT if search.points and search.points[0].requests is not None
-                   else MEASURED_BEFORE,
-                   "rate_at_limit": search.fit.to_dict() if search.fit is not None else None,
-                   "first_guess_rps": search.first_guess_rps, "floor_rps": search.floor_rps,
-                   "requests": sum(p.requests or 0 for p in search.points),
-                   "feasible": search.feasible, "stopped_early": search.stopped_early, "flat": search.flat,
-                   "rate_rps": point.offered_rate_rps if math.isfinite(point.offered_rate_rps) else None,
-                   "failed_rate_rps": search.failed_rate_rps,
-                   "output_throughput_tok_s": point.output_throughput_tok_s,
-                   "request_throughput_rps": point.request_throughput_rps,
-                   "ttft_p50_ms": point.ttft_p50_ms, "ttft_p99_ms": point.ttft_p99_ms,
-                   "tpot_p99_ms": point.tpot_p99_ms, "requests_at_rate": point.requests,
-                   "over_limit_at_rate": point.over_limit, "answered_at_rate": point.completed,
-                   "behind_at_rate": point.requests is not None and point.completed > 0 and not point.sustained}
-        RESULT.set(trial, summary)
-        found = _limited_by(replays, engine_points, point)
+            search = with_repeats(search, limits)
+        set_constraints(trial, {constraint_key(lim): v for lim, v in zip(limits, search.violations(limits).values())})
+        point = search.best or closest_point(search.points, limits)
+        first = limit_value_ms(point.stats or {"ttft": {"p99": point.ttft_p99_ms}}, limits.first, limits)
+        RESULT.set(trial, trial_result(search, point, limits))
+        found = _limited_by(replays, engine_points, point, bound_by(search, limits))
         if found:
             LIMITED_BY.set(trial, found)
-        ttft = point.ttft_p99_ms if math.isfinite(point.ttft_p99_ms) else CANNOT_RUN_MS
+        latency = first if math.isfinite(first) else CANNOT_RUN * limits.first.value_ms
         if any(name in self.space.dists for name in LAYOUT_ARGS):  # layouts differ: the sampler compares per GPU
             gpus = gpus_needed({**self.config.engine_args, **params})
-            summary["gpus"] = gpus
-            RESULT.set(trial, summary)
-            return point.output_throughput_tok_s / gpus, ttft
-        return point.output_throughput_tok_s, ttft
+            RESULT.set(trial, {**RESULT.of(trial), "gpus": gpus})
+            return point.output_throughput_tok_s / gpus, latency
+        return point.output_throughput_tok_s, latency
 
     def engine_for(self, trial: optuna.Trial) -> WatchedEngine:
         """The trial's engine, watched (measurement/engine_watch.py; its start bounded as the trial): the study's,
@@ -350,11 +333,10 @@ class Objective:
             return max(self.config.repeats, BASELINE_REPEATS)
         return self.config.repeats
 
-    @staticmethod
-    def _prune(trial: optuna.Trial, reason: str, detail: str) -> None:
+    def _prune(self, trial: optuna.Trial, reason: str, detail: str) -> None:
         PRUNED_REASON.set(trial, reason)
         PRUNED_DETAIL.set(trial, detail[:1000])
-        set_constraint(trial, CONSTRAINT, CANNOT_RUN_MS)
+        set_constraints(trial, {constraint_key(lim): CANNOT_RUN for lim in self.config.limits})
         raise optuna.TrialPruned(f"{reason}: {detail}")
 
 
@@ -376,12 +358,13 @@ def log_tail(log_path: Path, max_chars: int = 4000) -> str:
     return text.split("\n", 1)[1] if len(text) >= max_chars and "\n" in text else text
 
 
-def _limited_by(replays: list, engine_points: list[dict[str, Any] | None], point: Any) -> str | None:
-    """The one line that says what limited the trial at its chosen point: the engine's stats of the first replay
-    at that rate (`replays` in the order they ran, as `engine_points`; None without engine stats)."""
+def _limited_by(replays: list, engine_points: list[dict[str, Any] | None], point: Any, bound: Bound | None) -> str | None:
+    """The one line that says what limited the trial at its chosen point: the limit that bound it, then the
+    engine's stats of the first replay at that rate (`replays` in the order they ran, as `engine_points`)."""
     for p, e in zip(replays, engine_points):
         if p.offered_rate_rps == point.offered_rate_rps:
-            found = diagnose(e, point.ttft_p99_ms)
+            found = diagnose(e, point.ttft_p99_ms, bound.text if bound else None,
+                             bound.limit.metric if bound else None)
             return found.line if found else None
     return None
 

@@ -11,7 +11,8 @@ from typing import Any
 from optimizer.config.settings import StudyConfig
 from optimizer.core.clock import Clock
 from optimizer.measurement.engine import Engine, ReportsEngineStats
-from optimizer.measurement.evidence import FAIL, ProbeRule
+from optimizer.measurement.evidence import FAIL
+from optimizer.measurement.probe_rule import ProbeRule
 from optimizer.measurement.limits import summarize_engine
 from optimizer.measurement.metrics import RequestRecord, ReplayMetrics, summarize
 from optimizer.measurement.rate_search import (INCUMBENT_FLOOR, RUN_FIT_BRACKET, CurvePoint, RateSearchResult,
@@ -68,12 +69,12 @@ class TrialReplays:
 
     async def probe_at(self, rate_rps: float) -> CurvePoint:
         """A probe sized by evidence (measurement/evidence.py), as one curve point with its counts."""
-        spec, limit = self.config.workload, self.config.ttft_p99_ms
-        rule = ProbeRule(limit, len(self.workload.requests), 1 - self.config.search.probe_confidence)
+        spec, limits = self.config.workload, self.config.limits
+        rule = ProbeRule(limits, len(self.workload.requests), 1 - self.config.search.probe_confidence)
         records = await self.run_replay(rate_rps, rule)
         evidence = rule.evidence(sorted(records, key=lambda r: (r.sent_s, r.index)))
         return CurvePoint.of_probe(summarize(records, rate_rps, spec.skip_first_fraction, spec.skip_last_fraction),
-                                   evidence, limit)
+                                   evidence, limits)
 
     async def first_guess(self) -> float:
         """Where a search with nothing to start from probes first: GUESS_SHARE x the pace of GUESS_REQUESTS sent at
@@ -92,7 +93,7 @@ class TrialReplays:
             return
         # past the engine's capacity it stops as a probe would fail there: a queue hundreds of requests long
         # would only take its time to drain
-        rule = ProbeRule(self.config.ttft_p99_ms, count, 1 - self.config.search.probe_confidence)
+        rule = ProbeRule(self.config.limits, count, 1 - self.config.search.probe_confidence)
         await self.engine.reset_prefix_cache()
         await replay(self.engine, self.workload.requests[:count], self.workload.arrivals_s(rate_rps)[:count],
                      self.clock, lambda records, now_s: rule(records, now_s) and rule.settled.verdict == FAIL)
@@ -102,13 +103,13 @@ class TrialReplays:
         """The warm-up, then the trial's measurement: at a load the workload fixes, replays there; for a confirmation
         run, the rate at the limit from where its plan put it (`start_rates`); otherwise from the incumbent's rate
         (stopping below its floor) or a first guess."""
-        workload, search, limit = self.workload, self.config.search, self.config.ttft_p99_ms
+        workload, search, limits = self.workload, self.config.search, self.config.limits
         if workload.warmup:
             await replay(self.engine, workload.warmup, [0.0] * len(workload.warmup), self.clock)
         fixed_rate = fixed_load_rate(self.config.workload, workload)
         if fixed_rate is not None:
             await self.warm_up_under_load(fixed_rate)
-            return await measure_fixed_load(self.replay_at, fixed_rate, limit, search, repeats)
+            return await measure_fixed_load(self.replay_at, fixed_rate, limits, search, repeats)
         if confirm is not None:
             start_rps, failed_rps, step = start_rates(confirm)
             guess = None
@@ -131,5 +132,5 @@ class TrialReplays:
             result = await search_rate(self.probe_at, search, guess)
             result.first_guess_rps = guess
         if result.best is not None and repeats > 1:
-            await confirm_best(result, self.replay_at, repeats, limit)
+            await confirm_best(result, self.replay_at, repeats, limits)
         return result

@@ -27,11 +27,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from tqdm import tqdm
 
+from optimizer.config.limits import key_name
 from optimizer.core.units import format_ms
 from optimizer.measurement.disturbance import disturbance_text, disturbed
 from optimizer.search.attrs import (
     BASELINE, CONFIRM, LIMITED_BY, MACHINE_LOAD, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
 )
+from optimizer.search.measured import bound_text
 from optimizer.search.missed import rate_text, why_infeasible
 from optimizer.search.score import feasible, rate_at_limit_text, scored_best_first
 from optimizer.search.study import confirmation_runs, finished_count
@@ -50,8 +52,7 @@ def describe(trial: FrozenTrial) -> str:
     took = f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]"
     if feasible(trial):
         line = (f"{label} #{trial.number}: {rate_at_limit_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} "
-                f"tok/s, TTFT P99 {format_ms(r.get('ttft_p99_ms', math.nan))} at {rate_text(r.get('rate_rps'))} "
-                f"{took}")
+                f"tok/s, {values_text(r)} at {rate_text(r.get('rate_rps'))} {took}")
     else:
         line = f"{label} #{trial.number}: {why_infeasible(r)} {took}"
     load = MACHINE_LOAD.of(trial)
@@ -59,7 +60,19 @@ def describe(trial: FrozenTrial) -> str:
         line += f"; disturbed: {disturbance_text(load)}" + ("; no incumbent for the trials after it"
                                                             if feasible(trial) else "")
     limited = LIMITED_BY.of(trial)
-    return f"{line}\n  {limited}" if limited else line
+    bound = bound_text(r)
+    if limited:
+        return f"{line}\n  {limited}" if not bound or bound in limited else f"{line}\n  limited by {bound}; {limited}"
+    return f"{line}\n  limited by {bound}" if bound and feasible(trial) else line
+
+
+def values_text(result: dict) -> str:
+    """'TTFT P99 80ms, TPOT P99 41ms': each limit's statistic at the trial's rate (a trial stored before: its TTFT
+    P99)."""
+    values = result.get("values_at_rate_ms")
+    if not values:
+        return f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))}"
+    return ", ".join(f"{key_name(k)} {format_ms(v) if v is not None else 'n/a'}" for k, v in values.items())
 
 
 def best_text(study: optuna.Study) -> str:

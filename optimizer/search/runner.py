@@ -157,7 +157,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     if config.prescreen and (config.budget is None or finished_count(study) < config.budget):
         with Ticker(f"pre-screen: {config.prescreen} simulated trials", say, live=live) as ticker:
             prescreen(config, study, storage, objective, studies_dir, ticker.write)
-    say(f"study {config.study_name!r}: TTFT P99 <= {format_ms(config.ttft_p99_ms)}, budget {budget_text(config)}, "
+    say(f"study {config.study_name!r}: {config.limits.text}, budget {budget_text(config)}, "
         f"engine logs in {objective.logs_dir}")
     return Prepared(config, study, objective)
 

@@ -1,12 +1,12 @@
 """One definition of a trial's score and of the recommendation.
 
-A trial's score, for a TTFT P99 limit, is the output throughput of the highest-rate point of its stored curve
-that meets the limit (repeats merged into their medians, per GPU where the study's trials use different GPU
+A trial's score, for a study's latency limits, is the output throughput of the highest-rate point of its stored
+curve that meets every limit (repeats merged into their medians, per GPU where the study's trials use different GPU
 counts): `measurement/rerank.py` ranks one curve, this module ranks a study's trials with it. Before a
 confirmation (search/confirmed.py, whose `recommended` prefers its own), the recommendation is the best-scored trial
-at the study's own limit (ties: lower TTFT P99, then the earlier trial). Export, verify,
+at the study's own limits (ties: lower latency at the first limit, then the earlier trial). Export, verify,
 the progress bar, the pre-screen, the end-of-run table and `optimize report` all read these, so they never
-disagree on which trial is best; `optimize report --ttft-p99` asks the same question for another limit.
+disagree on which trial is best; `optimize report --tpot-p99 ...` asks the same question for other limits.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optimizer.config.limits import Limits
 from optimizer.measurement.intervals import brackets_overlap, rate_bracket_tok_s
 from optimizer.measurement.noise import Z, median
 from optimizer.measurement.rate_fit import RateAtLimit
@@ -37,19 +38,19 @@ def compared_per_gpu(trials: Sequence[FrozenTrial], engine_args: Mapping[str, An
     return len(set(_layouts(trials, engine_args).values())) > 1
 
 
-def rank_trials(trials: Sequence[FrozenTrial], engine_args: Mapping[str, Any], limit_ms: float,
-                other_limits_ms: Mapping[str, float] | None = None) -> dict[int, Ranked]:
-    """Each trial's curve ranked for `limit_ms` (and any other latency limits), by trial number. When the trials
+def rank_trials(trials: Sequence[FrozenTrial], engine_args: Mapping[str, Any], limits: Limits | float
+                ) -> dict[int, Ranked]:
+    """Each trial's curve ranked for `limits`, by trial number. When the trials
     need different GPU counts (tensor/pipeline/data parallelism), throughput is compared per GPU."""
     layouts = _layouts(trials, engine_args)
     per_gpu = len(set(layouts.values())) > 1
     return {t.number: rank_curve(per_gpu_curve(CURVE.of(t), layouts[t.number]) if per_gpu else CURVE.of(t),
-                                 limit_ms, other_limits_ms) for t in trials}
+                                 limits) for t in trials}
 
 
-def score_tok_s(trial: FrozenTrial, limit_ms: float) -> float:
-    """The trial's score alone (one GPU layout): output tokens/s within `limit_ms`, 0 when no point meets it."""
-    ranked = rank_curve(CURVE.of(trial), limit_ms)
+def score_tok_s(trial: FrozenTrial, limits: Limits | float) -> float:
+    """The trial's score alone (one GPU layout): output tokens/s within `limits`, 0 when no point meets them."""
+    ranked = rank_curve(CURVE.of(trial), limits)
     return ranked.output_throughput_tok_s if ranked.answerable else 0.0
 
 
@@ -96,26 +97,33 @@ def _stored_config(study: optuna.Study) -> dict[str, Any]:
     return json.loads(raw)
 
 
-def study_limit_ms(study: optuna.Study) -> float:
-    """The TTFT P99 limit the study searched with, from its stored config."""
-    return float(_stored_config(study)["ttft_p99_ms"])
+def stored_limits(stored: Mapping[str, Any]) -> Limits:
+    """The limits a stored config names (one stored before limits of every metric: its TTFT P99 limit)."""
+    if "limits" in stored:
+        return Limits.model_validate(stored["limits"])
+    return Limits.ttft_p99(float(stored["ttft_p99_ms"]))
 
 
-def scored_best_first(study: optuna.Study, limit_ms: float | None = None) -> list[tuple[FrozenTrial, Ranked]]:
-    """The finished trials that meet the limit (default: the study's own) with their ranked points, best first."""
+def study_limits(study: optuna.Study) -> Limits:
+    """The limits the study searched with, from its stored config."""
+    return stored_limits(_stored_config(study))
+
+
+def scored_best_first(study: optuna.Study, limits: Limits | None = None) -> list[tuple[FrozenTrial, Ranked]]:
+    """The finished trials that meet the limits (default: the study's own) with their ranked points, best first."""
     stored = _stored_config(study)
-    limit = float(stored["ttft_p99_ms"]) if limit_ms is None else limit_ms
+    limits = stored_limits(stored) if limits is None else limits
     trials = sorted(search_trials(study), key=lambda t: t.number)
-    ranked = rank_trials(trials, stored.get("engine_args") or {}, limit)
+    ranked = rank_trials(trials, stored.get("engine_args") or {}, limits)
     by_number = {t.number: t for t in trials}
     order = sorted((n for n, r in ranked.items() if r.answerable),
-                   key=lambda n: (-ranked[n].output_throughput_tok_s, ranked[n].ttft_p99_ms, n))
+                   key=lambda n: (-ranked[n].output_throughput_tok_s, ranked[n].latency_ms, n))
     return [(by_number[n], ranked[n]) for n in order]
 
 
-def best_first(study: optuna.Study, limit_ms: float | None = None) -> list[FrozenTrial]:
-    """The finished trials that meet the limit (default: the study's own), best score first."""
-    return [t for t, _ in scored_best_first(study, limit_ms)]
+def best_first(study: optuna.Study, limits: Limits | None = None) -> list[FrozenTrial]:
+    """The finished trials that meet the limits (default: the study's own), best score first."""
+    return [t for t, _ in scored_best_first(study, limits)]
 
 
 def feasible(trial: FrozenTrial) -> bool:

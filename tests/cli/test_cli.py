@@ -5,6 +5,7 @@ import json
 import optuna
 import pytest
 
+from optimizer.config.limits import Limits
 from optimizer.config.settings import StudyConfig
 from optimizer.search.study import open_study, storage_for
 from tests.support.fakes import run_cli
@@ -56,7 +57,8 @@ def test_bad_calibrate_input(tmp_path, capsys, argv, hint):
 
 def test_missing_slo_for_a_new_study(tmp_path, capsys):
     code, err = run_cli(capsys, "--budget", "3", "--studies-dir", str(tmp_path))
-    assert code == 2 and "--ttft-p99 is required" in err
+    assert code == 2 and "a new study needs a latency limit, e.g. `optimize --ttft-p99 150ms" in err
+    assert len(err.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("space,hint", [
@@ -140,13 +142,14 @@ def test_another_slo_on_an_existing_study_is_refused_and_nothing_changes(tmp_pat
     open_study(config, storage_for(url))
     before = (tmp_path / "mine.db").read_bytes()
     code, err = run_cli(capsys, "--study", "mine", "--ttft-p99", "300ms", "--studies-dir", str(tmp_path))
-    assert code == 2 and "already exists with other settings (ttft_p99_ms)" in err and "--study NEW_NAME" in err
+    assert code == 2 and "already exists with other settings (limits: its own are TTFT P99 <= 150ms)" in err
+    assert "--study NEW_NAME" in err and len(err.strip().splitlines()) == 1
     assert (tmp_path / "mine.db").read_bytes() == before
     stored = json.loads(optuna.load_study(study_name="mine", storage=url).user_attrs["optimizer_config"])
-    assert stored["ttft_p99_ms"] == 150.0
+    assert StudyConfig.model_validate(stored).limits == Limits.ttft_p99(150.0)
     # the same file named by a URL with a query (SQLite's busy timeout): the same study, not a new one
     code, err = run_cli(capsys, "--study", "mine", "--ttft-p99", "300ms", "--storage", f"{url}?timeout=60")
-    assert code == 2 and "already exists with other settings (ttft_p99_ms)" in err
+    assert code == 2 and "already exists with other settings (limits: its own are TTFT P99 <= 150ms)" in err
     assert (tmp_path / "mine.db").read_bytes() == before
 
 

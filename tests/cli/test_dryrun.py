@@ -84,7 +84,7 @@ def test_a_resumed_study_is_planned_from_its_own_trials_and_left_unchanged(tmp_p
 
 
 @pytest.mark.parametrize("argv, said", [
-    (["--dry-run"], "error: --ttft-p99 is required for a new study"),
+    (["--dry-run"], "error: a new study needs a latency limit, e.g. `optimize --ttft-p99 150ms --budget 40`"),
     (["--dry-run", "--ttft-p99", "150ms", "--budget", "10", "--confirm", "5"],
      "error: --confirm 5 takes 17 of the 10 trials of --budget"),
     (["--dry-run", "--ttft-p99", "fast"], "error: --ttft-p99"),

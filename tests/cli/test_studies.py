@@ -51,7 +51,7 @@ def test_each_study_is_one_row_with_the_numbers_the_report_gives(folder, capsys)
         config, study = made[row["study"]]
         dec = decide(study, config)
         runs = len(confirmation_runs(study))
-        assert row["TTFT P99"] == {"alpha": "30ms", "beta": "40ms"}[row["study"]]
+        assert row["limits"] == {"alpha": "TTFT P99 <= 30ms", "beta": "TTFT P99 <= 40ms"}[row["study"]]
         assert row["trials"] == f"{finished_count(study) + runs}/{config.budget}"
         assert row["best"] == f"#{dec.best.number}" and row["decision"] == verdict(dec)
         assert row["tok/s"] == pytest.approx(dec.throughput(dec.best).output_throughput_tok_s)
@@ -68,7 +68,7 @@ def test_the_table_as_the_command_prints_it(folder):
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stderr
-    assert lines[0].split() == ["study", "TTFT", "P99", "trials", "best", "tok/s", "req/s", "decision", "last",
+    assert lines[0].split() == ["study", "limits", "trials", "best", "tok/s", "req/s", "decision", "last",
                                 "activity"]
     assert [line.split()[0] for line in lines[2:]] == ["alpha", "beta"]
     assert all(len(line) <= 100 for line in lines)

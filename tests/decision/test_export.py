@@ -37,7 +37,8 @@ def test_export_writes_every_format_from_the_same_arguments(syn):
     doc = json.loads(done.json_path.read_text())
     assert doc["engine_args"] == args
     meta = doc["metadata"]
-    assert meta["slo"] == {"ttft_p99_ms": 100.0} and meta["trial"] == 2
+    assert meta["slo"] == {"limits": {"items": [{"metric": "ttft", "stat": "p99", "value_ms": 100.0}],
+                                      "goodput_pct": None}, "text": "TTFT P99 <= 100ms"} and meta["trial"] == 2
     assert meta["workload"]["num_requests"] == 40 and meta["workload"]["arrivals"] == "poisson"
     assert meta["measured"]["output_throughput_tok_s"] == pytest.approx(770)
 
@@ -273,3 +274,27 @@ def test_a_block_size_vllm_chose_for_its_gpu_is_left_to_vllm_where_the_study_did
                                          if k != "block_size"}
     fixed = config.model_copy(update={"engine_args": {**config.engine_args, "block_size": 64}})
     assert serve_args(trial, fixed, config.model)["block_size"] == 64
+
+
+def test_a_two_limit_study_exports_both_limits_and_what_bound_it(two_limits):
+    """Tuned for TTFT P99 <= 100ms and TPOT P99 <= 50ms: the header, the JSON's `slo` and the compose labels name
+    both, the measured line gives each limit's statistic, and the limit that stopped a higher rate (TPOT)."""
+    from optimizer.decision.decide import decide
+
+    study, config, tmp_path = two_limits
+    d = decide(study, config)
+    done = export_all(d.best.trial, config, tmp_path / "out", config.model)
+    header = done.yaml_path.read_text()
+    assert "# SLO: TTFT P99 <= 100ms, TPOT P99 <= 50ms." in header
+    assert ("# Measured: 500.0 output tok/s at 5.00 req/s, TTFT P99 50ms, TPOT P99 40ms. Bound by TPOT P99 61 ms > "
+            "50 ms at 6.0 req/s.") in header
+    slo = json.loads(done.json_path.read_text())["metadata"]["slo"]
+    assert slo == {"limits": {"items": [{"metric": "ttft", "stat": "p99", "value_ms": 100.0},
+                                        {"metric": "tpot", "stat": "p99", "value_ms": 50.0}], "goodput_pct": None},
+                   "text": "TTFT P99 <= 100ms, TPOT P99 <= 50ms"}
+    labels = yaml.safe_load(done.compose_path.read_text())["services"]["vllm"]["labels"]
+    assert labels["optimize.slo.ttft_p99_ms"] == "100.0" and labels["optimize.slo.tpot_p99_ms"] == "50.0"
+    assert labels["optimize.slo"] == "TTFT P99 <= 100ms, TPOT P99 <= 50ms"
+    with pytest.raises(OptimizerError, match=r"meets TTFT P99 <= 100ms, TPOT P99 <= 50ms: nothing to export\. Relax "
+                                             r"the limits \(--ttft-p99 100ms --tpot-p99 50ms\)"):
+        export_all(None, config, tmp_path / "none", config.model)

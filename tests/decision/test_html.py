@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
 
+from optimizer.config.limits import Limits
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.decision.decide import decide
 from optimizer.decision.html import NOT_RECORDED, length_mix_text, metadata_rows, render_html, run_info, trial_rows
@@ -32,9 +33,9 @@ from tests.support import synthetic
 def test_an_old_study_opens_with_what_it_stored_and_says_what_it_did_not(syn):
     study, config, _ = syn
     rows = dict(metadata_rows(decide(study, config), run_info(study, config)))
-    assert list(rows) == ["model", "workload", "TTFT P99 limit", "machine", "vLLM", "date", "trials"]
+    assert list(rows) == ["model", "workload", "tuned for", "machine", "vLLM", "date", "trials"]
     assert rows["model"] == f"{config.model}, random weights"
-    assert rows["workload"] == config.workload.describe() and rows["TTFT P99 limit"] == "100ms"  # no mix
+    assert rows["workload"] == config.workload.describe() and rows["tuned for"] == "TTFT P99 <= 100ms"  # no mix
     assert rows["machine"] == rows["vLLM"] == NOT_RECORDED  # the synthetic study stored no fingerprint
     assert rows["date"].startswith(NOT_RECORDED + " (first trial started ")
     assert rows["trials"] == ("5 search trials: 4 meet the limit, 0 miss it (0 stopped early: they could not beat "
@@ -60,10 +61,11 @@ def test_every_trial_says_what_stopped_it_and_what_it_changed(syn):
     assert rows["#0"]["changed from vLLM's defaults"] == "(vLLM's defaults)"
     assert rows["#2"]["role"] == "recommended" and rows["#2"]["output tok/s"] == "770.0"
     assert rows["#2"]["rate at the limit, req/s [95%]"] == "7.70 (passed)"  # stored before the pooled fit
-    loose = {r["trial"]: r for r in trial_rows(decide(study, config, limit_ms=1000.0))}
-    assert loose["#2"]["what stopped it"] == "even a burst met the limit: no arrival pattern offers more"
-    strict = {r["trial"]: r for r in trial_rows(decide(study, config, limit_ms=25.0))}
-    assert strict["#0"]["what stopped it"] == ("no probe meets the limit; at 3.60 req/s failed: TTFT P99 90ms over "
+    assert rows["#2"]["TTFT P99"] == "97ms"  # the statistic of each limit at the chosen rate, named in the header
+    loose = {r["trial"]: r for r in trial_rows(decide(study, config, Limits.ttft_p99(1000.0)))}
+    assert loose["#2"]["what stopped it"] == "even a burst met the limits: no arrival pattern offers more"
+    strict = {r["trial"]: r for r in trial_rows(decide(study, config, Limits.ttft_p99(25.0)))}
+    assert strict["#0"]["what stopped it"] == ("no probe meets the limits; at 3.60 req/s failed: TTFT P99 90ms over "
                                                "25ms")
 
 

@@ -90,7 +90,7 @@ def test_a_search_without_a_confirmation_says_it_is_one_measurement_each(syn):
 def test_no_config_that_meets_the_limit_has_nothing_to_deploy(tmp_path):
     config = make_config(tmp_path, config_only_model_in(tmp_path), ttft_p99_ms=0.001, budget=2)
     study = run_study(tmp_path, config)
-    lines = summary_text(study, config).splitlines()
+    lines = unwrapped(summary_text(study, config))
     assert lines[0] == "decision: nothing to deploy: no config met TTFT P99 <= 0.0ms"
     assert not any(line.startswith("deploy: ") for line in lines)
-    assert lines[-1].startswith("No trial met the limit. Relax --ttft-p99")
+    assert lines[-1].startswith("No trial met the limit: TTFT P99 <= 0.0ms. Relax it (--ttft-p99 0.001ms)")

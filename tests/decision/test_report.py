@@ -14,6 +14,7 @@ import optuna
 import pytest
 
 from optimizer.cli.main import main
+from optimizer.config.limits import Limits
 from optimizer.config.model import DEFAULT_MODEL_CONFIG
 from optimizer.config.settings import StudyConfig
 from optimizer.config.workload_spec import WorkloadSpec
@@ -61,7 +62,7 @@ def test_at_the_searched_limit_the_report_agrees_with_the_study(fake_study):
     for v in d.views:  # re-ranking from the curve reproduces the stored objective values
         if v.ranked.answerable:
             assert v.ranked.output_throughput_tok_s == pytest.approx(v.trial.values[0])
-            assert v.ranked.ttft_p99_ms == pytest.approx(v.trial.values[1])
+            assert v.ranked.latency_ms == pytest.approx(v.trial.values[1], abs=1e-3)  # stored to the microsecond
     # Optuna's own feasible Pareto front (best_trials honours constraints) is the same set of trials.
     assert {v.number for v in d.front} == {t.number for t in study.best_trials}
 
@@ -79,7 +80,7 @@ def test_hand_checked_front_recommendation_and_gain(syn):
 
 def test_a_looser_limit_recommends_from_the_curves_and_flags_a_lower_bound(syn):
     study, config, _ = syn
-    d = decide(study, config, 250.0)
+    d = decide(study, config, Limits.ttft_p99(250.0))
     # #2's 8.8 req/s (200 ms) is the highest Poisson rate it tried: 880 tok/s is only a lower bound.
     assert d.best.number == 2 and d.best.ranked.answer == Answer.LOWER_BOUND
     assert d.best.ranked.output_throughput_tok_s == pytest.approx(880)
@@ -90,18 +91,18 @@ def test_a_looser_limit_recommends_from_the_curves_and_flags_a_lower_bound(syn):
 
 def test_a_limit_every_burst_meets_recommends_the_ceiling(syn):
     study, config, _ = syn
-    d = decide(study, config, 1000.0)
+    d = decide(study, config, Limits.ttft_p99(1000.0))
     assert d.best.number == 1 and d.best.ranked.answer == Answer.CEILING
     assert d.best.ranked.output_throughput_tok_s == pytest.approx(1200)
 
 
 def test_a_stricter_limit_than_any_stored_point_says_the_data_cannot_answer(syn, capsys):
     study, config, tmp_path = syn
-    d = decide(study, config, 10.0)
+    d = decide(study, config, Limits.ttft_p99(10.0))
     assert d.best is None and d.front == []
     rc, out, _ = cli(capsys, "report", "--study", "syn", "--studies-dir", str(tmp_path), "--ttft-p99", "10ms")
     assert rc == 0
-    assert "cannot answer" in out and "lowest TTFT P99 stored is 20ms (trial #3" in out
+    assert "cannot answer" in out and "the closest stored is trial #3 at 3.00 req/s: TTFT P99 20ms" in out
     assert "not enough trials" in out
     assert (tmp_path / "syn.report.png").read_bytes().startswith(PNG_MAGIC)
 
@@ -111,9 +112,9 @@ def test_importances_need_three_feasible_searched_trials(syn):
     d = decide(study, config)  # #1, #2 and #3 are searched and meet the limit
     assert set(d.importances) <= set(synthetic.DISTRIBUTIONS) and d.importances
     assert sum(d.importances.values()) == pytest.approx(1.0)
-    d = decide(study, config, 90.0)  # only #2 (6.6/s at 60 ms), #3 (and #1 at 80 ms) -> still 3
+    d = decide(study, config, Limits.ttft_p99(90.0))  # only #2 (6.6/s at 60 ms), #3 (and #1 at 80 ms) -> still 3
     assert d.importances
-    d = decide(study, config, 50.0)  # only #3 meets it
+    d = decide(study, config, Limits.ttft_p99(50.0))  # only #3 meets it
     assert d.importances == {} and "not enough trials" in d.importance_note
 
 
@@ -190,7 +191,9 @@ def test_trial_curve_and_bench_json_in_vllm_format(syn, capsys):
     assert result["completed"] == 40 and result["failed"] == 0
     assert result["duration"] == pytest.approx(40 / 5.76)
     assert result["total_output_tokens"] == 4000
-    assert result["optimizer_trial"] == 1 and result["optimizer_ttft_p99_limit_ms"] == 100.0
+    assert result["optimizer_trial"] == 1 and result["optimizer_slo"] == "TTFT P99 <= 100ms"
+    assert result["optimizer_limits"] == {"items": [{"metric": "ttft", "stat": "p99", "value_ms": 100.0}],
+                                          "goodput_pct": None}
     assert "mean_ttft_ms" not in result  # not stored, so not guessed
 
 
@@ -214,7 +217,7 @@ def test_bench_json_keys_are_the_ones_vllm_writes(syn):
 
     study, config, _ = syn
     trial = study.trials[2]
-    result = bench_result(trial, config, chosen_point(trial, 100.0), 100.0)
+    result = bench_result(trial, config, chosen_point(trial, config.limits), config.limits)
     text = source.read_text()
     for key in result:
         if key.startswith("optimizer_"):
@@ -366,3 +369,62 @@ def test_the_chart_takes_two_probes_at_one_rate(tmp_path, monkeypatch):
     d = decide(study, config)
     assert sum(p["offered_rate_rps"] == 7.7 for p in d.best.curve) == 2
     assert render_png(d).startswith(b"\x89PNG")
+
+
+def test_a_two_limit_study_names_both_limits_and_reports_the_point_over_tpot(two_limits):
+    """TTFT P99 <= 100ms and TPOT P99 <= 50ms (tests/decision/conftest.py): #1's 6.0 req/s is within TTFT but its TPOT
+    P99 is 61 ms, so it is held to 5.0 req/s, and every view says TPOT is what it missed."""
+    from optimizer.decision.html import trial_rows
+    from optimizer.decision.report import table_lines
+    from optimizer.decision.views import curve_rows, summary_lines, title
+
+    study, config, _ = two_limits
+    d = decide(study, config)
+    assert d.limits.text == "TTFT P99 <= 100ms, TPOT P99 <= 50ms" and not d.reranked
+    assert d.best.number == 1 and d.best.ranked.rate_rps == 5.0 and d.best.ranked.next_rate_rps == 6.0
+    assert title(d) == ("study 'two': feasible Pareto front of output throughput vs TTFT P99, TTFT P99 <= 100ms, "
+                        "TPOT P99 <= 50ms (as searched)")
+    assert summary_lines(d)[0] == ("recommended: trial #1: 500.0 output tok/s at 5.00 req/s, TTFT P99 50ms, TPOT P99 "
+                                   "40ms (measured)")
+    assert table_lines(d, config)[0] == "TTFT P99 <= 100ms, TPOT P99 <= 50ms, one measurement each (not confirmed)"
+    assert table_lines(d, config)[1].splitlines()[0].endswith("TTFT P50  TTFT P99  TPOT P99")
+    rows = {r["trial"]: r for r in trial_rows(d)}
+    assert rows["#1"]["what stopped it"] == "at 6.00 req/s failed: TPOT P99 61ms over 50ms"
+    assert rows["#1"]["TTFT P99, TPOT P99"] == "50ms, 40ms"
+    curve = curve_rows(d, d.best)
+    assert [r["meets_limit"] for r in curve] == [True, False] and curve[1]["tpot_p99_ms"] == 61.0
+
+    doc = json.loads(render(d, "json")[0])
+    assert doc["limits"] == {"limits": [{"metric": "ttft", "stat": "p99", "value_ms": 100.0},
+                                        {"metric": "tpot", "stat": "p99", "value_ms": 50.0}],
+                             "goodput_pct": None, "text": "TTFT P99 <= 100ms, TPOT P99 <= 50ms",
+                             "searched": [{"metric": "ttft", "stat": "p99", "value_ms": 100.0},
+                                          {"metric": "tpot", "stat": "p99", "value_ms": 50.0}],
+                             "searched_goodput_pct": None, "reranked": False}
+    assert doc["front"][0]["tpot_p99_ms"] == 40.0 and doc["front"][0]["rate_rps"] == 5.0
+
+    # re-ranked at TTFT P99 alone, 6.0 req/s holds; the report says what it re-ranked for and what was searched
+    ttft = decide(study, config, Limits.ttft_p99(100.0))
+    assert ttft.reranked and ttft.best.ranked.rate_rps == 6.0
+    doc = json.loads(render(ttft, "json")[0])
+    assert doc["limits"]["limits"] == [{"metric": "ttft", "stat": "p99", "value_ms": 100.0}]
+    assert len(doc["limits"]["searched"]) == 2 and doc["limits"]["reranked"] is True
+    assert any("re-ranked from the stored replays for TTFT P99 <= 100ms (the study searched for TTFT P99 <= 100ms, "
+               "TPOT P99 <= 50ms)" in n for n in ttft.notes)
+
+
+def test_the_figure_of_a_tpot_first_study_draws_tpot_and_its_limit(two_limits):
+    """The latency axes are the first limit's: with TPOT P99 first, the front's x and the probes' y are TPOT P99s,
+    and the dashed line is the TPOT limit."""
+    from optimizer.config.limits import Limits as L
+    from optimizer.decision.plots import figure
+
+    study, config, _ = two_limits
+    tpot_first = L(items=tuple(reversed(config.limits.items)))
+    fig = figure(decide(study, config, tpot_first))
+    pareto, _, curves, _ = fig.axes[:4]
+    assert pareto.get_xlabel() == "TPOT P99 at the best sustained rate (ms)"
+    assert curves.get_ylabel() == "TPOT P99 (ms, log scale)"
+    labels = [t.get_text() for t in pareto.get_legend().get_texts()]
+    assert "TPOT P99 limit 50ms" in labels
+    assert [line.get_xdata()[0] for line in pareto.get_lines() if line.get_linestyle() == "--"] == [50.0]

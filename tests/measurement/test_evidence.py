@@ -5,19 +5,14 @@ import math
 import pytest
 
 from optimizer.measurement.evidence import (
-    FAIL, PASS, STEADY_E2E, UNSETTLED, ProbeRule, binomial_cdf, count, count_verdict, falls_behind, far_below, looks,
+    FAIL, PASS, STEADY_E2E, UNSETTLED, binomial_cdf, count, count_verdict, falls_behind, far_below, looks,
 )
-from optimizer.measurement.metrics import RequestRecord, summarize
+from optimizer.measurement.probe_rule import ProbeRule
+from optimizer.measurement.metrics import summarize
+from tests.support.fakes import request_record
 
 
-def rec(i, sent, ttft, decode_s=0.1, tokens=5):
-    r = RequestRecord(index=i, input_len=10, planned_s=sent, sent_s=sent)
-    if ttft is not None:
-        r.first_token_s = sent + ttft
-        r.chunk_times_s = [sent + ttft + decode_s * j / max(tokens - 1, 1) for j in range(tokens)]
-        r.output_tokens = tokens
-        r.ok = True
-    return r
+rec = request_record
 
 
 def steady(n, rate=10.0, ttft=0.05):
@@ -75,7 +70,7 @@ def test_count_reads_only_what_is_known_at_the_time():
 
 
 def test_far_below_the_limit_a_probe_stops_after_a_few_dozen():
-    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    rule = ProbeRule(150.0, cap=1000)
     records = [rec(i, i / 10.0, 0.02 + 0.0002 * (i * 37 % 60)) for i in range(60)]  # TTFTs of 20-32 ms
     stops = [n for n in range(1, 61) if rule(records[:n], records[n - 1].sent_s + 0.001)]
     assert stops and stops[0] <= 55
@@ -91,14 +86,14 @@ def test_a_queue_growing_past_capacity_is_not_passed_far_below_before_it_could_s
     rate = 131.0
     records = [rec(i, i / rate, 0.025 + 0.1 * i / rate, decode_s=0.01, tokens=2) for i in range(400)]
     c = count(records[:52], records[51].sent_s + 0.1, 150.0)
-    assert c.resolved == 52 and far_below(c.ttft_ms, 150.0) and c.sending_s >= STEADY_E2E * c.longest_e2e_s
+    assert c.resolved == 52 and far_below(c.values_ms, 150.0) and c.sending_s >= STEADY_E2E * c.longest_e2e_s
     assert not c.steady
-    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    rule = ProbeRule(150.0, cap=1000)
     stops = [n for n in range(1, 401) if rule(records[:n], records[n - 1].sent_s + 0.1)]
     assert stops and rule.evidence(records[:stops[0]]).verdict == FAIL
     # the same engine within its capacity (no queue growing): passed far below, once sent for 20 x its slowest
     calm = [rec(i, i / rate, 0.025 + 0.00005 * (i * 37 % 60), decode_s=0.01, tokens=2) for i in range(400)]
-    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    rule = ProbeRule(150.0, cap=1000)
     stops = [n for n in range(1, 401) if rule(calm[:n], calm[n - 1].sent_s + 0.1)]
     ev = rule.evidence(calm[:stops[0]])
     assert ev.verdict == PASS and ev.far and stops[0] / rate >= 20 * 0.028
@@ -106,19 +101,19 @@ def test_a_queue_growing_past_capacity_is_not_passed_far_below_before_it_could_s
 
 def test_a_rare_spike_is_not_extrapolated_away():
     # 1 in 100 over the limit, the rest all alike: no tail to fit, so 50 clean requests cannot pass it "far below"
-    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    rule = ProbeRule(150.0, cap=1000)
     assert not rule(steady(50), 5.5)
 
 
 def test_far_above_the_limit_a_probe_fails_at_the_first_look():
-    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    rule = ProbeRule(150.0, cap=1000)
     records = steady(30, ttft=0.3)
     assert rule(records[:26], 30.0)
     assert rule.evidence(records[:26]).verdict == FAIL
 
 
 def test_near_the_limit_a_probe_runs_to_its_cap_unsettled():
-    rule = ProbeRule(limit_ms=150.0, cap=400)
+    rule = ProbeRule(150.0, cap=400)
     # 1 in 100 over the limit: exactly P99 = the limit
     records = [rec(i, i / 10.0, 0.3 if i % 100 == 50 else 0.05) for i in range(400)]
     assert not any(rule(records[:n], records[n - 1].sent_s + 1.0) for n in range(1, 401))
@@ -139,7 +134,7 @@ def test_overs_in_one_burst_count_as_one_cluster():
 def test_a_burst_of_overs_early_does_not_settle_a_fail_alone():
     # 4 overs in a row among the first 25: as requests they fail the first look, as one cluster they do not
     records = [rec(i, i / 10.0, 0.3 if i in (5, 6, 7, 8) else 0.05) for i in range(30)]
-    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    rule = ProbeRule(150.0, cap=1000)
     assert not rule(records[:26], 30.0)
     assert count_verdict(25, 4, 0.05 / 7) == FAIL
 
@@ -147,7 +142,7 @@ def test_a_burst_of_overs_early_does_not_settle_a_fail_alone():
 def test_requests_withdrawn_when_a_probe_stops_count_only_past_the_limit():
     from optimizer.measurement.replay import WITHDRAWN, withdraw
 
-    rule = ProbeRule(limit_ms=150.0, cap=1000)
+    rule = ProbeRule(150.0, cap=1000)
     records = steady(30, ttft=0.3)  # every request far over the limit: the first look fails it
     now = records[25].sent_s + 1.0
     assert rule(records[:26], now)

@@ -28,7 +28,7 @@ def point(rate, requests, over, verdict):
                       failed=0, duration_s=requests / rate, request_throughput_rps=rate,
                       output_throughput_tok_s=rate * 10, total_token_throughput_tok_s=rate * 20,
                       ttft=d, tpot=d, itl=d, e2e=d)
-    from optimizer.measurement.evidence import Evidence
+    from optimizer.measurement.probe_rule import Evidence
 
     return CurvePoint.of_probe(m, Evidence(verdict, requests, over, False, requests), 150.0)
 

@@ -104,10 +104,13 @@ def test_other_latency_limits_narrow_the_answer():
         {"offered_rate_rps": 4.0, "sustained": True, "ttft_p99_ms": 60.0, "tpot_p99_ms": 12.0,
          "output_throughput_tok_s": 400.0},
     ]
+    from optimizer.config.limits import parse_limits
+
     assert rank_curve(curve, 100.0).rate_rps == 8.0
-    assert rank_curve(curve, 100.0, {"tpot_p99_ms": 20.0}).rate_rps == 4.0  # TPOT rules out 8 req/s
-    assert not rank_curve(curve, 100.0, {"tpot_p99_ms": 5.0}).answerable
-    assert not rank_curve(curve, 100.0, {"e2e_p99_ms": 1e9}).answerable  # not stored: cannot answer
+    assert rank_curve(curve, parse_limits("100ms", "20ms")).rate_rps == 4.0  # TPOT rules out 8 req/s
+    assert not rank_curve(curve, parse_limits("100ms", "5ms")).answerable
+    assert not rank_curve(curve, parse_limits("100ms", e2e_p99="1000s")).answerable  # not stored: cannot answer
+    assert not rank_curve(curve, parse_limits("100ms", slo=["tpot:p90=1s"])).answerable  # P90 not stored either
 
 
 def test_repeats_at_one_rate_rank_as_their_median():

@@ -217,7 +217,8 @@ def test_worker_command_is_the_optimizers_own_flags():
         for values in (env, {"POSTGRES_PASSWORD": "x", "MODEL_DIR": "/m"}):  # .env.example, and the defaults
             ns = build_parser().parse_args(interpolate(raw, values))
             settings = explicit_settings(ns)  # the optimizer's own validation of SLO, budget, device
-            assert settings["device"] == "cuda" and settings["budget"] >= 1 and settings["ttft_p99_ms"] > 0
+            assert settings["device"] == "cuda" and settings["budget"] >= 1
+            assert [(lim["metric"], lim["stat"]) for lim in settings["limits"]["items"]] == [("ttft", "p99")]
             assert ns.model.startswith("/models/")
 
 

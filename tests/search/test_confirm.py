@@ -8,6 +8,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from optimizer.config.limits import Limits
 from optimizer.core.errors import UsageError
 from optimizer.decision.decide import decide
 from optimizer.decision.report import summary_text
@@ -154,7 +155,7 @@ def test_a_default_plan_of_two_configs_spends_the_same_runs_on_more_rounds(monke
     STUDY_CONFIRMATION.set(study, {})  # no plan yet; the search found vLLM's defaults and one config to confirm
     monkeypatch.setattr(confirm, "candidates", lambda s: s.trials[:2])
     monkeypatch.setattr(confirm, "run_spec", lambda *a: {"start_rps": 10.0, "failed_rps": None})
-    monkeypatch.setattr(confirm, "study_limit_ms", lambda s: 150.0)  # a study optimize made stores its limit
+    monkeypatch.setattr(confirm, "study_limits", lambda s: Limits.ttft_p99(150.0))  # a study optimize made stores it
     assert confirm.enqueue(study, 8, {}, asked=False)["rounds"] == 12  # the default: 24 runs, in rounds of 2
     assert [CONFIRM.of(t)["of"] for t in confirm.waiting(study)] == [0, 1]  # the first round's
     assert STUDY_CONFIRMATION.of(study)["split"] == split.SPLIT_RULE
@@ -237,7 +238,7 @@ def test_the_recommendation_and_the_gain_come_from_the_confirmed_numbers(confirm
     out, _ = render(d, "table")  # optimize report shows them too
     assert "confirmed in 2 rounds" in out
     # another limit re-ranks the search's curves: the confirmation measured the study's own limit only
-    assert not decide(study, config, limit_ms=config.ttft_p99_ms * 2).confirmed
+    assert not decide(study, config, Limits.ttft_p99(config.limits.first.value_ms * 2)).confirmed
 
 
 def test_report_of_a_confirmed_trial_lists_its_runs(confirmed, tmp_path, capsys):

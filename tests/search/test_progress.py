@@ -195,7 +195,7 @@ def test_a_served_run_that_missed_everywhere_says_how_close_it_came():
     assert line.startswith("as served (`vllm serve` over HTTP), trial #0 again (run ") and "seed 4): over" in line
     assert "over the limit at every rate tried (TTFT P99 320ms at 26.62 req/s, the closest) (667 requests)" in line
     flat = {**missed, "flat": True}  # the descent stopped: its tail did not fall with the rate
-    assert why_infeasible(flat) == ("over the limit at every rate tried, and TTFT P99 did not fall as the rate fell "
+    assert why_infeasible(flat) == ("over the limit at every rate tried, and the latency did not fall as the rate fell "
                                     "(TTFT P99 320ms at 26.62 req/s, the closest): not a queue that a lower rate "
                                     "drains, stopped (667 requests)")
 

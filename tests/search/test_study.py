@@ -22,7 +22,8 @@ from optimizer.decision.export import export_all
 from optimizer.decision.report import summary_text
 from optimizer.params.space import SEARCHABLE
 from optimizer.search.dashboard import set_constraint
-from optimizer.search.objective import CANNOT_RUN_MS, CONSTRAINT
+from optimizer.measurement.rate_search import MISSED_ON_COUNT
+from optimizer.search.objective import CANNOT_RUN, CONSTRAINT
 from optimizer.search.confirmed import recommended
 from optimizer.search.study import DIRECTIONS, N_STARTUP_TRIALS, sampler
 from tests.conftest import REPO
@@ -43,10 +44,12 @@ def test_runs_to_budget_with_the_baseline_first_and_once(tmp_path, config_only_m
         assert result["measurement"] == "probes sized by evidence, pooled fit"
         best = [p for p in curve if p["offered_rate_rps"] == result["rate_rps"]]
         assert result["feasible"] == bool(best and best[0]["verdict"] != "fail" and best[0]["feasible"])
-        # the constraint TPE learns from: 0 when feasible, else how far the closest rate missed (at least 1 ms)
-        expected = 0.0 if result["feasible"] else max(result["ttft_p99_ms"] - 30.0, 1.0)
-        assert t.constraints[CONSTRAINT] == pytest.approx(expected)
-        assert t.values == pytest.approx([result["output_throughput_tok_s"], result["ttft_p99_ms"]])
+        # the constraint TPE learns from: measured / limit - 1 at the trial's point (its slack when feasible, at most
+        # 0; else how far the closest rate missed, a small miss where only its count missed)
+        ratio = result["ttft_p99_ms"] / 30.0 - 1
+        expected = min(ratio, 0.0) if result["feasible"] else (ratio if ratio > 0 else MISSED_ON_COUNT)
+        assert t.constraints[CONSTRAINT] == pytest.approx(expected, abs=1e-4)  # statistics stored to 1 us
+        assert t.values == pytest.approx([result["output_throughput_tok_s"], result["ttft_p99_ms"]], rel=1e-4)
         assert t.values[0] > 0
     assert any(not t.user_attrs["result"]["feasible"] for t in trials)  # both branches above were taken
     assert trials[0].user_attrs["result"]["feasible"] and len(trials[0].user_attrs["curve"]) >= 2
@@ -148,7 +151,7 @@ def test_sampler_sees_pruned_trials_as_infeasible(tmp_path, config_only_model):
         assert t.params["gpu_memory_utilization"] > 0.9
         assert t.user_attrs["pruned_reason"] == failures.OUT_OF_MEMORY
         # a config that cannot run is worse than any that ran and missed the limit: TPE ranks it last
-        assert t.constraints[CONSTRAINT] == CANNOT_RUN_MS > max(m.constraints[CONSTRAINT] for m in measured)
+        assert t.constraints[CONSTRAINT] == CANNOT_RUN > max(m.constraints[CONSTRAINT] for m in measured)
     # the study runs on the sampler optimizer/search/study.py builds, not Optuna's defaults
     s = study.sampler
     assert isinstance(s, optuna.samplers.TPESampler)
@@ -170,7 +173,7 @@ def test_our_sampler_learns_to_avoid_an_infeasible_region():
             x = trial.suggest_float("gpu_memory_utilization", 0.5, 1.0)
             y = trial.suggest_int("max_num_seqs", 1, 256, log=True)
             if x > 0.8:  # "out of memory": pruned, constraint violated, as the objective does
-                set_constraint(trial, CONSTRAINT, CANNOT_RUN_MS)
+                set_constraint(trial, CONSTRAINT, CANNOT_RUN)
                 raise optuna.TrialPruned()
             set_constraint(trial, CONSTRAINT, 0.0)
             return x * y, 1.0 / y

@@ -48,6 +48,8 @@ def make_config(tmp_path, model, **kw) -> StudyConfig:
                 model=str(model), dummy_weights=True, device="cpu",
                 workload=WorkloadSpec(num_requests=40, warmup_requests=2, input_len_min=64, input_len_max=256,
                                       output_len_min=2, output_len_max=6))
+    if "limits" in kw:  # limits of its own instead of the TTFT P99 one
+        base.pop("ttft_p99_ms")
     return StudyConfig(**{**base, **kw})
 
 
@@ -141,3 +143,17 @@ class FakeServer:
         await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
         await asyncio.sleep(0.005)  # as vLLM's server: the body's end comes after [DONE], in a packet of its own
         return resp
+
+
+def request_record(i, sent, ttft, decode_s=0.1, tokens=5):
+    """A request sent at `sent`, its first token `ttft` later (None: none yet), its `tokens` chunks evenly over
+    `decode_s`."""
+    from optimizer.measurement.metrics import RequestRecord
+
+    r = RequestRecord(index=i, input_len=10, planned_s=sent, sent_s=sent)
+    if ttft is not None:
+        r.first_token_s = sent + ttft
+        r.chunk_times_s = [sent + ttft + decode_s * j / max(tokens - 1, 1) for j in range(tokens)]
+        r.output_tokens = tokens
+        r.ok = True
+    return r
