@@ -98,7 +98,7 @@ def served_lines(d: Decision) -> list[str]:
             out.append(f"as served (vllm serve over HTTP, run {r['served_run']}): {who} not measured "
                        f"({r['served_not_measured']}); {inproc}")
             continue
-        line = (f"as served (vllm serve over HTTP, run {r['served_run']}): {who} holds the limit up to "
+        line = (f"as served (vllm serve over HTTP, run {r['served_run']}): {who} holds the limits up to "
                 f"{r['served_rate_at_limit_rps']:.2f} req/s "
                 f"{rate_interval_text(r['served_low_rps'], r['served_high_rps'])}; {inproc}")
         if r["served_differs"] and r["rate_at_limit_rps"]:
@@ -157,5 +157,5 @@ def provision_lines(records: list[tuple[Confirmed, dict[str, Any]]]) -> list[str
             parts.append(f"#{conf.number}" + (" vLLM's defaults" if conf.baseline else "") + f" {', '.join(rates)}")
     if not parts:
         return []
-    return ["provision for (one more run on this machine holds the limit there 19 times in 20, by the spread of the "
+    return ["provision for (one more run on this machine holds the limits there 19 times in 20, by the spread of the "
             f"rounds' rates): {'; '.join(parts)}"]

@@ -61,8 +61,11 @@ def describe(trial: FrozenTrial) -> str:
                                                             if feasible(trial) else "")
     limited = LIMITED_BY.of(trial)
     bound = bound_text(r)
+    if limited and bound and not feasible(trial):  # the line above names the limit it missed already
+        limited = limited.replace(f"limited by {bound}; ", "limited by ", 1)
     if limited:
-        return f"{line}\n  {limited}" if not bound or bound in limited else f"{line}\n  limited by {bound}; {limited}"
+        return f"{line}\n  {limited}" if not bound or bound in limited or not feasible(trial) \
+            else f"{line}\n  limited by {bound}; {limited}"
     return f"{line}\n  limited by {bound}" if bound and feasible(trial) else line
 
 
