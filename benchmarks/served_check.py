@@ -5,8 +5,14 @@ serve` runs: `vllm.benchmarks.serve`; the CPU build's `vllm` console script fail
 the module is run where it does) sends the study's workload at the recommendation's rate at the limits, and again
 at `--factor` times that rate. Reads the study, writes nothing to it.
 
+`--layout study` (the default) starts that server as the study's own runs through `vllm serve` started it
+(engines/http_engine.py): on vLLM's CPU build its workers bound where vLLM binds them, the API server and the client
+on the CPUs they leave, the engine core at a lower priority (engines/cpu_layout.py: on a machine of few cores, its
+spinning otherwise starves the server and the client for seconds at a time). `--layout plain` runs the exported
+command alone, as it would start on a machine of its own.
+
     flock /tmp/optimizer-engine.lock .venv/bin/python benchmarks/served_check.py --studies-dir DIR --study NAME
-        [--prompts 1000] [--factor 1.15] [--rate R] [--warmup-prompts N] [--out FOLDER]
+        [--prompts 1000] [--factor 1.15] [--rate R] [--warmup-prompts N] [--layout study|plain] [--out FOLDER]
 
 The rate: by default the config's rate at the limits as served (the confirmation's run through `vllm serve`,
 search/confirmed.py `Confirmed.served_rate`); without one, its rate at the limits in process (the search trial's
@@ -79,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-prompts", type=int, default=None,
                    help="requests sent at the rate before the measured runs, not reported (default: the study's warm-up "
                         "under load, at most --prompts; 0: none)")
+    p.add_argument("--layout", choices=["study", "plain"], default="study",
+                   help="how the server starts: 'study' as the study's own runs through `vllm serve` started it (on "
+                   "vLLM's CPU build: its workers bound, the server and this client on the CPUs they leave, the engine "
+                   "core at a lower priority; engines/cpu_layout.py), 'plain' as the exported command alone "
+                   "(default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of vLLM's client (its arrival gaps; default %(default)s)")
     p.add_argument("--out", help="folder for the export, traces, logs and result JSONs (default: a new temp folder)")
     return p
@@ -455,9 +466,20 @@ def check(ns: argparse.Namespace) -> int:
     launcher = bench_launcher()
     server = None
     rpc = None
+    engine, loop = None, None
     results: list[tuple[str, float, dict[str, Any], list[str], list[str]]] = []
     try:
-        for attempt in range(3):
+        if ns.layout == "study":  # the study's own served runs' engine: the same start, layout and priorities
+            import asyncio
+
+            from optimizer.search.attrs import ENGINE_PARAMS
+            from optimizer.search.runner import served_factory_for
+
+            engine, loop = served_factory_for(config, str(model))(), asyncio.new_event_loop()
+            t0 = time.monotonic()
+            loop.run_until_complete(engine.start(ENGINE_PARAMS.of(best.trial), out / "server.log"))
+            base = engine.base_url
+        for attempt in range(0 if engine is not None else 3):
             port = free_port(HOST)
             rpc, sockets = renew_rpc_dir(rpc, env)
             server = ServerProcess([*argv, "--host", HOST, "--port", str(port)], out / "server.log",
@@ -475,11 +497,11 @@ def check(ns: argparse.Namespace) -> int:
                 continue
             raise OptimizerError(f"the server exited with code {server.exit_code()} before it answered /health:\n"
                                  f"{text[-3000:]}")
-        assert server is not None
         models = get_json(f"{base}/v1/models")["data"]
         served_name = models[0]["id"]
-        print(f"server: up in {time.monotonic() - t0:.0f} s at {base}, PIDs "
-              f"{', '.join(str(r.pid) for r in server.refresh())}, model {served_name!r}; log {out / 'server.log'}")
+        pids = engine.pids if engine is not None else [r.pid for r in server.refresh()]
+        print(f"server: up in {time.monotonic() - t0:.0f} s at {base} ({ns.layout} layout), PIDs "
+              f"{', '.join(map(str, pids))}, model {served_name!r}; log {out / 'server.log'}")
 
         if warm:
             t1 = time.monotonic()
@@ -502,6 +524,16 @@ def check(ns: argparse.Namespace) -> int:
             print(f"  {summary(label, r, rate, ns.factor, misses)}")
             print(f"  client log {out / f'run-{i + 1}.log'}, result {out / f'run-{i + 1}.json'}")
     finally:
+        if engine is not None:
+            pids = list(engine.pids)
+            loop.run_until_complete(engine.shutdown())
+            loop.close()
+            import psutil
+
+            left = [pid for pid in pids if psutil.pid_exists(pid)
+                    and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+            print(f"\nserver ended: PIDs {', '.join(map(str, pids))}; "
+                  + (f"STILL RUNNING: {left}" if left else "none left"))
         if server is not None:
             refs = server.refresh()
             server.stop()
