@@ -9,7 +9,7 @@ from optimizer.config.limits import parse_limits
 from optimizer.measurement.evidence import FAIL, PASS
 from optimizer.measurement.metrics import Distribution, ReplayMetrics
 from optimizer.measurement.probe_rule import Evidence, LimitEvidence
-from optimizer.measurement.rate_fit import ProbeCount, fit_rate_at_limit
+from optimizer.measurement.rate_fit import fit_rate_at_limit
 from optimizer.measurement.rate_search import (CANNOT_MEASURE, MISSED_ON_COUNT, CurvePoint, RateSearchResult,
                                                 fit_at_limits, probe_counts)
 
@@ -18,7 +18,7 @@ LIMITS = parse_limits("150ms", "50ms")
 
 def point(rate, n, ttft_over, tpot_over, ttft_p99=100.0, tpot_p99=40.0):
     """A probe of `n` requests at `rate`, with its counts over each limit."""
-    d = lambda p99: Distribution(p99 / 2, p99 / 2, p99 / 2, p99, p99, p99)  # noqa: E731
+    d = lambda p99: Distribution(p99 / 2, p99 / 2, p99 / 2, p99, p99, p99)
     m = ReplayMetrics(offered_rate_rps=rate, achieved_rate_rps=rate, sent_rate_rps=rate, completed=n, failed=0,
                       duration_s=n / rate, request_throughput_rps=rate, output_throughput_tok_s=rate * 10,
                       total_token_throughput_tok_s=rate * 20, ttft=d(ttft_p99), tpot=d(tpot_p99), itl=d(10.0),

@@ -7,12 +7,10 @@ import pytest
 
 from optimizer.config.limits import parse_limits
 from optimizer.measurement.evidence import FAIL, PASS, count
-from optimizer.measurement.limit_counts import (MeanTest, count_goodput, count_itl, count_request_metric,
-                                                statistic_ms)
+from optimizer.measurement.limit_counts import MeanTest, count_goodput, count_itl, count_request_metric, statistic_ms
 from optimizer.measurement.metrics import summarize
-from tests.support.fakes import request_record
 from optimizer.measurement.probe_rule import ProbeRule
-
+from tests.support.fakes import request_record
 
 rec = request_record
 
