@@ -142,7 +142,6 @@ class ProbeRule:
         self.criteria = Criterion.of_limits(self.limits)
         ttft = self.limits.get("ttft")
         self.ttft_limit_ms = ttft.value_ms if ttft is not None else math.inf  # what first tokens are counted against
-        self.limit_ms = self.ttft_limit_ms
         self.cap = cap
         self.looks = looks(cap, min(first_look, cap))
         self.alpha_look = alpha / len(self.looks)
