@@ -370,5 +370,6 @@ def describe(trial: FrozenTrial) -> str:
             if disturbed(load) else "")
     if not r.get("feasible"):
         return f"{head}: {why_infeasible(r)} [{TIMINGS.of(trial).get('total_s', 0):.0f}s]{note}"
+    bound = (r.get("bound_by") or {}).get("text")
     return (f"{head}: {rate_at_limit_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} tok/s "
-            f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]{note}")
+            f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]{note}" + (f"; limited by {bound}" if bound else ""))
