@@ -99,30 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def export_command(ns: argparse.Namespace, out: Path) -> tuple[Any, Any, Any, Any, Any]:
     """(config, decision, recommended TrialView, Exported, the study's machine fingerprint) as `optimize export`
-    makes them (cli/export.py), the files written into `out`."""
+    makes them (cli/export.py::export_decision), the files written into `out`."""
     from optimizer.decision.decide import decide
-    from optimizer.decision.export import export_all
+    from optimizer.cli.export import export_decision
     from optimizer.search.attrs import STUDY_MACHINE
-    from optimizer.search.runner import model_path
 
     config, study = load_study(ns)
     d = decide(study, config)
-    best = d.best
-    confirmed = None
-    if best is not None and d.throughput(best).confirmed:
-        from optimizer.decision.verdict import verdict_line
-
-        confirmed = (d.throughput(best), d.gain(best), verdict_line(d))
-    conf = d.confirmed_of(best) if best is not None else None
-    served = None
-    if conf is not None and conf.served is not None:
-        from optimizer.decision.served import served_record
-
-        served = served_record(d.confirmation, conf)
-    machine = STUDY_MACHINE.of(study)
-    done = export_all(best.trial if best is not None else None, config, out, model_path(config), confirmed, served,
-                      machine)
-    return config, d, best, done, machine
+    return config, d, d.best, export_decision(d, config, study, out), STUDY_MACHINE.of(study)
 
 
 def rate_to_check(d: Any, best: Any) -> tuple[float | None, str]:

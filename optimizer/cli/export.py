@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from optimizer.cli.common import add_common_flags, guarded, load_study
 from optimizer.cli.manual import new_parser
@@ -38,29 +39,12 @@ def cmd_export(argv: list[str]) -> int:
 def _export(ns: argparse.Namespace) -> int:
     from optimizer.core.paths import check_output_dir
     from optimizer.decision.decide import decide
-    from optimizer.decision.export import export_all
-    from optimizer.search.attrs import STUDY_MACHINE
-    from optimizer.search.runner import model_path
 
     if ns.out is not None:
         check_output_dir(ns.out, "--out", "a folder for the exported files")
     config, study = load_study(ns)
     d = decide(study, config)  # the recommendation and its numbers, as `optimize report` gives them
-    best = d.best
-    confirmed = None
-    if best is not None and d.throughput(best).confirmed:
-        from optimizer.decision.verdict import verdict_line
-
-        confirmed = (d.throughput(best), d.gain(best), verdict_line(d))
-    conf = d.confirmed_of(best) if best is not None else None
-    served = None
-    if conf is not None and conf.served is not None:
-        from optimizer.decision.served import served_record
-
-        assert d.confirmation is not None
-        served = served_record(d.confirmation, conf)
-    done = export_all(best.trial if best is not None else None, config, Path(ns.out or ns.studies_dir),
-                      model_path(config), confirmed, served, STUDY_MACHINE.of(study))
+    done = export_decision(d, config, study, Path(ns.out or ns.studies_dir))
     print(done.command)
     if not ns.quiet:
         for note in done.notes:
@@ -69,3 +53,25 @@ def _export(ns: argparse.Namespace) -> int:
         print(f"wrote {done.json_path} (use: AsyncEngineArgs(**json.load(f)['engine_args']))", file=sys.stderr)
         print(f"wrote {done.compose_path} (use: docker compose -f {done.compose_path} up)", file=sys.stderr)
     return 0
+
+
+def export_decision(d: Any, config: Any, study: Any, out_dir: Path) -> Any:
+    """`export_all` for the recommendation of decision `d` (decision/decide.py) of `study`: its confirmed numbers,
+    gain and verdict where confirmed, its rates as served where measured, the study's machine fingerprint."""
+    from optimizer.decision.export import export_all
+    from optimizer.decision.served import served_record
+    from optimizer.decision.verdict import verdict_line
+    from optimizer.search.attrs import STUDY_MACHINE
+    from optimizer.search.runner import model_path
+
+    best = d.best
+    confirmed = None
+    if best is not None and d.throughput(best).confirmed:
+        confirmed = (d.throughput(best), d.gain(best), verdict_line(d))
+    conf = d.confirmed_of(best) if best is not None else None
+    served = None
+    if conf is not None and conf.served is not None:
+        assert d.confirmation is not None
+        served = served_record(d.confirmation, conf)
+    return export_all(best.trial if best is not None else None, config, out_dir, model_path(config), confirmed,
+                      served, STUDY_MACHINE.of(study))
