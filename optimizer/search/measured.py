@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from optimizer.config.limits import Limit, Limits
-from optimizer.measurement.rate_search import CurvePoint, RateSearchResult, limit_value_ms, part_value_ms
+from optimizer.measurement.rate_search import CurvePoint, RateSearchResult
+from optimizer.measurement.rerank import point_value_ms, worst_ratio
 
 MEASUREMENT = "probes sized by evidence, pooled fit"  # how each stored trial was measured
 MEASURED_BEFORE = "fixed-length replays"  # trials stored before have no such entry
@@ -39,33 +40,15 @@ class Bound:
                 else round(self.measured_ms, 3), "rate_rps": self.rate_rps, "text": self.text}
 
 
-def point_stats(p: CurvePoint) -> dict[str, dict[str, float | None]]:
-    """The point's statistics (a curve stored before holds its P99s only)."""
-    return p.stats or {"ttft": {"p99": p.ttft_p99_ms, "p50": p.ttft_p50_ms}, "tpot": {"p99": p.tpot_p99_ms},
-                       "itl": {"p99": p.itl_p99_ms}, "e2e": {"p99": p.e2e_p99_ms}}
-
-
 def values_at(p: CurvePoint, limits: Limits) -> dict[str, float]:
-    """Each limit's statistic at the point, by key (NaN where not measured)."""
-    stats = point_stats(p)
-    out = {}
-    for lim in limits:
-        value = limit_value_ms(stats, lim, limits)
-        if not math.isfinite(value):  # a percentile the summary does not hold: the probe's own count's statistic
-            value = part_value_ms(p, lim.key)
-        out[lim.key] = value
-    return out
-
-
-def worst_ratio(p: CurvePoint, limits: Limits) -> float:
-    values = values_at(p, limits)
-    ratios = [values[lim.key] / lim.value_ms for lim in limits]
-    return max(ratios) if all(math.isfinite(r) for r in ratios) else math.inf
+    """Each limit's statistic at the point, by key (NaN where not measured), as a stored point reads
+    (measurement/rerank.py::point_value_ms)."""
+    return {lim.key: point_value_ms(p.__dict__, lim, limits) for lim in limits}
 
 
 def closest_point(points: Sequence[CurvePoint], limits: Limits) -> CurvePoint:
     """The point nearest to holding every limit: the lowest largest ratio of measured to limit."""
-    return min(points, key=lambda p: worst_ratio(p, limits))
+    return min(points, key=lambda p: worst_ratio(p.__dict__, limits))
 
 
 def binding_limit(p: CurvePoint, limits: Limits) -> Limit:

@@ -28,7 +28,6 @@ from optimizer.hardware.device import visible_gpus
 from optimizer.measurement.engine import Engine, EngineFactory, ServesInVirtualTime
 from optimizer.measurement.engine_watch import CallBounds, WatchedEngine, pause_from_env
 from optimizer.measurement.limits import diagnose
-from optimizer.measurement.rate_search import limit_value_ms
 from optimizer.measurement.disturbance import MachineLoad
 from optimizer.measurement.telemetry import for_device
 from optimizer.measurement.workload import Workload, build_workload, fixed_load_rate
@@ -46,7 +45,7 @@ from optimizer.search.attrs import (
 from optimizer.search.breaker import StartFailureBreaker, environment_cause
 from optimizer.search.dashboard import constraint_key, set_constraints
 from optimizer.search.incumbent import fair_incumbent_rate
-from optimizer.search.measured import Bound, bound_by, closest_point, trial_result
+from optimizer.search.measured import Bound, bound_by, closest_point, trial_result, values_at
 from optimizer.search.records import RecordStore
 from optimizer.search.recovery import record_processes, save_processes, worker_identity
 from optimizer.search.probes import TrialReplays
@@ -175,7 +174,7 @@ class Objective:
             search = with_repeats(search, limits)
         set_constraints(trial, {constraint_key(lim): v for lim, v in zip(limits, search.violations(limits).values())})
         point = search.best or closest_point(search.points, limits)
-        first = limit_value_ms(point.stats or {"ttft": {"p99": point.ttft_p99_ms}}, limits.first, limits)
+        first = values_at(point, limits)[limits.first.key]
         RESULT.set(trial, trial_result(search, point, limits))
         found = _limited_by(replays, engine_points, point, bound_by(search, limits))
         if found:
