@@ -23,7 +23,7 @@ import optuna  # noqa: E402
 
 from optimizer.measurement.rate_fit import ProbeCount, fit_rate_at_limit  # noqa: E402
 from optimizer.measurement.rate_search import CurvePoint, probe_counts  # noqa: E402
-from optimizer.search.attrs import CURVE, RESULT  # noqa: E402
+from optimizer.search.measured import measurement_of  # noqa: E402
 from optimizer.search.confirmed import confirmation  # noqa: E402
 from optimizer.search.study import confirmation_study  # noqa: E402
 
@@ -35,8 +35,10 @@ FIELDS = {f.name for f in dataclasses.fields(CurvePoint)}
 
 def curve_points(trial) -> list[CurvePoint]:
     """The trial's stored curve as `CurvePoint`s, in the order its replays ran (a burst's rate: inf)."""
+    m = measurement_of(trial)
     return [CurvePoint(**{**{k: v for k, v in d.items() if k in FIELDS},
-                          "offered_rate_rps": d.get("offered_rate_rps") or math.inf}) for d in CURVE.of(trial)]
+                          "offered_rate_rps": d.get("offered_rate_rps") or math.inf})
+            for d in (m.curve if m is not None else ())]
 
 
 def counts(trial) -> list[ProbeCount]:
@@ -73,7 +75,8 @@ def main() -> None:
         study = stored_study(where)
         home = confirmation_study(study)
         for t in study.trials + ([] if home is None else home.trials):
-            fit, probes = RESULT.of(t).get("rate_at_limit"), counts(t)
+            m, probes = measurement_of(t), counts(t)
+            fit = None if m is None or m.rate_at_limit is None else m.rate_at_limit.to_dict()
             if not fit or not probes:
                 continue
             failed = [p.rate_rps for p in probes if p.over_limit > PAST * p.requests]
@@ -86,7 +89,8 @@ def main() -> None:
         c = confirmation(study)
         if c is None or len(c.full_rounds) < 2:
             continue
-        stored = [[RESULT.of(x.runs[r]).get("rate_at_limit", {}).get("rate_rps") for r in c.full_rounds]
+        stored = [[fit.rate_rps if (m := measurement_of(x.runs[r])) is not None and (fit := m.rate_at_limit)
+                   is not None else None for r in c.full_rounds]
                   for x in c.configs if all(r in x.runs for r in c.full_rounds)]
         refit = [[counts_root(counts(x.runs[r])) for r in c.full_rounds]
                  for x in c.configs if all(r in x.runs for r in c.full_rounds)]

@@ -91,14 +91,14 @@ def real_coverage(paths: list[str]) -> None:
 
     from fit_point import stored_study
 
-    from optimizer.search.attrs import RESULT
+    from optimizer.search.measured import measurement_of
     from optimizer.search.confirmed import confirmation
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     def fit(t) -> RateAtLimit | None:
-        d = RESULT.of(t).get("rate_at_limit")
-        return RateAtLimit.from_dict(d) if d and RESULT.of(t).get("feasible") else None
+        m = measurement_of(t)
+        return None if m is None else m.fit
 
     totals = [0, 0, 0, 0, 0, 0]  # (inside, of) for: search vs runs, search vs the rounds' mean, run vs other runs
     print("| study | trial | search trial's interval | its rounds' rates (fresh engines, other draws) | inside | "

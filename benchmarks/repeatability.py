@@ -20,7 +20,8 @@ from pathlib import Path
 from optimizer.cli.run import build_parser, resolve_config
 from optimizer.measurement.noise import coefficient_of_variation, median
 from optimizer.measurement.rerank import merge_repeats
-from optimizer.search.attrs import BASELINE, CURVE, RESULT, RUN
+from optimizer.search.attrs import BASELINE, RUN
+from optimizer.search.measured import measurement_of
 from optimizer.search.runner import prepare
 
 
@@ -61,13 +62,14 @@ def main() -> None:
     print(f"{'run':>4}  {'rate req/s':>10}  {'goodput tok/s':>13}  {'replays at best rate (tok/s)':>30}  {'CV within':>9}")
     goodputs, within = [], []
     for i, t in enumerate(runs):
-        r = RESULT.of(t)
-        good = t.values[0] if r.get("feasible") else 0.0
+        m = measurement_of(t)
+        met = m is not None and m.feasible
+        good = t.values[0] if met else 0.0
         goodputs.append(good)
-        rate = r.get("rate_rps")
-        at_best = [pt["output_throughput_tok_s"] for pt in CURVE.of(t)
-                   if r.get("feasible") and pt["offered_rate_rps"] == rate]
-        merged = [pt for pt in merge_repeats(CURVE.of(t)) if pt["offered_rate_rps"] == rate]
+        rate = m.rate_rps if m is not None else None
+        curve = list(m.curve) if m is not None else []
+        at_best = [pt["output_throughput_tok_s"] for pt in curve if met and pt["offered_rate_rps"] == rate]
+        merged = [pt for pt in merge_repeats(curve) if pt["offered_rate_rps"] == rate]
         cv = merged[0].get("output_throughput_cv", math.nan) if merged else math.nan
         within.append(cv)
         rate_s = "burst" if rate is None else f"{rate:.2f}"

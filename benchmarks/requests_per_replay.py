@@ -40,7 +40,8 @@ from optimizer.engines.simulated import SimulatedEngine  # noqa: E402
 from optimizer.measurement.metrics import summarize  # noqa: E402
 from optimizer.measurement.workload import build_workload  # noqa: E402
 from optimizer.params.space import resolve  # noqa: E402
-from optimizer.search.attrs import BASELINE, ENGINE_PARAMS, RESULT  # noqa: E402
+from optimizer.search.attrs import BASELINE, ENGINE_PARAMS  # noqa: E402
+from optimizer.search.measured import measurement_of  # noqa: E402
 from optimizer.search.prescreen import evaluate, sim_objective  # noqa: E402
 from optimizer.search.runner import model_path, prepare, run  # noqa: E402
 from optimizer.search.score import goodput  # noqa: E402
@@ -89,7 +90,7 @@ def run_variant(variant: str, seed: int, slo_ms: float, budget: int, tm: StepTim
     run(prepared, quiet=True)
     per_start = tm.engine_start_s + tm.engine_shutdown_s
     best = recommended(prepared.study)
-    rate = RESULT.of(best).get("rate_rps") if best else None
+    rate = m.rate_rps if best is not None and (m := measurement_of(best)) is not None else None
     return Outcome(variant, seed, prepared.config.workload.num_requests, sum(e.virtual_s for e in engines),
                    sum(max(e.virtual_s - per_start, 0.0) for e in engines),
                    {**ENGINE_PARAMS.of(best)} if best else None,

@@ -60,7 +60,8 @@ from optimizer.engines.sim.steptime import StepTimeModel  # noqa: E402
 from optimizer.engines.simulated import SimulatedEngine  # noqa: E402
 from optimizer.measurement.workload import Workload, build_workload  # noqa: E402
 from optimizer.params.space import Space, resolve  # noqa: E402
-from optimizer.search.attrs import BASELINE, RESULT, TIMINGS  # noqa: E402
+from optimizer.search.attrs import BASELINE, TIMINGS  # noqa: E402
+from optimizer.search.measured import measurement_of  # noqa: E402
 from optimizer.search.prescreen import evaluate, run_prescreen, sim_objective  # noqa: E402
 from optimizer.search.score import goodput  # noqa: E402
 from optimizer.search.study import open_study, run_to_budget  # noqa: E402
@@ -290,7 +291,7 @@ def run_method(args: tuple[str, int, int, dict[str, float], int, dict[str, float
         run.values.append(goodput(t))
         run.engine_s.append(sum(e.virtual_s for e in engines))
         run.params.append(dict(t.params) if not BASELINE.of(t) else {})
-        run.stopped.append(bool(RESULT.of(t).get("stopped_early")))
+        run.stopped.append(bool((m := measurement_of(t)) is not None and m.stopped_early))
 
     run_to_budget(study, objective, budget, on_trial=on_trial, gc_after_trial=False)
     per_start = tm.engine_start_s + tm.engine_shutdown_s

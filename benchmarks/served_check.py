@@ -112,7 +112,7 @@ def export_command(ns: argparse.Namespace, out: Path) -> tuple[Any, Any, Any, An
 def rate_to_check(d: Any, best: Any) -> tuple[float | None, str]:
     """The recommendation's rate at the limits as served (the confirmation's run through `vllm serve`), else in
     process (its search trial's pooled fit; a trial stored without one: the highest rate it passed), and what it is."""
-    from optimizer.search.attrs import RESULT
+    from optimizer.search.measured import measurement_of
     from optimizer.search.study import run_name
 
     conf = d.confirmed_of(best)
@@ -126,17 +126,17 @@ def rate_to_check(d: Any, best: Any) -> tuple[float | None, str]:
             return fit.rate_rps, (f"as served: the confirmation's run through vllm serve ({run_name(conf.served)}), "
                                   f"95% interval [{fit.low_rps:.2f}, {high}]{bound}")
         why_not = f"its run as served ({run_name(conf.served)}) found no rate at the limits"
-    r = RESULT.of(best.trial)
-    fit = r.get("rate_at_limit") or {}
-    if fit.get("rate_rps") is not None:
-        high = fit.get("high_rps")
-        bound = " (a lower bound: no probe went past the limits)" if high is None else ""
-        return float(fit["rate_rps"]), (
-            f"in process: trial #{best.number}'s stored rate_at_limit, 95% interval [{float(fit['low_rps']):.2f}, "
-            f"{'open' if high is None else format(float(high), '.2f')}]{bound}; no served rate: {why_not}")
-    if r.get("rate_rps") is not None:
-        return float(r["rate_rps"]), (f"in process: the highest rate trial #{best.number} passed (no rate_at_limit "
-                                      f"stored); no served rate: {why_not}")
+    m = measurement_of(best.trial)
+    fit = None if m is None else m.rate_at_limit
+    if fit is not None:
+        open_above = not math.isfinite(fit.high_rps)
+        bound = " (a lower bound: no probe went past the limits)" if open_above else ""
+        return fit.rate_rps, (
+            f"in process: trial #{best.number}'s stored rate_at_limit, 95% interval [{fit.low_rps:.2f}, "
+            f"{'open' if open_above else format(fit.high_rps, '.2f')}]{bound}; no served rate: {why_not}")
+    if m is not None and m.rate_rps is not None:
+        return float(m.rate_rps), (f"in process: the highest rate trial #{best.number} passed (no rate_at_limit "
+                                   f"stored); no served rate: {why_not}")
     return None, f"trial #{best.number} stored no rate (a burst?), and {why_not}"
 
 

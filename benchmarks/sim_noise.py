@@ -35,7 +35,7 @@ from optimizer.engines.sim.steptime import StepTimeModel  # noqa: E402
 from optimizer.measurement.metrics import summarize  # noqa: E402
 from optimizer.measurement.noise import coefficient_of_variation  # noqa: E402
 from optimizer.measurement.replay import replay  # noqa: E402
-from optimizer.search.attrs import RESULT  # noqa: E402
+from optimizer.search.measured import measurement_of  # noqa: E402
 from optimizer.search.prescreen import evaluate, sim_objective  # noqa: E402
 from optimizer.search.score import goodput  # noqa: E402
 
@@ -55,7 +55,8 @@ def whole_trials(bench: Bench, tm: StepTimeModel, params: dict[str, Any], count:
                  noise: NoiseSource | None) -> list[tuple[float, float | None]]:
     """(goodput, best rate) of `count` whole trials of `params`, each on a fresh engine of one noise source."""
     objective = sim_objective(bench.config, bench.space, bench.workload, bench.info, tm, bench.logs, noise=noise)
-    return [(goodput(t), RESULT.of(t).get("rate_rps")) for t in evaluate(objective, [params] * count)]
+    return [(goodput(t), m.rate_rps if (m := measurement_of(t)) is not None else None)
+            for t in evaluate(objective, [params] * count)]
 
 
 def fixed_rate_ttft_p99_ms(bench: Bench, tm: StepTimeModel, params: dict[str, Any], rate_rps: float, count: int,

@@ -40,7 +40,8 @@ from optimizer.config.settings import RateSearchSpec  # noqa: E402
 from optimizer.measurement.intervals import block_gain_interval  # noqa: E402
 from optimizer.measurement.rate_fit import fit_rate_at_limit  # noqa: E402
 from optimizer.measurement.rate_search import FIT_BRACKET, CurvePoint, bisected_enough, probe_counts  # noqa: E402
-from optimizer.search.attrs import CONFIRM, RESULT  # noqa: E402
+from optimizer.search.attrs import CONFIRM  # noqa: E402
+from optimizer.search.measured import measurement_of  # noqa: E402
 from optimizer.search.confirmed import confirmation  # noqa: E402
 
 
@@ -144,10 +145,10 @@ def main(argv: list[str] | None = None) -> None:
               f"{sum(rp.saved_requests for rp in earlier)}, {sum(rp.saved_s for rp in earlier):.0f} | {len(runs)} | "
               f"{old_spread} / {new_spread} | {old_gain} | {new_gain} |")
         for x in [] if c is None else c.configs:
-            stored = [(RESULT.of(t).get("rate_at_limit") or {}, RESULT.of(t)) for r, t in sorted(x.runs.items())
-                      if not CONFIRM.of(t).get("served")]
-            stored = [(fit["rate_rps"], res["failed_rate_rps"] / res["rate_rps"] - 1) for fit, res in stored
-                      if fit.get("rate_rps") and res.get("rate_rps") and res.get("failed_rate_rps")]
+            measured = [m for _, t in sorted(x.runs.items())
+                        if not CONFIRM.of(t).get("served") and (m := measurement_of(t)) is not None]
+            stored = [(m.rate_at_limit.rate_rps, m.failed_rate_rps / m.rate_rps - 1) for m in measured
+                      if m.rate_at_limit is not None and m.rate_rps and m.failed_rate_rps]
             if stored:
                 mid = statistics.median(math.log(v) for v, _ in stored)
                 for v, width in stored:

@@ -12,7 +12,8 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from optimizer.search.attrs import CURVE, TIMINGS
+from optimizer.search.attrs import TIMINGS
+from optimizer.search.measured import measurement_of
 
 KEYS = ("engine_start_s", "replay_s", "engine_shutdown_s", "overhead_s", "total_s")
 
@@ -32,7 +33,7 @@ def main() -> None:
     for label, fn in (("median", np.median), ("mean", np.mean), ("max", np.max)):
         vals = [fn([TIMINGS.of(t)[k] for t in rows]) if rows else float("nan") for k in KEYS]
         print(f"{label:>18}" + "".join(f"{v:>19.1f}" for v in vals))
-    replays = [len(CURVE.of(t)) for t in rows]
+    replays = [len(m.curve) if (m := measurement_of(t)) is not None else 0 for t in rows]
     if replays:
         print(f"replays per trial: median {np.median(replays):.0f}, max {max(replays)}; "
               f"study wall time (sum of trials) {sum(TIMINGS.of(t)['total_s'] for t in rows) / 60:.1f} min")

@@ -207,9 +207,14 @@ def load_study(ns: argparse.Namespace):
                          f"`{create_command(ns)}`, or pass the right --study/--storage")
     import optuna
 
-    from optimizer.search.study import storage_for
+    from optimizer.search.measured import check_schema
+    from optimizer.search.study import confirmation_study, storage_for
 
-    return config, optuna.load_study(study_name=ns.study, storage=storage_for(url))
+    study = optuna.load_study(study_name=ns.study, storage=storage_for(url))
+    runs = confirmation_study(study)
+    for s in (study, *([runs] if runs is not None else [])):
+        check_schema(s)
+    return config, study
 
 
 def guarded(debug: bool, fn, command: str | None = None) -> int:

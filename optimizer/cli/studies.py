@@ -145,12 +145,20 @@ def study_row(study: Any) -> dict[str, Any]:
     from optimizer.decision.document import verdict
     from optimizer.decision.views import confirmation_records, trial_row
     from optimizer.search.attrs import STUDY_CONFIG
+    from optimizer.search.measured import OlderSchemaError, check_schema
     from optimizer.search.study import confirmation_runs, finished_count
 
     config = StudyConfig.model_validate(json.loads(STUDY_CONFIG.of(study) or "{}"))
-    d = decide(study, config)
     runs = confirmation_runs(study)
     done = finished_count(study) + len(runs)
+    try:
+        check_schema(study, [*study.get_trials(deepcopy=False), *runs])
+    except OlderSchemaError as e:  # listed, not read: the line says what it is
+        return {"study": study.study_name, "limits": config.limits.text,
+                "trials": f"{done}/{config.budget}" if config.budget is not None else f"{done} (time budget)",
+                "best": "-", "tok/s": None, "req/s": None, "decision": f"not read: {e.args[0].split(':')[0]}",
+                "last activity": last_activity(study, runs)}
+    d = decide(study, config)
     tok_s = rate_rps = None
     if d.best is not None:
         tok_s = d.throughput(d.best).output_throughput_tok_s

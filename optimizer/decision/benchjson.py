@@ -24,9 +24,8 @@ from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import OptimizerError
 from optimizer.decision.decide import Decision
 from optimizer.decision.trial import TrialView
-from optimizer.measurement.rerank import rank_curve
 from optimizer.measurement.workload import build_workload
-from optimizer.search.attrs import BASELINE, CURVE, ENGINE_CONFIG, PRUNED_REASON
+from optimizer.search.attrs import BASELINE, ENGINE_CONFIG, PRUNED_REASON
 from optimizer.search.study import confirmation_study_name, in_confirmation_study
 
 # Stored curve keys that are already vLLM result keys under another name.
@@ -40,7 +39,7 @@ _OPTIONAL = ("mean_ttft_ms", "std_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "s
 
 def chosen_point(trial: FrozenTrial, limits: Limits) -> dict[str, Any]:
     """The replay the trial is judged by under `limits`: its qualifying point at the highest offered rate."""
-    ranked = rank_curve(CURVE.of(trial), limits)
+    ranked = TrialView.under(trial, limits).ranked
     if ranked.point is None:
         why = PRUNED_REASON.of(trial)
         raise OptimizerError(

@@ -25,14 +25,15 @@ from optimizer.decision.numbers import (
 )
 from optimizer.decision.trial import TrialView
 from optimizer.measurement.noise import beats, required_gain
-from optimizer.measurement.rerank import Answer, pareto_front, point_value_ms, rank_curve, recommend, worst_ratio
+from optimizer.measurement.rerank import Answer, pareto_front, point_value_ms, recommend, worst_ratio
 from optimizer.measurement.sequential import FIRST_LOOK_ROUND, PROJECTED_ROUNDS, Outcome
 from optimizer.params.accuracy import accuracy_line
 from optimizer.params.deploy import label as deploy_label
-from optimizer.search.attrs import CURVE
 from optimizer.search.confirm import run_estimate_s
 from optimizer.search.split import Plan, more_rounds_command, plan
 from optimizer.search.confirmed import Confirmation, confirmation
+from optimizer.search.records import RecordStore
+from optimizer.search.rejudge import Rejudged, rejudge_trials
 from optimizer.search.score import compared_per_gpu, noise_cv, rank_trials, tied_with
 from optimizer.search.study import FINISHED, confirmation_runs, run_name, search_trials
 
@@ -174,15 +175,23 @@ def budget_split(config: StudyConfig) -> Plan | None:
 
 def decide(study: optuna.Study, config: StudyConfig, limits: Limits | None = None) -> Decision:
     """Rank every finished trial of `study` for `limits` (default: those the study searched with), from the stored
-    curves."""
+    measurements; for other limits, each trial's stored probes judged again from their stored requests
+    (search/rejudge.py), where the study's database holds them."""
     limits = config.limits if limits is None else limits
+    own_limits = limits.key == config.limits.key
     trials = sorted(search_trials(study), key=lambda t: t.number)  # confirmation runs are not search trials
-    ranked = rank_trials(trials, config.engine_args, limits)  # the one score (search/score.py)
-    views = [TrialView(t, ranked[t.number]) for t in trials]
+    rejudged: dict[int, Rejudged] = {}
+    if not own_limits and (store := RecordStore.existing(config.storage_url)) is not None:
+        try:
+            rejudged = rejudge_trials(trials, store, config, limits)
+        finally:
+            store.close()
+    # the one score (search/score.py)
+    ranked = rank_trials(trials, config.engine_args, limits, {n: r.curve for n, r in rejudged.items()})
+    views = [TrialView(t, ranked[t.number], rejudged.get(t.number)) for t in trials]
     by_number = {v.number: v for v in views}
     front = [by_number[n] for n in pareto_front(ranked)]
     best_n = recommend(ranked)
-    own_limits = limits.key == config.limits.key
     confirmed = confirmation(study) if own_limits else None  # measured at the study's limits only
     split = budget_split(config)
     if confirmed is not None and confirmed.recommended is not None and confirmed.recommended.number in by_number:
@@ -225,16 +234,22 @@ def caveats(d: Decision) -> list[str]:
     """What the stored data cannot vouch for, in sentences a person acts on."""
     out = []
     if d.reranked:
-        out.append(f"re-ranked from the stored replays for {d.limits.text} (the study searched for "
-                   f"{d.searched_limits.text}); nothing was rerun")
+        judged = sum(v.rejudged is not None for v in d.views)
+        how = (f"each stored probe of {judged} trial(s) judged again at them from its stored requests, with the "
+               f"rate at the limits and its 95% interval pooled from them" if judged else
+               "from each stored replay's statistics (its requests were not stored)")
+        out.append(f"re-ranked for {d.limits.text} (the study searched for {d.searched_limits.text}): {how}; "
+                   f"nothing was rerun")
     measured = [v for v in d.views if v.ranked.answer != Answer.NOT_RUN]
     if d.best is None:
         closest = [(v.number, c) for v in measured if (c := v.ranked.closest) is not None]
         low = min(closest, key=lambda nc: worst_ratio(nc[1], d.limits), default=None)
         where = "" if low is None else (f"; the closest stored is trial #{low[0]} at "
                                         f"{rate_text(low[1].get('offered_rate_rps'))}: {values_text(low[1], d.limits)}")
+        lowest = ", ".join(_unprobed_text(v) for v in measured if v.ranked.answer == Answer.NO_POINT)
         out.append(f"the stored data cannot answer these limits: no stored replay meets {d.limits.text}{where}. "
-                   f"Rates below the stored ones were not tried: {_measure_hint(d)}")
+                   f"Rates below the stored ones were not tried" + (f" ({lowest})" if lowest else "")
+                   + f": {_measure_hint(d)}")
         return out
     if d.best.ranked.answer == Answer.LOWER_BOUND and (p := d.best.ranked.point) is not None and not d.confirmed:
         out.append(f"trial #{d.best.number}'s throughput is a lower bound: the highest Poisson rate it tried "
@@ -247,11 +262,11 @@ def caveats(d: Decision) -> list[str]:
               and v.number not in confirmed]
     if others:
         out.append(f"lower bounds that might rank higher if measured: {', '.join(f'#{n}' for n in others)}")
-    unanswered = [v.number for v in measured if v.ranked.answer == Answer.NO_POINT]
+    unanswered = [v for v in measured if v.ranked.answer == Answer.NO_POINT]
     if unanswered and d.reranked:
         out.append(f"{len(unanswered)} trial(s) cannot be ranked for these limits: no stored replay meets them, and "
-                   f"their searches never probed lower rates, where they might: "
-                   f"{', '.join(f'#{n}' for n in unanswered)}")
+                   f"their searches never probed the lower rates where they might: "
+                   f"{', '.join(_unprobed_text(v) for v in unanswered)}")
     return out
 
 
@@ -293,5 +308,12 @@ def view(d: Decision, number: int | str, runs: Sequence[str] = ()) -> TrialView:
 def run_views(study: optuna.Study, d: Decision) -> dict[str, TrialView]:
     """The study's finished confirmation runs by name (c3: search/study.py `run_name`), each ranked under the
     report's limit like a trial (none in a study made before the confirmation, or without one)."""
-    return {run_name(t): TrialView(t, rank_curve(CURVE.of(t), d.limits))
+    return {run_name(t): TrialView.under(t, d.limits)
             for t in confirmation_runs(study, FINISHED)}
+
+
+def _unprobed_text(v: TrialView) -> str:
+    """'#4 (nothing below 6.20 req/s)': the lowest Poisson rate a trial that cannot be ranked probed."""
+    rates = [p["offered_rate_rps"] for p in (v.rejudged.curve if v.rejudged is not None else v.curve)
+             if p.get("offered_rate_rps") is not None]
+    return f"#{v.number}" + (f" (nothing below {min(rates):.2f} req/s)" if rates else "")

@@ -26,8 +26,9 @@ from optimizer.hardware.machine import TCMALLOC_SONAME, allocator_here, find_tcm
 from optimizer.params.accuracy import accuracy_line
 from optimizer.params.open_space import ENV_PREFIX, split_env
 from optimizer.params.space import SEARCHABLE
-from optimizer.search.attrs import BASELINE, BASELINE_NOTE, ENGINE_CONFIG, ENGINE_PARAMS, RESULT
-from optimizer.search.measured import bound_text
+from optimizer.core.errors import UsageError
+from optimizer.search.attrs import BASELINE, BASELINE_NOTE, ENGINE_CONFIG, ENGINE_PARAMS
+from optimizer.search.measured import TrialMeasurement, measurement_of
 
 
 def fixed_args(config: StudyConfig) -> dict[str, Any]:
@@ -155,33 +156,39 @@ def to_yaml(args: dict[str, Any], header: list[str]) -> str:
     return "".join(f"# {line}\n" for line in header) + body
 
 
-def measured_values_text(result: dict[str, Any], limits: Limits) -> str:
-    """'TTFT P99 97ms, TPOT P99 41ms': each limit's statistic at the trial's chosen rate, as its RESULT stored it (a
-    trial stored before: its '<metric>_p99_ms'); a statistic not stored is left out."""
-    stored = result.get("values_at_rate_ms") or {}
+def measured_values_text(m: TrialMeasurement, limits: Limits) -> str:
+    """'TTFT P99 97ms, TPOT P99 41ms': each limit's statistic at the trial's chosen rate, as its measurement holds it;
+    a statistic not measured is left out."""
     out = []
     for lim in limits:
-        value = stored.get(lim.key)
-        if value is None and lim.stat == "p99" and limits.goodput_pct is None:
-            value = result.get(f"{lim.metric}_p99_ms")
+        value = m.values_at_rate_ms.get(lim.key)
         if isinstance(value, (int, float)) and math.isfinite(value):
             out.append(f"{lim.name} {format_ms(value)}")
     return ", ".join(out)
 
 
+def stored_measurement(trial: FrozenTrial) -> TrialMeasurement:
+    """The measurement of a trial that is exported (a recommendation: it measured)."""
+    m = measurement_of(trial)
+    if m is None:
+        raise UsageError(f"trial #{trial.number} stored no measurement: export a trial that ran, e.g. the "
+                         f"recommendation (`optimize export` without --trial)")
+    return m
+
+
 def header_lines(trial: FrozenTrial, config: StudyConfig) -> list[str]:
     """The exported files' opening lines: what was tuned, for which limits and workload, and what was measured (each
     limit's statistic at the chosen rate, and the limit that stopped a higher rate where the trial stored it)."""
-    r = RESULT.of(trial)
+    m = stored_measurement(trial)
     w = config.workload
-    rate = r.get("rate_rps")
-    values = measured_values_text(r, config.limits)
-    bound = bound_text(r)
+    rate = m.rate_rps
+    values = measured_values_text(m, config.limits)
+    bound = m.bound_text
     return [
         f"Recommended by optimize, study {config.study_name!r}, trial #{trial.number}.",
         f"SLO: {config.limits.text}.",
         f"Workload: {w.describe()}.",
-        f"Measured: {r.get('output_throughput_tok_s', 0):.1f} output tok/s at "
+        f"Measured: {m.output_throughput_tok_s:.1f} output tok/s at "
         f"{'a burst' if rate is None else f'{rate:.2f} req/s'}" + (f", {values}" if values else "") + "."
         + (f" Bound by {bound}." if bound else ""),
     ]
@@ -248,7 +255,7 @@ def metadata(trial: FrozenTrial, config: StudyConfig) -> dict[str, Any]:
         "trial": trial.number,
         "slo": {"limits": config.limits.model_dump(mode="json"), "text": config.limits.text},
         "workload": config.workload.model_dump(),
-        "measured": dict(RESULT.of(trial)),
+        "measured": stored_measurement(trial).to_stored(),
         "device": config.device,
         "baseline": bool(BASELINE.of(trial)),
         "machine_fallback": machine_fallback(trial),  # a change vLLM's defaults needed here: not a tuned value

@@ -28,10 +28,10 @@ from optimizer.decision.views import (
     confirmation_lines, confirmation_rows, front_rows, limited_by_line, role_text, summary_lines, title,
 )
 from optimizer.hardware.machine import describe
-from optimizer.measurement.rerank import Answer, point_value_ms, rank_curve
+from optimizer.measurement.rerank import Answer, point_value_ms
 from optimizer.params.space import distance_to_default
 from optimizer.search.attrs import (
-    CONFIRM, CURVE, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CREATED, STUDY_MACHINE,
+    CONFIRM, PRUNED_DETAIL, PRUNED_REASON, STUDY_CREATED, STUDY_MACHINE,
 )
 from optimizer.search.missed import why_infeasible
 from optimizer.search.study import in_confirmation_study, run_name
@@ -61,7 +61,7 @@ def trial_counts(d: Decision) -> str:
     ('the limits', 'them' where the study has several)."""
     meet = sum(v.ranked.answerable for v in d.views)
     missed = [v for v in d.views if v.ranked.answer == Answer.NO_POINT]
-    early = sum(bool(RESULT.of(v.trial).get("stopped_early")) for v in missed)
+    early = sum(v.measured is not None and v.measured.stopped_early for v in missed)
     pruned = sum(v.ranked.answer == Answer.NOT_RUN for v in d.views)
     what, it = ("the limits", "them") if len(d.limits) > 1 else ("the limit", "it")
     out = (f"{len(d.views)} search trials: {meet} meet {what}, {len(missed)} miss {it} ({early} stopped early: they "
@@ -135,7 +135,7 @@ def trial_reason(d: Decision, v: TrialView) -> str:
         above = [p for p in v.curve if p.get("offered_rate_rps") == r.next_rate_rps]
         out = f"at {r.next_rate_rps:.2f} req/s " + (outcome(above[0], d.limits).words if above else "it failed")
     else:
-        head = "no probe meets the limits" if d.reranked else why_infeasible(RESULT.of(v.trial))
+        head = "no probe meets the limits" if d.reranked or v.measured is None else why_infeasible(v.measured)
         lowest = min(v.curve, key=lambda p: p.get("offered_rate_rps") or math.inf)
         out = f"{head}; at {rate_text(lowest)} {outcome(lowest, d.limits).words}"
     limited = limited_by_line(v)
@@ -149,19 +149,19 @@ def _runs(d: Decision) -> list[tuple[TrialView, str]]:
     out = []
     for conf in d.confirmation.configs:
         for round_, run in sorted(conf.runs.items()):
-            view = TrialView(run, rank_curve(CURVE.of(run), d.limits))
+            view = TrialView.under(run, d.limits)
             out.append((view, f"confirmation round {round_ + 1} of #{conf.number}"))
         if conf.served is not None:
-            view = TrialView(conf.served, rank_curve(CURVE.of(conf.served), d.limits))
+            view = TrialView.under(conf.served, d.limits)
             out.append((view, f"as served (vllm serve over HTTP) of #{conf.number}"))
     return out
 
 
 def _rate_cell(d: Decision, v: TrialView) -> str:
-    fit = RESULT.of(v.trial).get("rate_at_limit") if not d.reranked else None
-    if fit:
-        high = "open" if fit.get("high_rps") is None else f"{fit['high_rps']:.2f}"
-        return f"{fit['rate_rps']:.2f} [{fit['low_rps']:.2f}, {high}]"
+    fit = v.fit_under(d.reranked)
+    if fit is not None:
+        high = "open" if not math.isfinite(fit.high_rps) else f"{fit.high_rps:.2f}"
+        return f"{fit.rate_rps:.2f} [{fit.low_rps:.2f}, {high}]"
     return "-" if v.ranked.point is None else rate_text(v.ranked.point).replace(" req/s", "") + " (passed)"
 
 
@@ -181,7 +181,7 @@ def trial_rows(d: Decision) -> list[dict[str, Any]]:
     rows = []
     for v, role in sorted(entries, key=_in_order):
         config = by_config.get((CONFIRM.of(v.trial) or {}).get("of", v.number), v)
-        requests = RESULT.of(v.trial).get("requests")
+        requests = v.measured.requests if v.measured is not None else None
         rows.append({
             "trial": _label(v), "role": role,
             "output tok/s": f"{v.ranked.output_throughput_tok_s:.1f}" if v.ranked.answerable else "-",

@@ -9,7 +9,8 @@ from typing import Any
 
 from optimizer.decision.decide import Decision
 from optimizer.measurement.intervals import geometric_mean, lower_prediction_factor
-from optimizer.search.attrs import PRUNED_REASON, RESULT
+from optimizer.search.attrs import PRUNED_REASON
+from optimizer.search.measured import measurement_of
 from optimizer.search.missed import why_infeasible
 from optimizer.search.confirmed import Confirmation, Confirmed
 from optimizer.search.study import run_name
@@ -51,8 +52,9 @@ def served_record(c: Confirmation, conf: Confirmed) -> dict[str, Any]:
         differ = not (served.low_rps <= high and low <= served.high_rps)
     why = None
     if conf.served is not None and served is None:
-        why = PRUNED_REASON.of(conf.served) or (why_infeasible(RESULT.of(conf.served))
-                                                if conf.served.state.name == "COMPLETE" else conf.served.state.name)
+        m = measurement_of(conf.served)
+        why = PRUNED_REASON.of(conf.served) or (why_infeasible(m) if m is not None and conf.served.state.name ==
+                                                "COMPLETE" else conf.served.state.name)
     return {"rate_at_limit_rps": rates.median if rates.n else None,
             "rate_low_rps": inproc[0] if inproc else None, "rate_high_rps": inproc[1] if inproc else None,
             "rate_measured_as": IN_PROCESS,

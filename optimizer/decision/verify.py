@@ -31,7 +31,8 @@ from optimizer.measurement.rate_search import CurvePoint
 from optimizer.measurement.replay import replay
 from optimizer.measurement.rerank import point_value_ms, worst_ratio
 from optimizer.measurement.workload import build_workload
-from optimizer.search.attrs import ENGINE_CONFIG, ENGINE_PARAMS, RESULT
+from optimizer.search.attrs import ENGINE_CONFIG, ENGINE_PARAMS
+from optimizer.search.measured import measurement_of
 
 BURSTY_SHAPE = 0.5
 SURGE_FRACTION = 0.3
@@ -116,8 +117,8 @@ async def verify_trial(trial: FrozenTrial, config: StudyConfig, engine_factory: 
     clock = clock or MonotonicClock()
     params = dict(ENGINE_PARAMS.of(trial))
     resolved = ENGINE_CONFIG.of(trial)
-    result = RESULT.of(trial)
-    rate = result.get("rate_rps")
+    m = measurement_of(trial)
+    rate = m.rate_rps if m is not None else None
     rate_rps = math.inf if rate is None else float(rate)
     common = dict(trial_number=trial.number, throughput_tok_s=float(trial.values[0]), rate_rps=rate,
                   gpu_memory_utilization=resolved.get("gpu_memory_utilization"))

@@ -16,9 +16,9 @@ from optimizer.decision.verdict import verdict_line
 from optimizer.measurement.noise import median
 from optimizer.measurement.rerank import Answer, point_value_ms, qualifies
 from optimizer.params.space import SEARCHABLE, distance_to_default
-from optimizer.search.attrs import LIMITED_BY, PRUNED_REASON, RESULT, TELEMETRY
+from optimizer.search.attrs import LIMITED_BY, PRUNED_REASON, TELEMETRY
 from optimizer.search.confirmed import Confirmed
-from optimizer.search.score import rate_at_limit_text
+from optimizer.search.score import fit_text, rate_at_limit_text
 from optimizer.search.study import run_name
 
 
@@ -44,16 +44,15 @@ def trial_row(d: Decision, v: TrialView, params: list[str], tied: frozenset[int]
     values."""
     p = v.ranked.point or {}
     cfg = v.engine_config
-    # the trial's own fit answers its study's limit only (another limit re-ranks the stored probes)
-    fit = (RESULT.of(v.trial).get("rate_at_limit") or {}) if not d.reranked else {}
+    fit = v.fit_under(d.reranked)  # the study's own limits: its stored fit; others: its probes judged again
     return {
         "trial": v.number,
         "role": _role(d, v, tied),
         "output_throughput_tok_s": p.get("output_throughput_tok_s"),
         "arrivals": None if not p else "burst" if p.get("offered_rate_rps") is None else d.arrivals,
-        "rate_at_limit_rps": fit.get("rate_rps"),
-        "rate_low_rps": fit.get("low_rps"),
-        "rate_high_rps": fit.get("high_rps"),
+        "rate_at_limit_rps": None if fit is None else fit.rate_rps,
+        "rate_low_rps": None if fit is None else fit.low_rps,
+        "rate_high_rps": None if fit is None or not math.isfinite(fit.high_rps) else fit.high_rps,
         "rate_rps": p.get("offered_rate_rps"),
         "failed_rate_rps": v.ranked.next_rate_rps,
         "ttft_p50_ms": p.get("ttft_p50_ms"),
@@ -95,8 +94,11 @@ def _describe(d: Decision, v: TrialView) -> str:
     r = v.ranked
     if not r.answerable:
         return f"trial #{v.number}: {r.answer.value}"
-    result = RESULT.of(v.trial)
-    fitted = f"{rate_at_limit_text(result)}; " if result.get("rate_at_limit") and not d.reranked else ""
+    fit, fitted = v.fit_under(d.reranked), ""
+    if fit is not None and d.reranked:  # its probes judged again at the report's limits
+        fitted = f"{fit_text(fit)}; "
+    elif fit is not None and v.measured is not None:  # as its search measured it
+        fitted = f"{rate_at_limit_text(v.measured)}; "
     search = (f"{fitted}{r.output_throughput_tok_s:.1f} output tok/s at {rate_text(r.rate_rps)}, "
               f"{values_text(r.point, d.limits)} ({r.answer.value})")
     shown = d.throughput(v)
@@ -329,9 +331,9 @@ def limited_by_line(v: TrialView) -> str | None:
     from optimizer.measurement.limits import diagnose
 
     point = v.ranked.point
-    bound = RESULT.of(v.trial).get("bound_by") or {}
-    found = diagnose(point.get("engine"), point.get("ttft_p99_ms"), bound.get("text"),
-                     (bound.get("limit") or "").partition(":")[0] or None) if point else None
+    bound = v.measured.bound if v.measured is not None else None
+    found = diagnose(point.get("engine"), point.get("ttft_p99_ms"), bound and bound.text,
+                     bound.limit_key.partition(":")[0] if bound else None) if point else None
     return found.line if found else LIMITED_BY.of(v.trial)
 
 

@@ -5,12 +5,13 @@ before it was written).
 The keys are the stored form and never change: a study written by an older optimizer loads as before. Code reads
 and writes the attributes through these fields, never by a string of its own:
 
-    RESULT.of(trial)["rate_rps"]            # trial.user_attrs.get("result", {})
-    RESULT.set(trial, summary)              # trial.set_user_attr("result", summary)
+    CONFIRM.of(trial)["round"]              # trial.user_attrs.get("confirm")
+    LIMITED_BY.set(trial, line)             # trial.set_user_attr("limited_by", line)
     study.enqueue_trial({}, user_attrs=BASELINE.item(True))
     STUDY_CONFIG.of(study)                  # study.user_attrs.get("optimizer_config")
 
 `of` takes anything with `user_attrs` (optuna.Trial, FrozenTrial, Study); `set` anything with `set_user_attr`.
+A trial's measurement (RESULT and CURVE) is written and read only through search/measured.py, as one typed value.
 """
 
 from __future__ import annotations
@@ -96,11 +97,8 @@ TIMINGS: Attr[dict[str, float]] = Attr("timings", {}, "engine_start_s, replay_s,
 
 # --- on a trial: what it measured, or why it could not -------------------------------------------------------------
 CURVE: Attr[list[Json]] = Attr("curve", [], "every replay in the order run: a CurvePoint dict, with 'engine' stats")
-RESULT: Attr[Json] = Attr("result", {}, "its answer: feasible, stopped_early, rate_rps, output_throughput_tok_s, "
-                                        "request_throughput_rps, ttft_p50_ms, ttft_p99_ms, tpot_p99_ms, and the "
-                                        "counts of its probe at rate_rps (with --repeats, the repeats' "
-                                        "medians): requests_at_rate, over_limit_at_rate, answered_at_rate, "
-                                        "behind_at_rate [, gpus]")
+RESULT: Attr[Json] = Attr("result", {}, "its measurement but the curve: search/measured.py's TrialMeasurement, "
+                                        "stored by `to_stored` with its schema version and read by `measurement_of`")
 LIMITED_BY: Attr[str | None] = Attr("limited_by", None, "one line: what limited it at its chosen point")
 PRUNED_REASON: Attr[str | None] = Attr("pruned_reason", None, "why it cannot run: a core/failures.py class")
 PRUNED_DETAIL: Attr[str] = Attr("pruned_detail", "", "the message behind pruned_reason, at most 1000 characters")

@@ -58,13 +58,14 @@ from optimizer.measurement.rate_search import BRACKET_STEP
 from optimizer.measurement.sequential import (GROUP_SEQUENTIAL, PRECISE_HALF_WIDTH, SPENDING_POWER, Outcome,
                                               look_confidence)
 from optimizer.search.attrs import (
-    CONFIRM, CONFIRM_APART, CURVE, ENGINE_PARAMS, MACHINE_LOAD, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
+    CONFIRM, CONFIRM_APART, ENGINE_PARAMS, MACHINE_LOAD, PRUNED_REASON, STUDY_CONFIRMATION, TIMINGS,
 )
 from optimizer.search.confirmed import (DISTURBED_TRIES, FIT_VALUE, SPREAD_ALL_RUNS, Confirmation, Confirmed,
                                         confirmation)
+from optimizer.search.measured import measurement_of
 from optimizer.search.missed import why_infeasible
 from optimizer.search.score import (
-    baseline, noise_cv, rank_trials, rate_at_limit_text, rate_interval_rps, scored_best_first, study_limits,
+    baseline, noise_cv, rank_trials, rate_at_limit_text, scored_best_first, study_limits,
     tied_with,
 )
 from optimizer.search.split import CONFIGS, SPLIT_RULE, rounds_after_drop, rounds_for
@@ -81,6 +82,12 @@ PRIOR_SPAN = 1.029
 PRIOR_STEP = PRIOR_SPAN ** 2
 
 
+def interval_of(trial: FrozenTrial) -> tuple[float, float] | None:
+    """The trial's rate at the limits as its 95% interval (TrialMeasurement.rate_interval_rps)."""
+    m = measurement_of(trial)
+    return None if m is None else m.rate_interval_rps
+
+
 def candidates(study: optuna.Study) -> list[FrozenTrial]:
     """vLLM's defaults (when they met the limit in the search: rounds of a config that meets it nowhere give no gain
     to decide, and would run to the end undecided), the recommendation of the search and its closest rival: the
@@ -92,9 +99,9 @@ def candidates(study: optuna.Study) -> list[FrozenTrial]:
     trials = search_trials(study)
     cv = noise_cv(trials)
     best_trial, best_ranked = scored[0]
-    mine = rate_interval_rps(best_trial)
+    mine = interval_of(best_trial)
     if mine is not None:
-        rivals = [t.number for t, _ in scored[1:] if (iv := rate_interval_rps(t)) is not None
+        rivals = [t.number for t, _ in scored[1:] if (iv := interval_of(t)) is not None
                   and iv[0] <= mine[1] and mine[0] <= iv[1]]
     else:
         rivals = tied_with(best_ranked, {t.number: r for t, r in scored[1:]}, cv)
@@ -116,7 +123,8 @@ def run_spec(trial: FrozenTrial, limits: Limits | float, engine_args: dict[str, 
     if ranked.answerable:
         start = math.inf if ranked.rate_rps is None else float(ranked.rate_rps)
         return {"start_rps": start, "failed_rps": ranked.next_rate_rps}
-    rates = [p["offered_rate_rps"] for p in CURVE.of(trial) if p.get("offered_rate_rps")]
+    m = measurement_of(trial)
+    rates = [p["offered_rate_rps"] for p in (m.curve if m is not None else ()) if p.get("offered_rate_rps")]
     return {"start_rps": min(rates) if rates else math.inf, "failed_rps": None}
 
 
@@ -358,18 +366,18 @@ def _drop(study: optuna.Study, trial: FrozenTrial) -> None:
 def describe(trial: FrozenTrial) -> str:
     """One line for a finished run: which config, which round, its rate bracket and throughput."""
     c = CONFIRM.of(trial) or {}
-    r = RESULT.of(trial)
+    m = measurement_of(trial)
     seed = f", workload seed {c['workload_seed']}" if c.get("workload_seed") is not None else ""
     what = "as served (`vllm serve` over HTTP)" if c.get("served") else \
         f"confirmation round {int(c.get('round', 0)) + 1}"
     head = f"{what}, trial #{c.get('of')} again (run {run_name(trial)}{seed})"
-    if trial.state != TrialState.COMPLETE:
+    if trial.state != TrialState.COMPLETE or m is None:
         return f"{head}: could not run ({PRUNED_REASON.of(trial) or trial.state.name})"
     load = MACHINE_LOAD.of(trial)
     note = (f"; disturbed ({disturbance_text(load)}): not counted unless its round's {DISTURBED_TRIES} tries all are"
             if disturbed(load) else "")
-    if not r.get("feasible"):
-        return f"{head}: {why_infeasible(r)} [{TIMINGS.of(trial).get('total_s', 0):.0f}s]{note}"
-    bound = (r.get("bound_by") or {}).get("text")
-    return (f"{head}: {rate_at_limit_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} tok/s "
+    if not m.feasible:
+        return f"{head}: {why_infeasible(m)} [{TIMINGS.of(trial).get('total_s', 0):.0f}s]{note}"
+    bound = m.bound_text
+    return (f"{head}: {rate_at_limit_text(m)}; {m.output_throughput_tok_s:.1f} tok/s "
             f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]{note}" + (f"; limited by {bound}" if bound else ""))

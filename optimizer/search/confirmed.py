@@ -24,7 +24,8 @@ from optimizer.measurement.intervals import Interval, block_gain_interval, inter
 from optimizer.measurement.rate_fit import RateAtLimit
 from optimizer.measurement.sequential import (ALPHA, FIRST_LOOK_ROUND, GROUP_SEQUENTIAL, Outcome, behind,
                                               look_confidence_at, outcome, rounds_to_decide)
-from optimizer.search.attrs import CONFIRM, MACHINE_LOAD, RESULT, STUDY_CONFIRMATION
+from optimizer.search.attrs import CONFIRM, MACHINE_LOAD, STUDY_CONFIRMATION
+from optimizer.search.measured import measurement_of
 from optimizer.search.score import best_first, goodput
 from optimizer.search.study import confirmation_runs, is_baseline, search_trials
 
@@ -72,8 +73,10 @@ class Confirmed:
         run = self.runs.get(round_)
         if run is None:
             return None, None
-        r = RESULT.of(run)
-        return (r.get("rate_rps") if r.get("feasible") else None), r.get("failed_rate_rps")
+        m = measurement_of(run)
+        if m is None:
+            return None, None
+        return (m.rate_rps if m.feasible else None), m.failed_rate_rps
 
     def rate_rps(self, round_: int) -> float | None:
         """The round's rate at the limit in process (`run_rate_rps`); None when the round has no run of it."""
@@ -85,17 +88,18 @@ class Confirmed:
         no served run, or the run met the limit nowhere."""
         if self.served is None or self.served.state != TrialState.COMPLETE:
             return None
-        fit = RESULT.of(self.served).get("rate_at_limit")
-        return RateAtLimit.from_dict(fit) if fit and RESULT.of(self.served).get("feasible") else None
+        m = measurement_of(self.served)
+        return None if m is None else m.fit
 
 
 def run_rate_rps(run: FrozenTrial) -> float:
     """A finished run's rate at the limit: its pooled fit's (a run stored without one: the rate it passed; a burst
     that met the limit: inf); 0 when it met the limit nowhere, or could not run."""
-    r, fit = RESULT.of(run), RESULT.of(run).get("rate_at_limit")
-    if run.state != TrialState.COMPLETE or not r.get("feasible"):
+    m = measurement_of(run)
+    if run.state != TrialState.COMPLETE or m is None or not m.feasible:
         return 0.0
-    return float(fit["rate_rps"]) if fit else math.inf if r.get("rate_rps") is None else float(r["rate_rps"])
+    fit = m.rate_at_limit
+    return fit.rate_rps if fit is not None else math.inf if m.rate_rps is None else float(m.rate_rps)
 
 
 def run_tok_s(run: FrozenTrial) -> float:
@@ -103,7 +107,8 @@ def run_tok_s(run: FrozenTrial) -> float:
     tokens per request at its best passing probe (the round's draw, alike for every config of the round). The fit
     reads every probe, where goodput is the rung of the ladder the last pass landed on and its drain: over the Xeon
     demo's 15 runs a run's residual spread was 3.4% by the fit, 4.4% by goodput. Goodput where there is no fit."""
-    rate, rps = run_rate_rps(run), RESULT.of(run).get("request_throughput_rps") or 0.0
+    m = measurement_of(run)
+    rate, rps = run_rate_rps(run), (m.request_throughput_rps if m is not None else 0.0) or 0.0
     return rate * goodput(run) / rps if 0 < rate < math.inf and rps > 0 else goodput(run)
 
 

@@ -28,8 +28,8 @@ from optuna.trial import TrialState
 
 from optimizer.measurement.disturbance import disturbed
 from optimizer.measurement.intervals import interval
-from optimizer.search.attrs import CONFIRM, CURVE, MACHINE_LOAD, RESULT
-from optimizer.search.score import rate_interval_rps
+from optimizer.search.attrs import CONFIRM, MACHINE_LOAD
+from optimizer.search.measured import measurement_of
 from optimizer.search.study import confirmation_runs, search_trials
 
 # The spread of one trial's rate at the limit, measured once (the rung its bisection lands on, the P99 of one
@@ -50,26 +50,25 @@ def fair_incumbent_rate(study: optuna.Study) -> float | None:
     confirmed: dict[int, list[float]] = {}
     for t in confirmation_runs(study, complete):
         c = CONFIRM.of(t) or {}
-        r = RESULT.of(t)
-        if not c.get("served") and r.get("feasible"):  # a run as served measured another engine, slower
-            confirmed.setdefault(int(c["of"]), []).append(math.inf if r.get("rate_rps") is None else r["rate_rps"])
+        m = measurement_of(t)
+        if not c.get("served") and m is not None and m.feasible:  # a run as served measured another engine, slower
+            confirmed.setdefault(int(c["of"]), []).append(math.inf if m.rate_rps is None else m.rate_rps)
     bounds = []
     for number, rates in confirmed.items():
         iv = interval(rates)
         if iv.known and math.isfinite(iv.low):
             bounds.append(iv.low)
     for t in search_trials(study, complete):
-        r = RESULT.of(t)
-        if not r.get("feasible") or t.number in confirmed or disturbed(MACHINE_LOAD.of(t)):
+        m = measurement_of(t)
+        if m is None or not m.feasible or t.number in confirmed or disturbed(MACHINE_LOAD.of(t)):
             continue
-        rate = r.get("rate_rps")
+        rate = m.rate_rps
         if rate is None:
             bounds.append(math.inf)
             continue
-        fitted = rate_interval_rps(t)
+        fitted = m.rate_interval_rps
         if fitted is not None:  # its own interval, from every request it sent
             bounds.append(min(fitted[0], float(rate)))
             continue
-        replays = sum(1 for p in CURVE.of(t) if p.get("offered_rate_rps") == rate)
-        bounds.append(single_run_lower_rps(float(rate), replays))
+        bounds.append(single_run_lower_rps(float(rate), m.replays_at(rate)))
     return max(bounds, default=None)

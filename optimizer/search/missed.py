@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from optimizer.core.units import format_ms
+from optimizer.search.measured import TrialMeasurement
 
 
 def rate_text(rate_rps: float | None) -> str:
@@ -13,37 +14,34 @@ def rate_text(rate_rps: float | None) -> str:
     return "a burst" if rate_rps is None or not math.isfinite(rate_rps) else f"{rate_rps:.2f} req/s"
 
 
-def answered_text(result: dict) -> str:
+def answered_text(m: TrialMeasurement) -> str:
     """' of the 21 answered' where the probe at that rate stopped with requests still waiting for a first token, or
     some failed (their TTFT is not known: the P99 is of the answered ones); '' otherwise."""
-    answered, sent = result.get("answered_at_rate"), result.get("requests_at_rate")
+    answered, sent = m.answered_at_rate, m.requests_at_rate
     return f" of the {answered} answered" if answered is not None and sent and answered < sent else ""
 
 
-def count_text(result: dict) -> str:
+def count_text(m: TrialMeasurement) -> str:
     """', 5 of 26 requests over the limit': the count at that rate ('' for a trial stored
     without it), and ', falling behind' where the probe failed on its queue growing, not (only) on its count."""
-    over, sent = result.get("over_limit_at_rate"), result.get("requests_at_rate")
+    over, sent = m.over_limit_at_rate, m.requests_at_rate
     count = f", {over} of {sent} requests over the limit" if over is not None and sent else ""
-    return count + (", falling behind" if result.get("behind_at_rate") else "")
+    return count + (", falling behind" if m.behind_at_rate else "")
 
 
-def why_infeasible(result: dict) -> str:
+def why_infeasible(m: TrialMeasurement) -> str:
     """In words and in rates, what stopped a trial that met the limit at no rate: the rate it missed at, with its TTFT
     P99 there, and why it went no lower."""
-    tried = result.get("requests")
-    evidence = f" ({tried} requests)" if tried else ""
-    bound = (result.get("bound_by") or {}).get("text")
-    closest = (f"{bound}{answered_text(result)}{count_text(result)}" if bound else
-               f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))}{answered_text(result)} at "
-               f"{rate_text(result.get('rate_rps'))}{count_text(result)}")
-    floor = result.get("floor_rps")
-    if result.get("stopped_early") and floor:
+    evidence = f" ({m.requests} requests)" if m.requests else ""
+    closest = (f"{m.bound_text}{answered_text(m)}{count_text(m)}" if m.bound_text else
+               f"TTFT P99 {format_ms(m.ttft_p99_ms)}{answered_text(m)} at {rate_text(m.rate_rps)}{count_text(m)}")
+    floor = m.floor_rps
+    if m.stopped_early and floor:
         return (f"over the limit down to {floor:.2f} req/s, 0.9 x the best's lower bound ({closest}): it cannot beat "
                 f"the best, stopped early{evidence}")
-    if result.get("stopped_early"):
+    if m.stopped_early:
         return f"over the limit below the best's rate ({closest}): it cannot beat the best, stopped early{evidence}"
-    if result.get("flat"):
+    if m.flat:
         return (f"over the limit at every rate tried, and the latency did not fall as the rate fell ({closest}, the "
                 f"closest): not a queue that a lower rate drains, stopped{evidence}")
     return f"over the limit at every rate tried ({closest}, the closest){evidence}"

@@ -38,14 +38,15 @@ from optimizer.params.preflight import (
 )
 from optimizer.params.space import Space
 from optimizer.search.attrs import (
-    BASELINE, BASELINE_NOTE, CONFIRM, CURVE, ENGINE_CONFIG, ENGINE_PARAMS,
+    BASELINE, BASELINE_NOTE, CONFIRM, ENGINE_CONFIG, ENGINE_PARAMS,
     ENGINE_START_PHASES, ENVIRONMENT_CAUSE, INTERRUPTED, LIMITED_BY, LOG_EXCERPT, LOG_FILE, MEMORY_ESTIMATE_GIB,
-    MACHINE_LOAD, MEMORY_WAITED_FOR, PRUNED_DETAIL, PRUNED_REASON, RESULT, TELEMETRY, TIMINGS, WORKER,
+    MACHINE_LOAD, MEMORY_WAITED_FOR, PRUNED_DETAIL, PRUNED_REASON, TELEMETRY, TIMINGS, WORKER,
 )
 from optimizer.search.breaker import StartFailureBreaker, environment_cause
 from optimizer.search.dashboard import constraint_key, set_constraints
 from optimizer.search.incumbent import fair_incumbent_rate
-from optimizer.search.measured import Bound, bound_by, closest_point, trial_result, values_at
+from optimizer.search.measured import (Bound, TrialMeasurement, bound_by, closest_point, values_at,
+                                       write_measurement)
 from optimizer.search.records import RecordStore
 from optimizer.search.recovery import record_processes, save_processes, worker_identity
 from optimizer.search.probes import TrialReplays
@@ -168,21 +169,24 @@ class Objective:
             TIMINGS.set(trial, timings.to_dict())
         limits = self.config.limits
         replays = search.points + search.repeats  # in the order they ran, as engine_points
-        CURVE.set(trial, [{**p.to_dict(), **({"engine": e} if e else {})}
-                          for p, e in zip(replays, engine_points + [None] * len(replays))])
+        curve = [{**p.to_dict(), **({"engine": e} if e else {})}
+                 for p, e in zip(replays, engine_points + [None] * len(replays))]
         if search.repeats:  # the trial's numbers at its best rate are the medians of its replays there
             search = with_repeats(search, limits)
         set_constraints(trial, {constraint_key(lim): v for lim, v in zip(limits, search.violations(limits).values())})
         point = search.best or closest_point(search.points, limits)
         first = values_at(point, limits)[limits.first.key]
-        RESULT.set(trial, trial_result(search, point, limits))
+        measured = TrialMeasurement.of_search(search, point, limits, curve)
+        gpus = None
+        if any(name in self.space.dists for name in LAYOUT_ARGS):  # layouts differ: the sampler compares per GPU
+            gpus = gpus_needed({**self.config.engine_args, **params})
+            measured = measured.with_gpus(gpus)
+        write_measurement(trial, measured)
         found = _limited_by(replays, engine_points, point, bound_by(search, limits))
         if found:
             LIMITED_BY.set(trial, found)
         latency = first if math.isfinite(first) else CANNOT_RUN * limits.first.value_ms
-        if any(name in self.space.dists for name in LAYOUT_ARGS):  # layouts differ: the sampler compares per GPU
-            gpus = gpus_needed({**self.config.engine_args, **params})
-            RESULT.set(trial, {**RESULT.of(trial), "gpus": gpus})
+        if gpus is not None:
             return point.output_throughput_tok_s / gpus, latency
         return point.output_throughput_tok_s, latency
 

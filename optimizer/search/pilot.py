@@ -32,7 +32,7 @@ from optimizer.config.settings import StudyConfig
 from optimizer.measurement.metrics import RequestRecord, measured_window, summarize
 from optimizer.measurement.stability import effective_fraction, min_requests_for_upper_bound, requests_needed
 from optimizer.measurement.workload import build_workload
-from optimizer.search.attrs import RESULT
+from optimizer.search.measured import measurement_of
 from optimizer.search.objective import Objective
 from optimizer.search.records import RecordStore
 
@@ -176,11 +176,12 @@ def _choice(trial: optuna.trial.FrozenTrial | None, pilot_config: StudyConfig, s
     if trial is None:
         n, _, why = choose_count([], limit=trace_len)
         return RequestsChoice(n, "the pilot could not measure vLLM's defaults; " + why, pilot_n)
-    result = RESULT.of(trial)
-    rate = result.get("rate_rps") if result.get("feasible") else None
+    m = measurement_of(trial)
+    met = m is not None and m.feasible
+    rate = m.rate_rps if met else None
     replays = store.load(pilot_config.study_name, trial.number)
     spec = pilot_config.workload
-    if result.get("feasible"):
+    if met:
         series, at = _at_rate(replays, math.inf if rate is None else float(rate), spec.skip_first_fraction,
                               spec.skip_last_fraction)
     else:  # no rate met the limit: the closest miss still shows the tail's shape

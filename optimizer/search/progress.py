@@ -14,7 +14,6 @@ never reads the study).
 from __future__ import annotations
 
 import io
-import math
 import os
 import sys
 import threading
@@ -31,9 +30,9 @@ from optimizer.config.limits import key_name
 from optimizer.core.units import format_ms
 from optimizer.measurement.disturbance import disturbance_text, disturbed
 from optimizer.search.attrs import (
-    BASELINE, CONFIRM, LIMITED_BY, MACHINE_LOAD, PRUNED_DETAIL, PRUNED_REASON, RESULT, STUDY_CONFIRMATION, TIMINGS,
+    BASELINE, CONFIRM, LIMITED_BY, MACHINE_LOAD, PRUNED_DETAIL, PRUNED_REASON, STUDY_CONFIRMATION, TIMINGS,
 )
-from optimizer.search.measured import bound_text
+from optimizer.search.measured import TrialMeasurement, measurement_of
 from optimizer.search.missed import rate_text, why_infeasible
 from optimizer.search.score import feasible, rate_at_limit_text, scored_best_first
 from optimizer.search.study import confirmation_runs, finished_count
@@ -48,19 +47,21 @@ def describe(trial: FrozenTrial) -> str:
     if trial.state == TrialState.PRUNED:
         return (f"{label} #{trial.number}: cannot run: {PRUNED_REASON.of(trial) or '?'}: "
                 f"{str(PRUNED_DETAIL.of(trial))[:160]}")
-    r = RESULT.of(trial)
+    m = measurement_of(trial)
     took = f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]"
+    if m is None:
+        return f"{label} #{trial.number}: ended without a measurement ({trial.state.name}) {took}"
     if feasible(trial):
-        line = (f"{label} #{trial.number}: {rate_at_limit_text(r)}; {r.get('output_throughput_tok_s', 0):.1f} "
-                f"tok/s, {values_text(r)} at {rate_text(r.get('rate_rps'))} {took}")
+        line = (f"{label} #{trial.number}: {rate_at_limit_text(m)}; {m.output_throughput_tok_s:.1f} "
+                f"tok/s, {values_text(m)} at {rate_text(m.rate_rps)} {took}")
     else:
-        line = f"{label} #{trial.number}: {why_infeasible(r)} {took}"
+        line = f"{label} #{trial.number}: {why_infeasible(m)} {took}"
     load = MACHINE_LOAD.of(trial)
     if disturbed(load):  # a search trial only ranks: it is said, not run again (the confirmation's runs are)
         line += f"; disturbed: {disturbance_text(load)}" + ("; no incumbent for the trials after it"
                                                             if feasible(trial) else "")
     limited = LIMITED_BY.of(trial)
-    bound = bound_text(r)
+    bound = m.bound_text
     if limited and bound and not feasible(trial):  # the line above names the limit it missed already
         limited = limited.replace(f"limited by {bound}; ", "limited by ", 1)
     if limited:
@@ -69,13 +70,10 @@ def describe(trial: FrozenTrial) -> str:
     return f"{line}\n  limited by {bound}" if bound and feasible(trial) else line
 
 
-def values_text(result: dict) -> str:
-    """'TTFT P99 80ms, TPOT P99 41ms': each limit's statistic at the trial's rate (a trial stored before: its TTFT
-    P99)."""
-    values = result.get("values_at_rate_ms")
-    if not values:
-        return f"TTFT P99 {format_ms(result.get('ttft_p99_ms', math.nan))}"
-    return ", ".join(f"{key_name(k)} {format_ms(v) if v is not None else 'n/a'}" for k, v in values.items())
+def values_text(m: TrialMeasurement) -> str:
+    """'TTFT P99 80ms, TPOT P99 41ms': each limit's statistic at the trial's rate."""
+    return ", ".join(f"{key_name(k)} {format_ms(v) if v is not None else 'n/a'}"
+                     for k, v in m.values_at_rate_ms.items())
 
 
 def best_text(study: optuna.Study) -> str:

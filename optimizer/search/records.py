@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Boolean, Column, Float, Integer, MetaData, String, Table, Text, create_engine, select
+from sqlalchemy import (Boolean, Column, Float, Integer, MetaData, String, Table, Text, create_engine, inspect,
+                        select)
 
 from optimizer.measurement.metrics import RequestRecord
 
@@ -37,12 +38,23 @@ RECORDS = Table(
 class RecordStore:
     """Writes and reads request records through SQLAlchemy, at the study's storage URL."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, create: bool = True) -> None:
         from optimizer.search.dbretry import engine_kwargs
         from optimizer.search.study import with_installed_driver, with_schema_retry
 
         self._engine = create_engine(with_installed_driver(url), **engine_kwargs(url))
-        with_schema_retry(lambda: _metadata.create_all(self._engine))
+        if create:
+            with_schema_retry(lambda: _metadata.create_all(self._engine))
+
+    @classmethod
+    def existing(cls, url: str) -> RecordStore | None:
+        """The records at `url` to read, where the study's database holds them (None: no table of them); nothing
+        is created."""
+        store = cls(url, create=False)
+        if not inspect(store._engine).has_table(RECORDS.name):
+            store.close()
+            return None
+        return store
 
     def save(self, study_name: str, trial_number: int, replay: int, offered_rate_rps: float,
              records: list[RequestRecord]) -> None:

@@ -24,11 +24,12 @@ from optimizer.measurement.workload import build_workload
 from optimizer.params.preflight import DeviceMemory
 from optimizer.params.space import resolve
 from optimizer.search.attrs import (
-    RESULT, STUDY_CREATED, STUDY_DEMO_SCALE, STUDY_MACHINE, STUDY_P99_STABILITY,
+    STUDY_CREATED, STUDY_DEMO_SCALE, STUDY_MACHINE, STUDY_P99_STABILITY,
     STUDY_REQUESTS_CHOICE, TIMINGS,
 )
 from optimizer.search.fitting import machine_warning, served_dtype, size_demo
 from optimizer.search.gpu_demo import model_line as gpu_demo_line
+from optimizer.search.measured import measurement_of
 from optimizer.search.objective import Objective
 from optimizer.search.progress import Progress, Status, Tally, Ticker, clock_text
 from optimizer.search.progress import describe as describe_trial
@@ -355,9 +356,10 @@ def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
 
     best = recommended(prepared.study)
     store = prepared.objective.records
-    if best is None or store is None or RESULT.of(best).get("rate_at_limit"):
+    m = measurement_of(best) if best is not None else None
+    if m is None or store is None or m.rate_at_limit is not None:
         return None
-    rate = RESULT.of(best).get("rate_rps")
+    rate = m.rate_rps
     target = math.inf if rate is None else float(rate)
     replays = [recs for r, recs in store.load(prepared.config.study_name, best.number) if math.isclose(r, target)]
     ttft = [1000 * r.ttft_s for r in (replays[-1] if replays else []) if r.ok and r.ttft_s is not None]

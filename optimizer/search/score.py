@@ -25,7 +25,8 @@ from optimizer.measurement.noise import Z, median
 from optimizer.measurement.rate_fit import RateAtLimit
 from optimizer.measurement.rerank import Answer, Ranked, merge_repeats, rank_curve
 from optimizer.params.parallel import gpus_needed, per_gpu_curve
-from optimizer.search.attrs import CURVE, ENGINE_PARAMS, RESULT, STUDY_CONFIG
+from optimizer.search.attrs import ENGINE_PARAMS, STUDY_CONFIG
+from optimizer.search.measured import TrialMeasurement, measurement_of
 from optimizer.search.study import is_baseline, search_trials
 
 
@@ -38,53 +39,62 @@ def compared_per_gpu(trials: Sequence[FrozenTrial], engine_args: Mapping[str, An
     return len(set(_layouts(trials, engine_args).values())) > 1
 
 
-def rank_trials(trials: Sequence[FrozenTrial], engine_args: Mapping[str, Any], limits: Limits | float
-                ) -> dict[int, Ranked]:
-    """Each trial's curve ranked for `limits`, by trial number. When the trials
-    need different GPU counts (tensor/pipeline/data parallelism), throughput is compared per GPU."""
+def rank_trials(trials: Sequence[FrozenTrial], engine_args: Mapping[str, Any], limits: Limits | float,
+                curves: Mapping[int, Sequence[dict[str, Any]]] | None = None) -> dict[int, Ranked]:
+    """Each trial's curve ranked for `limits`, by trial number (`curves`: a trial's probes judged again at these
+    limits, search/rejudge.py, in place of its stored ones). When the trials need different GPU counts
+    (tensor/pipeline/data parallelism), throughput is compared per GPU."""
     layouts = _layouts(trials, engine_args)
     per_gpu = len(set(layouts.values())) > 1
-    return {t.number: rank_curve(per_gpu_curve(CURVE.of(t), layouts[t.number]) if per_gpu else CURVE.of(t),
-                                 limits) for t in trials}
+    curves = curves or {}
+
+    def curve(t: FrozenTrial) -> list[dict[str, Any]]:
+        return list(curves[t.number]) if t.number in curves else curve_of(t)
+
+    return {t.number: rank_curve(per_gpu_curve(curve(t), layouts[t.number]) if per_gpu else curve(t), limits)
+            for t in trials}
+
+
+def curve_of(trial: FrozenTrial) -> list[dict[str, Any]]:
+    """The trial's stored probes (none where it stored no measurement)."""
+    m = measurement_of(trial)
+    return [] if m is None else list(m.curve)
 
 
 def score_tok_s(trial: FrozenTrial, limits: Limits | float) -> float:
     """The trial's score alone (one GPU layout): output tokens/s within `limits`, 0 when no point meets them."""
-    ranked = rank_curve(CURVE.of(trial), limits)
+    ranked = rank_curve(curve_of(trial), limits)
     return ranked.output_throughput_tok_s if ranked.answerable else 0.0
 
 
-def rate_at_limit_text(result: Mapping[str, Any]) -> str:
-    """A trial's rate in words, from its stored result: '52.10 req/s at the limit [50.30, 53.80] (passed 51.00,
-    failed 53.60; 2980 requests in 6 probes)'; for a trial stored before probes were sized by evidence, its
-    bracket alone."""
-    rate, failed = result.get("rate_rps"), result.get("failed_rate_rps")
-    fit = result.get("rate_at_limit")
+def fit_text(fit: RateAtLimit) -> str:
+    """A rate at the limits from probes judged again at other limits (search/rejudge.py): '5.40 req/s at the limits
+    [5.10, 5.80] (400 stored requests in 2 probes, judged again)'."""
+    high = "open" if not math.isfinite(fit.high_rps) else f"{fit.high_rps:.2f}"
+    return (f"{fit.rate_rps:.2f} req/s at the limits [{fit.low_rps:.2f}, {high}] ({fit.requests} stored requests in "
+            f"{fit.probes} probes, judged again)")
+
+
+def rate_at_limit_text(m: TrialMeasurement) -> str:
+    """A trial's rate in words, from its measurement: '52.10 req/s at the limit [50.30, 53.80] (passed 51.00,
+    failed 53.60; 2980 requests in 6 probes)'; for a trial measured by fixed-length replays, its bracket alone."""
+    rate, failed, fit = m.rate_rps, m.failed_rate_rps, m.rate_at_limit
     if rate is None:
         return "a burst"
     bracket = f"passed {rate:.2f}" + (f", failed {failed:.2f}" if failed else ", none failed above")
-    if not fit:
+    if fit is None:
         return f"{rate:.2f} req/s ({bracket})"
-    high = "open" if fit.get("high_rps") is None else f"{fit['high_rps']:.2f}"
-    return (f"{fit['rate_rps']:.2f} req/s at the limit [{fit['low_rps']:.2f}, {high}] ({bracket}; "
-            f"{result.get('requests', fit.get('requests', 0))} requests in {fit.get('probes', 0)} probes)")
-
-
-def rate_interval_rps(trial: FrozenTrial) -> tuple[float, float] | None:
-    """The trial's rate at the limit as its 95% interval (low, high; high inf for a lower bound), from its pooled fit;
-    None for a trial measured before probes were sized by evidence, or one that met the limit nowhere."""
-    fit = RESULT.of(trial).get("rate_at_limit")
-    if not fit:
-        return None
-    stored = RateAtLimit.from_dict(fit)
-    return stored.low_rps, stored.high_rps
+    high = "open" if not math.isfinite(fit.high_rps) else f"{fit.high_rps:.2f}"
+    return (f"{fit.rate_rps:.2f} req/s at the limit [{fit.low_rps:.2f}, {high}] ({bracket}; "
+            f"{m.requests or fit.requests} requests in {fit.probes} probes)")
 
 
 def goodput(trial: FrozenTrial) -> float:
     """The score its objective stored for the study's own limit: output tokens/s at its best sustained rate, 0
     when infeasible. The same number `score_tok_s(trial, limit)` ranks from its curve (tests/search/test_score.py
     holds them equal); the sampler learns from this one, and the pre-screen and benchmarks read it."""
-    if trial.state != TrialState.COMPLETE or not RESULT.of(trial).get("feasible") or not trial.values:
+    m = measurement_of(trial) if trial.state == TrialState.COMPLETE else None
+    if m is None or not m.feasible or not trial.values:
         return 0.0
     return float(trial.values[0])
 
@@ -141,7 +151,7 @@ def baseline(study: optuna.Study) -> FrozenTrial | None:
 def noise_cv(trials: Sequence[FrozenTrial]) -> float:
     """The study's noise level: the median CV of throughput over every rate replayed more than once (the baseline's
     repeats at least); NaN before any."""
-    cvs = [p["output_throughput_cv"] for t in trials for p in merge_repeats(CURVE.of(t))
+    cvs = [p["output_throughput_cv"] for t in trials for p in merge_repeats(curve_of(t))
            if p.get("replays", 1) > 1 and not math.isnan(p.get("output_throughput_cv", math.nan))]
     return median(cvs) if cvs else math.nan
 

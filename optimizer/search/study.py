@@ -24,6 +24,7 @@ from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import UsageError
 from optimizer.search.attrs import BASELINE, CONFIRM, CONFIRM_APART, STUDY_CONFIG, STUDY_CONFIRMS, WORKER
 from optimizer.search.breaker import is_environment_failure
+from optimizer.search.measured import check_schema
 from optimizer.search.recovery import recover
 
 # A worker that stops beating for HEARTBEAT_GRACE_S has its trial failed and queued again (by any worker).
@@ -161,6 +162,7 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage) -> opt
     else:
         runs = confirmation_study(study)
         for s in (study, *([runs] if runs is not None else [])):  # a confirmation run may be the one still running
+            check_schema(s)
             refuse_parallel_sqlite(s, config.storage_url)
         STUDY_CONFIG.set(study, _stored_form(config))  # a larger budget is the only change allowed
         if runs is not None:

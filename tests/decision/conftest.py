@@ -56,7 +56,7 @@ def two_limits(tmp_path):
                   "values_at_rate_ms": {"ttft:p99": r["ttft:p99"], "tpot:p99": r["tpot:p99"]},
                   "bound_by": {"limit": key, "measured_ms": measured, "rate_rps": rate, "text": r["text"]}}
         params = synthetic.PARAMS[1] if n else {}
-        attrs = {"curve": c, "result": result, "engine_params": params,
+        attrs = {**synthetic.stored(c, **result), "engine_params": params,
                  "engine_config": {**synthetic.BASELINE_ENGINE, **params}, **({"baseline": True} if n == 0 else {})}
         study.add_trial(create_trial(values=[best["output_throughput_tok_s"], best["ttft_p99_ms"]], params=params,
                                      distributions={k: synthetic.DISTRIBUTIONS[k] for k in params},

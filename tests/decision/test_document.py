@@ -244,7 +244,8 @@ def test_a_recommendation_that_is_the_baseline_claims_no_gain(tmp_path):
     STUDY_CONFIG.set(study, config.model_dump_json())
     c = synthetic.curve(0)
     study.add_trial(create_trial(values=[420.0, 98.0], constraints={CONSTRAINT: 0.0},
-                                 user_attrs={"curve": c, "engine_config": synthetic.BASELINE_ENGINE, "baseline": True}))
+                                 user_attrs={**synthetic.stored(c), "engine_config": synthetic.BASELINE_ENGINE,
+                                             "baseline": True}))
     d = decide(study, config)
     assert d.best is d.baseline
     lines = summary_lines(d)
@@ -258,7 +259,7 @@ def test_a_trial_curve_shows_no_sent_rate_for_a_burst_and_the_kv_peak_in_percent
     burst = {**synthetic.point(None, 900, burst_rps=10.0), "sent_rate_rps": 188879.9,  # all sent at once
              "engine": {"kv_usage_peak": 0.0642, "running_peak": 40, "preemptions": 0}}
     poisson = synthetic.point(4.2, 98)
-    trial = create_trial(values=[420.0, 98.0], user_attrs={"curve": [burst, poisson]})
+    trial = create_trial(values=[420.0, 98.0], user_attrs=synthetic.stored([burst, poisson]))
     v = TrialView(trial, rank_curve([burst, poisson], 100.0))
     rows = curve_rows(decide(study, config), v)
     assert rows[0]["arrivals"] == "burst" and rows[0]["sent_rate_rps"] is None

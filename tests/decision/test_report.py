@@ -277,7 +277,8 @@ def test_a_challenger_within_noise_is_not_reported_as_better(tmp_path):
               1: [pt(None, 1000, 900), pt(4.4, 440, 95)],
               2: [pt(None, 1000, 900), pt(7.7, 770, 97)]}
     for n, c in curves.items():
-        attrs = {"curve": c, "engine_config": synthetic.BASELINE_ENGINE, **({"baseline": True} if n == 0 else {})}
+        attrs = {**synthetic.stored(c), "engine_config": synthetic.BASELINE_ENGINE,
+                 **({"baseline": True} if n == 0 else {})}
         study.add_trial(create_trial(values=[c[-1]["output_throughput_tok_s"], 95.0], user_attrs=attrs,
                                      constraints={CONSTRAINT: 0.0}))
     d = decide(study, config)
@@ -314,7 +315,8 @@ def test_a_challenger_inside_the_incumbents_rate_bracket_is_not_better(tmp_path)
     curves = {0: [p(None, 900, 10.0), p(5.0, 200), p(4.0, 90)], 1: [p(None, 900, 10.0), p(4.4, 95)],
               2: [p(None, 900, 10.0), p(5.2, 95)]}
     for n, c in curves.items():
-        attrs = {"curve": c, "engine_config": synthetic.BASELINE_ENGINE, **({"baseline": True} if n == 0 else {})}
+        attrs = {**synthetic.stored(c), "engine_config": synthetic.BASELINE_ENGINE,
+                 **({"baseline": True} if n == 0 else {})}
         study.add_trial(create_trial(values=[c[-1]["output_throughput_tok_s"], 95.0], user_attrs=attrs,
                                      constraints={CONSTRAINT: 0.0}))
     d = decide(study, config)
@@ -409,8 +411,8 @@ def test_a_two_limit_study_names_both_limits_and_reports_the_point_over_tpot(two
     doc = json.loads(render(ttft, "json")[0])
     assert doc["limits"]["limits"] == [{"metric": "ttft", "stat": "p99", "value_ms": 100.0}]
     assert len(doc["limits"]["searched"]) == 2 and doc["limits"]["reranked"] is True
-    assert any("re-ranked from the stored replays for TTFT P99 <= 100ms (the study searched for TTFT P99 <= 100ms, "
-               "TPOT P99 <= 50ms)" in n for n in ttft.notes)
+    assert any("re-ranked for TTFT P99 <= 100ms (the study searched for TTFT P99 <= 100ms, TPOT P99 <= 50ms): from "
+               "each stored replay's statistics (its requests were not stored)" in n for n in ttft.notes), ttft.notes
 
 
 def test_the_figure_of_a_tpot_first_study_draws_tpot_and_its_limit(two_limits):

@@ -184,7 +184,7 @@ def test_layouts_that_differ_are_ranked_per_gpu(tmp_path):
     study = optuna.create_study(study_name="tp", storage=config.storage_url, directions=DIRECTIONS)
     STUDY_CONFIG.set(study, config.model_dump_json())
     for n, params in ((0, {}), (1, {}), (2, {"tensor_parallel_size": 2})):
-        attrs = {"curve": synthetic.curve(n), "engine_params": params, "engine_config": {},
+        attrs = {**synthetic.stored(synthetic.curve(n)), "engine_params": params, "engine_config": {},
                  **({"baseline": True} if n == 0 else {})}
         study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs=attrs,
                                                   constraints={CONSTRAINT: 0.0}))

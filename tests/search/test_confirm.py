@@ -20,6 +20,7 @@ from optimizer.search.attrs import (
     BASELINE, CONFIRM, CURVE, LOG_FILE, MACHINE_LOAD, RESULT, RETRY_OF, STUDY_CONFIRMATION,
 )
 from optimizer.search.incumbent import fair_incumbent_rate, single_run_lower_rps
+from optimizer.search.measured import SCHEMA
 from optimizer.search.objective import Objective
 from optimizer.search.runner import prepare, run
 from optimizer.search.confirmed import confirmation, recommended
@@ -324,7 +325,7 @@ def test_the_incumbent_is_its_lower_bound_not_its_luckiest_measurement():
     study = optuna.create_study(directions=["maximize", "minimize"])
 
     def add(rate, confirm_of=None, feasible=True):
-        attrs = {RESULT.key: {"feasible": feasible, "rate_rps": rate}}
+        attrs = {RESULT.key: {"schema": SCHEMA, "feasible": feasible, "rate_rps": rate}}
         if confirm_of is not None:
             attrs[CONFIRM.key] = {"plan": "p", "of": confirm_of, "round": 0}
         study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs=attrs))
@@ -341,10 +342,10 @@ def test_the_incumbent_is_its_lower_bound_not_its_luckiest_measurement():
     # a trial measured while other processes took 0.8 of a core is no incumbent, however high it came out
     busy = {"available": True, "others_cores": 0.8, "steal_cores": 0.0, "idle_cores": 0.0}
     study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs={
-        RESULT.key: {"feasible": True, "rate_rps": 50.0}, MACHINE_LOAD.key: busy}))
+        RESULT.key: {"schema": SCHEMA, "feasible": True, "rate_rps": 50.0}, MACHINE_LOAD.key: busy}))
     assert fair_incumbent_rate(study) == pytest.approx(max(low, single_run_lower_rps(10.0)), abs=1e-3)
     study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs={
-        RESULT.key: {"feasible": True, "rate_rps": 50.0}, MACHINE_LOAD.key: {**busy, "others_cores": 0.01}}))
+        RESULT.key: {"schema": SCHEMA, "feasible": True, "rate_rps": 50.0}, MACHINE_LOAD.key: {**busy, "others_cores": 0.01}}))
     assert fair_incumbent_rate(study) == pytest.approx(single_run_lower_rps(50.0))  # undisturbed, it is
 
 
@@ -353,7 +354,7 @@ def test_tied_is_judged_per_round_not_by_overlapping_intervals():
     from optimizer.search.confirmed import Confirmation, Confirmed
 
     def trial(number, tok_s=None, baseline=False):
-        attrs = {RESULT.key: {"feasible": True}, **({BASELINE.key: True} if baseline else {})}
+        attrs = {RESULT.key: {"schema": SCHEMA, "feasible": True}, **({BASELINE.key: True} if baseline else {})}
         t = optuna.trial.create_trial(values=[tok_s or 1.0, 50.0], user_attrs=attrs)
         t.number = number
         return t
@@ -383,7 +384,7 @@ def _rounds_study(values: dict[int, list[float | None]], rounds: int, dropped: d
     study = optuna.create_study(directions=["maximize", "minimize"])
     for n in range(3):
         study.add_trial(create_trial(values=[100.0, 50.0], user_attrs={**BASELINE.item(n == 0),
-                                                                       **RESULT.item({"feasible": True})}))
+                                                                       **RESULT.item({"schema": SCHEMA, "feasible": True})}))
     STUDY_CONFIRMATION.set(study, {"plan": "3:2", "rounds": rounds, "candidates": [0, 1, 2], "limit_ms": 150.0,
                                    "confidence": look_confidence(rounds), "precise_half_width": 0.05,
                                    "dropped": {str(k): v for k, v in (dropped or {}).items()}})
@@ -391,7 +392,7 @@ def _rounds_study(values: dict[int, list[float | None]], rounds: int, dropped: d
         for r, v in enumerate(per_round):
             if v is not None:
                 study.add_trial(create_trial(values=[v, 50.0], user_attrs={
-                    **CONFIRM.item({"plan": "3:2", "of": n, "round": r}), **RESULT.item({"feasible": True})}))
+                    **CONFIRM.item({"plan": "3:2", "of": n, "round": r}), **RESULT.item({"schema": SCHEMA, "feasible": True})}))
     return study
 
 
@@ -588,12 +589,13 @@ def test_a_new_plan_looks_group_sequentially_and_compares_runs_by_their_fits():
     # a run's value: its fit's rate x the output tokens per request at its best passing probe
     from optuna.trial import create_trial
     run = create_trial(values=[1880.0, 50.0], user_attrs=RESULT.item({
-        "feasible": True, "rate_rps": 48.24, "request_throughput_rps": 47.0,
+        "schema": SCHEMA, "feasible": True, "rate_rps": 48.24, "request_throughput_rps": 47.0,
         "rate_at_limit": {"rate_rps": 53.66, "low_rps": 48.94, "high_rps": 58.95, "requests": 2409, "probes": 3}}))
     assert run_tok_s(run) == pytest.approx(53.66 * 1880.0 / 47.0)  # 2146.4 tok/s, against goodput's 1880
-    no_fit = create_trial(values=[1880.0, 50.0], user_attrs=RESULT.item({"feasible": True, "rate_rps": 48.24}))
+    no_fit = create_trial(values=[1880.0, 50.0],
+                          user_attrs=RESULT.item({"schema": SCHEMA, "feasible": True, "rate_rps": 48.24}))
     assert run_tok_s(no_fit) == 1880.0  # stored before the fit: its goodput
-    missed = create_trial(values=[0.0, 500.0], user_attrs=RESULT.item({"feasible": False}))
+    missed = create_trial(values=[0.0, 500.0], user_attrs=RESULT.item({"schema": SCHEMA, "feasible": False}))
     assert run_tok_s(missed) == 0.0
     # plans stored before compare goodput; the rounds' values here have no fit, so both read the same
     assert exact.values_tok_s(exact.configs[0]) == bonferroni.values_tok_s(bonferroni.configs[0]) == values[0]
@@ -687,9 +689,9 @@ def test_the_defaults_go_to_the_rounds_only_where_they_met_the_limit_in_the_sear
     from optimizer.search.attrs import BASELINE, STUDY_CONFIG
 
     def curve(ttft_ms):
-        return CURVE.item([
+        return {**RESULT.item({"schema": SCHEMA}), **CURVE.item([
             {"offered_rate_rps": 10.0, "sustained": True, "ttft_p99_ms": ttft_ms, "output_throughput_tok_s": 300.0},
-            {"offered_rate_rps": 12.0, "sustained": True, "ttft_p99_ms": 400.0, "output_throughput_tok_s": 330.0}])
+            {"offered_rate_rps": 12.0, "sustained": True, "ttft_p99_ms": 400.0, "output_throughput_tok_s": 330.0}])}
 
     def study_with(defaults_ttft_ms):
         study = optuna.create_study(directions=["maximize", "minimize"])
@@ -755,7 +757,7 @@ def test_a_run_disturbed_by_other_processes_is_run_again_once_then_kept():
 
     def add_run(study, of, round_, tok_s, load):
         study.add_trial(create_trial(values=[tok_s, 50.0], user_attrs={
-            **CONFIRM.item({"plan": "3:2", "of": of, "round": round_}), **RESULT.item({"feasible": True}),
+            **CONFIRM.item({"plan": "3:2", "of": of, "round": round_}), **RESULT.item({"schema": SCHEMA, "feasible": True}),
             **MACHINE_LOAD.item(load)}))
 
     study = _rounds_study({0: [100.0], 1: [120.0], 2: [90.0]}, rounds=3)

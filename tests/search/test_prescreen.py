@@ -10,7 +10,7 @@ from optimizer.search.attrs import PRESCREEN, STUDY_PRESCREEN
 from optimizer.search.prescreen import choose, perturbed
 from optimizer.search.runner import prepare, run
 from optimizer.search.score import goodput
-from tests.support import fakes
+from tests.support import fakes, synthetic
 from tests.support.fakes import SimEngine
 
 
@@ -21,7 +21,7 @@ def make_config(tmp_path, model, **kw):
 
 def fake_trial(number, x, value, feasible=True, baseline=False):
     return create_trial(params={"x": x}, distributions={"x": IntDistribution(0, 100)}, values=[value, 10.0],
-                        user_attrs={"result": {"feasible": feasible}, **({"baseline": True} if baseline else {})})
+                        user_attrs={**synthetic.stored(feasible=feasible), **({"baseline": True} if baseline else {})})
 
 
 def test_choose_takes_the_top_then_the_most_optimistic_of_the_rest():

@@ -9,7 +9,7 @@ import sys
 from optuna.trial import create_trial
 
 from optimizer.core.processes import output_to
-from optimizer.search.attrs import CONFIRM, CONFIRM_APART, RESULT, STUDY_CONFIRMATION, TIMINGS
+from optimizer.search.attrs import CONFIRM, CONFIRM_APART, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.objective import CONSTRAINT
 from optimizer.search.missed import why_infeasible
 from optimizer.search.progress import Progress, Status, Ticker, describe, work_s
@@ -101,7 +101,7 @@ def test_a_terminal_gets_a_bar_whose_clock_ticks_and_whose_total_shrinks():
 def _trial(number: int, **result):
     """A finished trial as the objective stores it: its result, its duration, its constraint (over the limit: > 0)."""
     trial = create_trial(values=[result["output_throughput_tok_s"], result["ttft_p99_ms"]],
-                         user_attrs={**RESULT.item(result), **TIMINGS.item({"total_s": 42})},
+                         user_attrs={**synthetic.stored(**result), **TIMINGS.item({"total_s": 42})},
                          constraints={CONSTRAINT: 0.0 if result["feasible"] else result["ttft_p99_ms"] - 150.0})
     trial.number = number
     return trial
@@ -114,23 +114,24 @@ def test_a_trial_that_missed_says_so_in_rates_and_without_another_regimes_throug
     assert line == ("trial #22: over the limit down to 33.84 req/s, 0.9 x the best's lower bound (TTFT P99 2.55s at "
                     "33.84 req/s): it cannot beat the best, stopped early (310 requests) [42s]")
     assert "tok/s" not in line  # its throughput was measured over the limit: not comparable with the best's
-    missed = why_infeasible({"feasible": False, "rate_rps": 2.5, "ttft_p99_ms": 180.0, "requests": 600})
+    missed = why_infeasible(synthetic.measurement(feasible=False, rate_rps=2.5, ttft_p99_ms=180.0, requests=600))
     assert missed == "over the limit at every rate tried (TTFT P99 180ms at 2.50 req/s, the closest) (600 requests)"
-    assert "at a burst" in why_infeasible({"feasible": False, "rate_rps": None, "ttft_p99_ms": 180.0})
+    assert "at a burst" in why_infeasible(synthetic.measurement(feasible=False, rate_rps=None, ttft_p99_ms=180.0))
     # a demo's trial #15: its probe at 87.13 req/s stopped with 5 of 26 requests past the limit
     # and still waiting for a first token; the P99 of the 21 answered, 139 ms, alone read as under the limit
     cut = {"feasible": False, "stopped_early": True, "floor_rps": 87.13, "rate_rps": 87.13, "ttft_p99_ms": 139.4,
            "requests": 78, "requests_at_rate": 26, "over_limit_at_rate": 5, "answered_at_rate": 21}
-    assert why_infeasible(cut) == ("over the limit down to 87.13 req/s, 0.9 x the best's lower bound (TTFT P99 139ms "
+    assert why_infeasible(synthetic.measurement(**cut)) == ("over the limit down to 87.13 req/s, 0.9 x the best's lower bound (TTFT P99 139ms "
                                    "of the 21 answered at 87.13 req/s, 5 of 26 requests over the limit): it cannot "
                                    "beat the best, stopped early (78 requests)")
     whole = {**cut, "ttft_p99_ms": 219.0, "answered_at_rate": 26}
-    assert "(TTFT P99 219ms at 87.13 req/s, 5 of 26 requests over the limit)" in why_infeasible(whole)
+    assert "(TTFT P99 219ms at 87.13 req/s, 5 of 26 requests over the limit)" in why_infeasible(synthetic.measurement(**whole))
     # a demo's trial #13: none of 53 over, but the backlog grew over the arrivals
     behind = {**cut, "ttft_p99_ms": 143.0, "requests_at_rate": 53, "over_limit_at_rate": 0, "answered_at_rate": 53,
               "behind_at_rate": True}
-    assert "(TTFT P99 143ms at 87.13 req/s, 0 of 53 requests over the limit, falling behind)" in why_infeasible(behind)
-    burst = describe(_trial(3, feasible=True, rate_rps=None, ttft_p99_ms=90.0, output_throughput_tok_s=800.0))
+    assert "(TTFT P99 143ms at 87.13 req/s, 0 of 53 requests over the limit, falling behind)" in why_infeasible(synthetic.measurement(**behind))
+    burst = describe(_trial(3, feasible=True, rate_rps=None, ttft_p99_ms=90.0, output_throughput_tok_s=800.0,
+                            values_at_rate_ms={"ttft:p99": 90.0}))
     assert burst == "trial #3: a burst; 800.0 tok/s, TTFT P99 90ms at a burst [42s]"  # not "at 0.00 req/s"
 
 
@@ -187,7 +188,7 @@ def test_a_served_run_that_missed_everywhere_says_how_close_it_came():
     missed = {"feasible": False, "rate_rps": 26.62, "ttft_p99_ms": 320.0, "output_throughput_tok_s": 748.4,
               "requests": 667}
     run = create_trial(values=[748.4, 320.0], constraints={CONSTRAINT: 170.0},
-                       user_attrs={**RESULT.item(missed), **TIMINGS.item({"total_s": 93}),
+                       user_attrs={**synthetic.stored(**missed), **TIMINGS.item({"total_s": 93}),
                                    **CONFIRM.item({"plan": "29:28", "of": 0, "round": 3, "workload_seed": 4,
                                                    "served": True})})
     run.number = 9
@@ -195,7 +196,7 @@ def test_a_served_run_that_missed_everywhere_says_how_close_it_came():
     assert line.startswith("as served (`vllm serve` over HTTP), trial #0 again (run ") and "seed 4): over" in line
     assert "over the limit at every rate tried (TTFT P99 320ms at 26.62 req/s, the closest) (667 requests)" in line
     flat = {**missed, "flat": True}  # the descent stopped: its tail did not fall with the rate
-    assert why_infeasible(flat) == ("over the limit at every rate tried, and the latency did not fall as the rate fell "
+    assert why_infeasible(synthetic.measurement(**flat)) == ("over the limit at every rate tried, and the latency did not fall as the rate fell "
                                     "(TTFT P99 320ms at 26.62 req/s, the closest): not a queue that a lower rate "
                                     "drains, stopped (667 requests)")
 

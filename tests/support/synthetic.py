@@ -22,6 +22,7 @@ from optimizer.config.settings import StudyConfig
 from optimizer.config.workload_spec import WorkloadSpec
 from optimizer.search.objective import CONSTRAINT
 from optimizer.search.attrs import BASELINE_NOTE, STUDY_CONFIG
+from optimizer.search.measured import SCHEMA, TrialMeasurement
 from optimizer.search.study import DIRECTIONS
 
 LIMIT_MS = 100.0
@@ -54,6 +55,18 @@ def point(rate_rps: float | None, ttft_p99_ms: float, burst_rps: float | None = 
             "request_throughput_rps": req_rps, "ttft_p50_ms": ttft_p99_ms / 2, "ttft_p99_ms": float(ttft_p99_ms),
             "tpot_p99_ms": 5.0, "completed": 40, "failed": 0, "sustained": True,
             "feasible": ttft_p99_ms <= LIMIT_MS}
+
+
+def stored(curve: list[dict] | None = None, **result) -> dict:
+    """A trial's stored measurement as its objective writes it (search/measured.py): the `curve` and `result` user
+    attributes, the result of the current schema with the given fields."""
+    return {"curve": list(curve or []), "result": {"schema": SCHEMA, **result}}
+
+
+def measurement(curve: list[dict] | None = None, **result) -> TrialMeasurement:
+    """The typed measurement of `stored(curve, **result)`."""
+    attrs = stored(curve, **result)
+    return TrialMeasurement.from_stored(attrs["result"], attrs["curve"])
 
 
 def curve(n: int) -> list[dict]:
@@ -90,7 +103,7 @@ def build(tmp_path, name: str = "syn", device: str = "cpu",
         result = {"feasible": True, "rate_rps": best["offered_rate_rps"],
                   **{k: best[k] for k in ("output_throughput_tok_s", "request_throughput_rps", "ttft_p50_ms",
                                           "ttft_p99_ms", "tpot_p99_ms")}}
-        attrs = {"curve": c, "result": result, "engine_config": engine, "engine_params": params}
+        attrs = {**stored(c, **result), "engine_config": engine, "engine_params": params}
         if n == 0:
             attrs["baseline"] = True
             if baseline_note is not None:
