@@ -139,7 +139,13 @@ class ModelInfo:
         this process's own environment decided at `model_info`: the latent cache, or every head's keys and values."""
         if not self.mla_switch or "VLLM_MLA_DISABLE" not in env:
             return self
-        mla = mla_enabled(env)
+        return self.with_mla(mla_enabled(env))
+
+    def with_mla(self, mla: bool) -> ModelInfo:
+        """Pure: the model with its latent cache on or off, as vLLM resolved it (a model without the switch as it
+        is)."""
+        if not self.mla_switch:
+            return self
         latent, heads, head_dim = self.mla_switch
         return replace(self, mla=mla, num_kv_heads=1 if mla else heads, head_dim=latent if mla else head_dim)
 

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from optimizer.config.resolved import Resolved
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError, UsageError
 from optimizer.core.processes import ProcessRef, remove_rpc_dir, renew_rpc_dir
@@ -221,11 +222,12 @@ class HttpEngine(_HttpClient):
         """Where the running server's ZMQ sockets are (None: not started, or the user's VLLM_RPC_BASE_PATH)."""
         return self._rpc_dir
 
-    def validate(self, params: dict[str, Any]) -> None:
-        """vLLM's own config validation, as the in-process engine does it (no server started)."""
+    def validate(self, params: dict[str, Any]) -> Resolved:
+        """vLLM's own config validation, as the in-process engine does it (no server started), and what it
+        resolved. The server resolves the same: `vllm serve` builds the same config from the same arguments."""
         from optimizer.engines.vllm_engine import VllmEngine
 
-        VllmEngine(self._base_args).validate(params)
+        return VllmEngine(self._base_args).validate(params)
 
     async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
         kinds = await asyncio.to_thread(vllm_flag_kinds)

@@ -19,6 +19,7 @@ from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
+from optimizer.config.resolved import Resolved
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError
 from optimizer.core.processes import (
@@ -27,6 +28,7 @@ from optimizer.core.processes import (
 )
 from optimizer.engines import allocator, cpu_layout, warm_start
 from optimizer.engines.front_end_log import FrontEndLog
+from optimizer.engines.vllm_config import resolved, trial_environment
 from optimizer.measurement.engine import EngineStats, RequestTiming
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import DEFAULT_TARGET, usage_context
@@ -111,10 +113,12 @@ class VllmEngine:
         """vLLM's config for `params`, resolved as the deployment (`vllm serve` by default) resolves it."""
         return self.engine_args(params).create_engine_config(usage_context(self.deploy_as))
 
-    def validate(self, params: dict[str, Any]) -> None:
-        """vLLM's own config validation without starting anything (building the config objects: ~0.1 s)."""
+    def validate(self, params: dict[str, Any]) -> Resolved:
+        """vLLM's own config validation without starting anything (building the config objects: ~0.1 s), under the
+        trial's `env:` parameters as its start runs; what vLLM resolved, for the preflight (engines/vllm_config.py)."""
         try:
-            self.engine_config(params)
+            with trial_environment(split_env(params)[1]):
+                return resolved(self.engine_config(params))
         except EngineStartError:
             raise
         except Exception as exc:  # pydantic ValidationError, ValueError, ...: the config is not valid

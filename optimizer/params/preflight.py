@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from optimizer.config.model import ModelInfo
+from optimizer.config.resolved import Resolved
 from optimizer.core.clock import Clock
 from optimizer.core.errors import OptimizerError
 from optimizer.params.open_space import split_env
@@ -134,14 +135,17 @@ def gpu_reserve_bytes(params: dict[str, Any], model: ModelInfo, env: dict[str, s
 
 
 def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: DeviceMemory,
-             mean_request_tokens: float, process_env: Mapping[str, str] | None = None) -> MemoryEstimate:
+             mean_request_tokens: float, process_env: Mapping[str, str] | None = None,
+             resolved: Resolved | None = None) -> MemoryEstimate:
     """Pure: what the config asks for and what is left for the KV cache, in the dtype it serves and per GPU of its
     layout (with tensor/pipeline parallelism each GPU holds a share: optimizer/params/parallel.py), with the cache
     the environment its engine starts in chooses (VLLM_MLA_DISABLE: `ModelInfo.under_env`; VLLM_USE_V2_MODEL_RUNNER:
     the batches in flight): `process_env`, the one it inherits, under its own `env:` parameters; its sliding layers
-    holding their windows only where vLLM keeps them so (config/layers.py)."""
+    holding their windows only where vLLM keeps them so (config/layers.py). With `resolved` (what the installed vLLM
+    resolved for the trial: engines/vllm_config.py), its MLA and its tokens in flight are vLLM's own."""
     env = {**(process_env or {}), **split_env(params)[1]}
-    served = model.served_as(params.get("dtype")).under_env(env)
+    served = model.served_as(params.get("dtype"))
+    served = served.under_env(env) if resolved is None else served.with_mla(resolved.use_mla)
     reserve = CPU_RESERVE_BYTES if device == "cpu" else gpu_reserve_bytes(params, served, env)
     model = per_gpu(served, params)
     fraction = float(params.get("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION))
@@ -157,7 +161,8 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
     hybrid_manager = device != "cpu" and not params.get("disable_hybrid_kv_cache_manager")
     windows_kept = not params.get("disable_sliding_window") \
         and (hybrid_manager or 0 < model.num_layers == model.sliding_layers)
-    in_flight = batches_in_flight(params, device, env) * int(params.get("max_num_batched_tokens") or 0)
+    in_flight = resolved.max_in_flight_tokens if resolved is not None else \
+        batches_in_flight(params, device, env) * int(params.get("max_num_batched_tokens") or 0)
     dcp = int(params.get("decode_context_parallel_size") or 1)  # each rank keeps its share of a sequence's tokens
     one_seq = -(-model.kv_bytes_one_sequence(model_len, in_flight, windows_kept) // dcp)
     fit = kv_budget / (per_token * mean_request_tokens) if per_token and mean_request_tokens else float("inf")
@@ -175,6 +180,14 @@ def unset_model_len(params: dict[str, Any], model: ModelInfo) -> int:
     if params.get("disable_sliding_window") and 0 < model.sliding_window < length:
         return model.sliding_window
     return length
+
+
+def as_resolved(params: dict[str, Any], resolved: Resolved) -> dict[str, Any]:
+    """Pure: `params` with the batch sizes and max_model_len the installed vLLM resolved for them."""
+    out = {**params, "max_num_seqs": resolved.max_num_seqs, "max_num_batched_tokens": resolved.max_num_batched_tokens}
+    if resolved.max_model_len > 0:  # -1: vLLM fits it to the memory at start
+        out["max_model_len"] = resolved.max_model_len
+    return out
 
 
 def with_batch_default(params: dict[str, Any], deploy_as: str, device: str, memory_total_bytes: int,

@@ -33,7 +33,7 @@ from optimizer.measurement.telemetry import for_device
 from optimizer.measurement.workload import Workload, build_workload, fixed_load_rate
 from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
 from optimizer.params.preflight import (
-    VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, estimate, held_elsewhere, layout_probe, memory_problems,
+    VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, as_resolved, estimate, held_elsewhere, layout_probe, memory_problems,
     most_free_for, unset_model_len, wait_for_memory, with_batch_default,
 )
 from optimizer.params.space import Space
@@ -209,7 +209,7 @@ class Objective:
             self._prune(trial, failures.INVALID_CONFIG, "; ".join(layout))
         try:
             with output_to(log_path):
-                engine.validate(params)
+                resolved = engine.validate(params)  # what the installed vLLM resolves for it (None: no vLLM)
         except EngineStartError as exc:
             self._prune(trial, exc.reason, str(exc))
         gpus = gpus_needed(sized)  # its ranks' GPUs: another job on a GPU past them does not count against it
@@ -217,10 +217,13 @@ class Objective:
         memory = probe() if self.model is not None else None
         if memory is None:
             return params
-        sized = with_batch_default(sized, self.config.deploy_as, self.config.device, memory.total_bytes, self.gpu_name,
-                                   unset_model_len(sized, self.model))  # vLLM's batch defaults, where left to it
+        if resolved is not None:  # vLLM's own batch sizes and max_model_len for the trial
+            sized = as_resolved(sized, resolved)
+        else:  # an engine without vLLM's config (the simulator): its defaults as vLLM's for the simulated device
+            sized = with_batch_default(sized, self.config.deploy_as, self.config.device, memory.total_bytes,
+                                       self.gpu_name, unset_model_len(sized, self.model))
         est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len,
-                       os.environ)  # the engine starts in this process's environment, under the trial's `env:`
+                       os.environ, resolved)  # the engine starts in this process's environment, under its `env:`
         most_free = most_free_for(self.most_free_bytes, gpus)
         problems = memory_problems(est)
         if problems and held_elsewhere(est, most_free, memory.total_bytes):

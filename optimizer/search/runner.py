@@ -16,7 +16,7 @@ from optimizer.config.demo import GPU_DEMO_NAME, embedded_model
 from optimizer.config.model import ModelInfo, inspect_model
 from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
-from optimizer.hardware.device import gpu_name
+from optimizer.hardware.device import gpu_name, installed_build, version_line
 from optimizer.hardware.machine import describe, fingerprint
 from optimizer.measurement.engine import EngineFactory
 from optimizer.measurement.stability import P99Stability
@@ -101,6 +101,8 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     resolve(config.space, config.device, info.max_len, config.workload, info.mla, config.engine_args)
     storage = storage_for(config.storage_url)
     new_study = stored_config(storage, config.study_name) is None
+    if engine_factory is None and (line := version_line(installed_build())):  # trials start the installed vLLM
+        say(line)
     logs_dir = studies_dir / f"{config.study_name}.logs"
     fitted: dict[str, Any] = {}
     if new_study:  # fitted to this machine once, stored with the study: a resume keeps it

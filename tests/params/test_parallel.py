@@ -8,7 +8,7 @@ import yaml
 
 from optimizer.config.model import model_info, uses_mla
 from optimizer.decision.export import export_all
-from optimizer.params.parallel import gpus_needed, layout_problems, per_gpu, per_gpu_throughput
+from optimizer.params.parallel import gpus_needed, layout_problems, per_gpu, per_gpu_curve
 from optimizer.params.preflight import GIB, DeviceMemory, estimate, memory_problems
 from optimizer.search.confirmed import recommended
 from tests.support import synthetic
@@ -157,8 +157,9 @@ def test_a_layout_larger_than_the_host_is_invalid_with_the_fix():
 
 
 def test_throughput_is_compared_per_gpu():
-    assert per_gpu_throughput(8000.0, {"tensor_parallel_size": 8}) == 1000.0
-    assert per_gpu_throughput(3000.0, {}) == 3000.0
+    curve = [{"output_throughput_tok_s": 8000.0, "offered_rate_rps": 4.0}]
+    assert per_gpu_curve(curve, gpus_needed({"tensor_parallel_size": 8}))[0]["output_throughput_tok_s"] == 1000.0
+    assert per_gpu_curve(curve, gpus_needed({}))[0]["output_throughput_tok_s"] == 8000.0
 
 
 def test_compose_reserves_the_gpus_the_layout_takes(tmp_path):
