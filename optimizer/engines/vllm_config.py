@@ -30,9 +30,37 @@ def trial_environment(env: Mapping[str, str]) -> Iterator[None]:
 
 
 def resolved(vllm_config: Any) -> Resolved:
-    """The preflight's numbers, read from vLLM's config for the trial."""
+    """The preflight's numbers, read from vLLM's config for the trial (under the trial's environment: vLLM reads
+    some of it lazily, `ModelConfig.use_mla` among them)."""
     model, scheduler, cache = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.cache_config
     return Resolved(max_model_len=int(model.max_model_len), max_num_seqs=int(scheduler.max_num_seqs),
                     max_num_batched_tokens=int(scheduler.max_num_batched_tokens),
                     max_in_flight_tokens=int(vllm_config.max_in_flight_tokens), use_mla=bool(model.use_mla),
-                    kv_cache_dtype=str(cache.cache_dtype))
+                    kv_cache_dtype=str(cache.cache_dtype), kv_bytes_per_layer=kv_bytes_per_layer(vllm_config),
+                    attention_layers=attention_layers(vllm_config))
+
+
+def kv_bytes_per_layer(vllm_config: Any) -> int:
+    """One token's cache in one attention layer on a rank: the `page_size_bytes` of the KV cache spec vLLM gives
+    such a layer (MLAAttentionSpec under MLA, else FullAttentionSpec), at one token a block; 0 where vLLM cannot
+    build it from the config alone (a packed cache dtype such as fp8_ds_mla)."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, get_kv_quant_mode
+
+    model, parallel, cache = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
+    try:
+        spec = (MLAAttentionSpec if model.use_mla else FullAttentionSpec)(
+            block_size=1, num_kv_heads=model.get_num_kv_heads(parallel), head_size=model.get_head_size(),
+            dtype=kv_cache_dtype_str_to_dtype(cache.cache_dtype, model),
+            kv_quant_mode=get_kv_quant_mode(cache.cache_dtype))
+        return int(spec.page_size_bytes)
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+        return 0
+
+
+def attention_layers(vllm_config: Any) -> int:
+    """The attention layers of a rank's pipeline stage, as vLLM counts them (0 where it cannot say)."""
+    try:
+        return int(vllm_config.model_config.get_num_layers_by_block_type(vllm_config.parallel_config, "attention"))
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+        return 0

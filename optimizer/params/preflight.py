@@ -164,13 +164,24 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
     in_flight = resolved.max_in_flight_tokens if resolved is not None else \
         batches_in_flight(params, device, env) * int(params.get("max_num_batched_tokens") or 0)
     dcp = int(params.get("decode_context_parallel_size") or 1)  # each rank keeps its share of a sequence's tokens
-    one_seq = -(-model.kv_bytes_one_sequence(model_len, in_flight, windows_kept) // dcp)
+    if resolved is not None and resolved.kv_bytes_per_layer and resolved.attention_layers and uniform_cache(model):
+        per_token = resolved.kv_bytes_per_layer * resolved.attention_layers  # vLLM's own spec of each layer's cache
+        one_seq = -(-per_token * model_len // dcp)
+    else:
+        one_seq = -(-model.kv_bytes_one_sequence(model_len, in_flight, windows_kept) // dcp)
     fit = kv_budget / (per_token * mean_request_tokens) if per_token and mean_request_tokens else float("inf")
     headroom = 0
     if device == "cpu":
         headroom = max(int(CPU_HEADROOM_FRACTION * memory.total_bytes), CPU_HEADROOM_MIN_BYTES)
     return MemoryEstimate(requested, memory.available_bytes, model.weights_bytes, reserve, kv_budget, one_seq,
                           max(fit, 0.0), headroom)
+
+
+def uniform_cache(model: ModelInfo) -> bool:
+    """Pure: every layer with a cache keeps the same full-attention cache of every token (no sliding window, no
+    per-layer shapes, no indexer beside it): vLLM's spec of one attention layer, times its attention layers, is the
+    whole of it."""
+    return not (model.sliding_layers or model.kv_shapes or model.indexer_bytes or model.packed_layer_bytes)
 
 
 def unset_model_len(params: dict[str, Any], model: ModelInfo) -> int:

@@ -80,3 +80,59 @@ def test_a_config_vllm_refuses_is_refused_as_before(tiny_model):
 
     with pytest.raises(EngineStartError, match="vLLM rejects the config"):
         VllmEngine({"model": str(tiny_model), "enforce_eager": True}).validate({"max_num_seqs": 0})
+
+
+LLAMA31_8B = {  # meta-llama/Llama-3.1-8B-Instruct config.json, the fields read
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+QWEN3_32B = {  # Qwen/Qwen3-32B config.json, the fields read
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600,
+    "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+PHI3_MINI_128K = {  # microsoft/Phi-3-mini-128k-instruct config.json, the fields read (factors shortened)
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+    "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "torch_dtype": "bfloat16",
+    "rope_scaling": {"type": "longrope", "long_factor": [1.08] * 48, "short_factor": [1.0] * 48}}
+PUBLISHED = {"Llama-3.1-8B": LLAMA31_8B, "Qwen3-32B": QWEN3_32B, "Phi-3-mini-128k": PHI3_MINI_128K,
+             "DeepSeek-V3": DEEPSEEK_V3}
+
+
+@pytest.mark.parametrize("kv_cache_dtype", [None, "fp8"])
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_one_sequence_is_what_vllms_own_kv_cache_specs_need(tmp_path, monkeypatch, name, kv_cache_dtype):
+    """The preflight's cache of one max_model_len sequence is vLLM's `kv_cache_utils.max_memory_usage_bytes` over
+    the specs vLLM gives each attention layer; the config reader the simulator uses agrees with vLLM on each number."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+    from vllm.v1.core.kv_cache_utils import max_memory_usage_bytes
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    monkeypatch.delenv("VLLM_MLA_DISABLE", raising=False)
+    config = PUBLISHED[name]
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    params = {} if kv_cache_dtype is None else {"kv_cache_dtype": kv_cache_dtype}
+    engine = VllmEngine({"model": str(d), "load_format": "dummy", "enforce_eager": True})
+    got = engine.validate(params)
+    c = engine.engine_config(params)
+    m, p = c.model_config, c.parallel_config
+    spec = (MLAAttentionSpec if m.use_mla else FullAttentionSpec)(
+        block_size=1, num_kv_heads=m.get_num_kv_heads(p), head_size=m.get_head_size(),
+        dtype=kv_cache_dtype_str_to_dtype(c.cache_config.cache_dtype, m))
+    layers = m.get_num_layers_by_block_type(p, "attention")
+    assert (got.kv_bytes_per_layer, got.attention_layers, got.max_model_len) == (spec.page_size_bytes, layers,
+                                                                                 m.max_model_len)
+    info = model_info(config, name, weights_bytes=1)
+    memory = DeviceMemory(total_bytes=10_000 * GIB, available_bytes=10_000 * GIB)
+    est = estimate(as_resolved(params, got), info, "cuda", memory, 2000, {}, got)
+    assert est.kv_one_sequence_bytes == max_memory_usage_bytes(c, [spec] * layers)
+    # the config reader (the simulator's, which has no vLLM config) reads the same from config.json
+    from optimizer.params.parallel import per_gpu
+
+    ours = per_gpu(info, params)
+    assert (ours.kv_bytes_per_layer, ours.num_layers, info.default_len or info.max_len) == (
+        got.kv_bytes_per_layer, got.attention_layers, got.max_model_len)
