@@ -63,7 +63,17 @@ def _report(ns: argparse.Namespace) -> int:
     limits = limits_given(ns)  # None: the study's own
     trial_no = None if ns.trial is None else trial_name(ns.trial)
     config, study = load_study(ns)
-    decision = decide(study, config, limits)
+    records = None
+    if limits is not None and limits.key != config.limits.key:  # other limits: judged again from the stored requests
+        from optimizer.cli.common import storage_url
+        from optimizer.search.records import RecordStore
+
+        records = RecordStore.existing(storage_url(ns))  # the database as opened here, not as stored with the study
+    try:
+        decision = decide(study, config, limits, records)
+    finally:
+        if records is not None:
+            records.close()
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
     if trial_no is not None or ns.bench_json:
         if trial_no is None and decision.best is None:

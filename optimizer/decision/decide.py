@@ -173,19 +173,17 @@ def budget_split(config: StudyConfig) -> Plan | None:
         return None
 
 
-def decide(study: optuna.Study, config: StudyConfig, limits: Limits | None = None) -> Decision:
+def decide(study: optuna.Study, config: StudyConfig, limits: Limits | None = None,
+           records: RecordStore | None = None) -> Decision:
     """Rank every finished trial of `study` for `limits` (default: those the study searched with), from the stored
-    measurements; for other limits, each trial's stored probes judged again from their stored requests
-    (search/rejudge.py), where the study's database holds them."""
+    measurements; for other limits, each trial's stored probes judged again from their stored requests in `records`
+    (search/rejudge.py: the study's database, as opened), else from the probes' stored statistics."""
     limits = config.limits if limits is None else limits
     own_limits = limits.key == config.limits.key
     trials = sorted(search_trials(study), key=lambda t: t.number)  # confirmation runs are not search trials
     rejudged: dict[int, Rejudged] = {}
-    if not own_limits and (store := RecordStore.existing(config.storage_url)) is not None:
-        try:
-            rejudged = rejudge_trials(trials, store, config, limits)
-        finally:
-            store.close()
+    if not own_limits and records is not None:
+        rejudged = rejudge_trials(trials, records, config, limits)
     # the one score (search/score.py)
     ranked = rank_trials(trials, config.engine_args, limits, {n: r.curve for n, r in rejudged.items()})
     views = [TrialView(t, ranked[t.number], rejudged.get(t.number)) for t in trials]
@@ -235,9 +233,12 @@ def caveats(d: Decision) -> list[str]:
     out = []
     if d.reranked:
         judged = sum(v.rejudged is not None for v in d.views)
+        others = [f"#{v.number}" for v in d.views if v.rejudged is None and v.ranked.answer != Answer.NOT_RUN]
         how = (f"each stored probe of {judged} trial(s) judged again at them from its stored requests, with the "
                f"rate at the limits and its 95% interval pooled from them" if judged else
                "from each stored replay's statistics (its requests were not stored)")
+        if judged and others:
+            how += f"; {', '.join(others)} from their replays' statistics (their requests were not all stored)"
         out.append(f"re-ranked for {d.limits.text} (the study searched for {d.searched_limits.text}): {how}; "
                    f"nothing was rerun")
     measured = [v for v in d.views if v.ranked.answer != Answer.NOT_RUN]

@@ -33,7 +33,9 @@ def resolved(vllm_config: Any) -> Resolved:
     """The preflight's numbers, read from vLLM's config for the trial (under the trial's environment: vLLM reads
     some of it lazily, `ModelConfig.use_mla` among them)."""
     model, scheduler, cache = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.cache_config
-    return Resolved(max_model_len=int(model.max_model_len), max_num_seqs=int(scheduler.max_num_seqs),
+    # -1 asks vLLM to fit the length to the memory at start: nothing for the preflight to check against
+    length = -1 if getattr(model, "original_max_model_len", None) == -1 else int(model.max_model_len)
+    return Resolved(max_model_len=length, max_num_seqs=int(scheduler.max_num_seqs),
                     max_num_batched_tokens=int(scheduler.max_num_batched_tokens),
                     max_in_flight_tokens=int(vllm_config.max_in_flight_tokens), use_mla=bool(model.use_mla),
                     kv_cache_dtype=str(cache.cache_dtype), kv_bytes_per_layer=kv_bytes_per_layer(vllm_config),
@@ -41,13 +43,16 @@ def resolved(vllm_config: Any) -> Resolved:
 
 
 def kv_bytes_per_layer(vllm_config: Any) -> int:
-    """One token's cache in one attention layer on a rank: the `page_size_bytes` of the KV cache spec vLLM gives
-    such a layer (MLAAttentionSpec under MLA, else FullAttentionSpec), at one token a block; 0 where vLLM cannot
-    build it from the config alone (a packed cache dtype such as fp8_ds_mla)."""
+    """One token's cache in one attention layer on a rank: the `page_size_bytes` of vLLM's KV cache spec class for
+    such a layer (MLAAttentionSpec under MLA, else FullAttentionSpec), at one token a block; 0 for a cache dtype
+    with scales or packing per token (vLLM's KVQuantMode other than none or per-tensor fp8: the attention backend
+    sizes those, which a spec built from the config alone would miss), and wherever vLLM cannot build it."""
     from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, get_kv_quant_mode
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode, MLAAttentionSpec, get_kv_quant_mode
 
     model, parallel, cache = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
+    if get_kv_quant_mode(cache.cache_dtype) not in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR):
+        return 0
     try:
         spec = (MLAAttentionSpec if model.use_mla else FullAttentionSpec)(
             block_size=1, num_kv_heads=model.get_num_kv_heads(parallel), head_size=model.get_head_size(),

@@ -164,7 +164,8 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
     in_flight = resolved.max_in_flight_tokens if resolved is not None else \
         batches_in_flight(params, device, env) * int(params.get("max_num_batched_tokens") or 0)
     dcp = int(params.get("decode_context_parallel_size") or 1)  # each rank keeps its share of a sequence's tokens
-    if resolved is not None and resolved.kv_bytes_per_layer and resolved.attention_layers and uniform_cache(model):
+    if resolved is not None and resolved.kv_bytes_per_layer and resolved.attention_layers and uniform_cache(model) \
+            and int(params.get("pipeline_parallel_size") or 1) == 1:  # vLLM counts the first stage's layers
         per_token = resolved.kv_bytes_per_layer * resolved.attention_layers  # vLLM's own spec of each layer's cache
         one_seq = -(-per_token * model_len // dcp)
     else:
@@ -179,9 +180,11 @@ def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: Devi
 
 def uniform_cache(model: ModelInfo) -> bool:
     """Pure: every layer with a cache keeps the same full-attention cache of every token (no sliding window, no
-    per-layer shapes, no indexer beside it): vLLM's spec of one attention layer, times its attention layers, is the
-    whole of it."""
-    return not (model.sliding_layers or model.kv_shapes or model.indexer_bytes or model.packed_layer_bytes)
+    per-layer shapes, no indexer beside it), and the config reader understood it (a KV head size and dtype; a NAS
+    model's layers, or a cache dtype it leaves unchecked, have none): vLLM's spec of one attention layer, times its
+    attention layers, is the whole of it."""
+    return bool(model.head_dim and model.dtype_bytes) and not (
+        model.sliding_layers or model.kv_shapes or model.indexer_bytes or model.packed_layer_bytes)
 
 
 def unset_model_len(params: dict[str, Any], model: ModelInfo) -> int:

@@ -24,8 +24,8 @@ from optimizer.measurement.rate_search import CurvePoint, RateSearchResult
 from optimizer.measurement.rerank import point_value_ms, worst_ratio
 from optimizer.search.attrs import CURVE, RESULT, HasUserAttrs
 
-MEASUREMENT = "probes sized by evidence, pooled fit"  # how each stored trial was measured
-MEASURED_BEFORE = "fixed-length replays"  # trials stored before have no such entry
+MEASUREMENT = "probes sized by evidence, pooled fit"  # how a trial was measured: a rate search
+FIXED_LENGTH = "fixed-length replays"  # ... or replays of the full workload at a rate the workload fixes
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,13 @@ SCHEMA = 2  # the stored form of a trial's measurement; trials stored before it 
 
 
 class OlderSchemaError(UsageError):
-    """A trial stored by an older optimizer, in a form this one does not read."""
+    """A trial stored in a form of its measurement this optimizer does not read (an older one's, or a newer's)."""
 
 
 def older_schema_line(what: str, found: object) -> str:
+    if isinstance(found, int) and found > SCHEMA:
+        return (f"{what} was stored by a newer optimizer (trial measurement schema {found}; this optimizer reads "
+                f"schema {SCHEMA}): upgrade this optimizer to read it")
     return (f"{what} was stored by an older optimizer (trial measurement schema {found or 1}; this optimizer reads "
             f"schema {SCHEMA}): start a new study under another --study name, or read this one with the optimizer "
             f"that made it")
@@ -161,7 +164,7 @@ class TrialMeasurement:
             behind_at_rate=point.requests is not None and point.completed > 0 and not point.sustained,
             bound=None if found is None else StoredBound(**found.to_dict_fields()),
             curve=tuple(curve),
-            method=MEASUREMENT if search.points and search.points[0].requests is not None else MEASURED_BEFORE)
+            method=MEASUREMENT if search.points and search.points[0].requests is not None else FIXED_LENGTH)
 
     def to_stored(self) -> dict[str, Any]:
         """The RESULT attribute (search/attrs.py): every field but the curve, which is stored as CURVE."""
@@ -226,7 +229,8 @@ def _float(v: Any) -> float:
 
 
 def write_measurement(trial: HasUserAttrs, m: TrialMeasurement) -> None:
-    """Store the trial's measurement: its curve (CURVE) and the rest (RESULT), once, by its objective."""
+    """Store the trial's measurement, once, by its objective: its curve (CURVE), then the rest (RESULT), which marks
+    it whole: a trial stopped between the two writes reads as one that stored none."""
     CURVE.set(trial, list(m.curve))
     RESULT.set(trial, m.to_stored())
 
@@ -234,19 +238,19 @@ def write_measurement(trial: HasUserAttrs, m: TrialMeasurement) -> None:
 def measurement_of(trial: HasUserAttrs) -> TrialMeasurement | None:
     """The one reader of a trial's stored measurement; None where it stored none (it could not run, or ended before
     its measurement). A trial stored by an older optimizer raises OlderSchemaError, one line that names its version."""
-    result, curve = RESULT.of(trial), CURVE.of(trial)
-    if not result and not curve:
+    result = RESULT.of(trial)
+    if not result:  # none, or its curve alone: stopped before its measurement was whole
         return None
     if result.get("schema") != SCHEMA:
         number = getattr(trial, "number", None)
         raise OlderSchemaError(older_schema_line("trial" if number is None else f"trial #{number}",
                                                  result.get("schema")))
-    return TrialMeasurement.from_stored(result, curve)
+    return TrialMeasurement.from_stored(result, CURVE.of(trial))
 
 
 def check_schema(study: Any, trials: Sequence[Any] | None = None) -> None:
     """Refuse, in one line, a study whose trials an older optimizer stored (OlderSchemaError)."""
     for t in study.get_trials(deepcopy=False) if trials is None else trials:
         result = RESULT.of(t)
-        if (result or CURVE.of(t)) and result.get("schema") != SCHEMA:
+        if result and result.get("schema") != SCHEMA:
             raise OlderSchemaError(older_schema_line(f"study {study.study_name!r}", result.get("schema")))

@@ -63,8 +63,10 @@ def rejudge_replay(rate_rps: float, records: Sequence[RequestRecord], stored: di
     else:
         point = CurvePoint.of(metrics, limits)
     out = point.to_dict()
-    if stored is not None and stored.get("engine"):
-        out["engine"] = stored["engine"]
+    if stored is not None:  # the rate the trial stored it at (a closed-loop replay's: its achieved rate)
+        out["offered_rate_rps"] = stored.get("offered_rate_rps")
+        if stored.get("engine"):
+            out["engine"] = stored["engine"]
     return out
 
 

@@ -136,3 +136,20 @@ def test_a_study_of_this_schema_passes_the_check(tmp_path):
     study, _ = synthetic.build(tmp_path)
     check_schema(study)
     assert all(measurement_of(t) is not None for t in study.trials if t.state.name == "COMPLETE")
+
+
+def test_a_trial_stopped_between_its_two_writes_reads_as_none_and_refuses_nothing(tmp_path):
+    """The curve is written first, the rest after it: a trial with a curve alone stored no whole measurement."""
+    study, _ = synthetic.build(tmp_path)
+    study.add_trial(create_trial(values=[1.0, 1.0], constraints={CONSTRAINT: 0.0},
+                                 user_attrs={"curve": synthetic.curve(1)}))
+    check_schema(study)  # not taken for an older study
+    assert measurement_of(study.trials[-1]) is None
+
+
+def test_a_newer_schema_says_upgrade_not_older():
+    trial = Holder()
+    trial.set_user_attr("result", {"schema": SCHEMA + 1, "feasible": True})
+    with pytest.raises(OlderSchemaError, match=r"stored by a newer optimizer \(trial measurement schema 3; this "
+                                               r"optimizer reads schema 2\): upgrade this optimizer to read it"):
+        measurement_of(trial)

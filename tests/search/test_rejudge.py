@@ -54,7 +54,8 @@ def test_judged_again_at_its_own_limits_each_probe_gives_back_its_stored_counts(
 def test_at_a_tpot_limit_too_each_probe_is_judged_on_both_with_an_interval(ttft_study):
     study, config, _ = ttft_study
     both = parse_limits(f"{TTFT_MS}ms", f"{TPOT_MS}ms")
-    d = decide(study, config, both)
+    store = RecordStore.existing(config.storage_url)
+    d = decide(study, config, both, store)
     assert d.reranked
     judged = [v for v in d.views if v.rejudged is not None]
     assert judged and len(judged) == len(measured_trials(study))
@@ -88,7 +89,7 @@ def test_a_limit_no_stored_probe_meets_names_the_rates_never_probed(ttft_study, 
     assert "no stored replay meets" in text and "Rates below the stored ones were not tried (#0 (nothing below " \
         in text, text
     assert "judged again at them from its stored requests" in text, text
-    d = decide(study, config, parse_limits(f"{TTFT_MS}ms", "0.5ms"))
+    d = decide(study, config, parse_limits(f"{TTFT_MS}ms", "0.5ms"), RecordStore.existing(config.storage_url))
     assert all(v.ranked.answer in (Answer.NO_POINT, Answer.NOT_RUN) for v in d.views)
     assert all(v.rejudged.unprobed_below_rps is not None and math.isfinite(v.rejudged.unprobed_below_rps)
                for v in d.views if v.rejudged is not None)
