@@ -33,7 +33,7 @@ from optimizer.search.confirm import run_estimate_s
 from optimizer.search.split import Plan, more_rounds_command, plan
 from optimizer.search.confirmed import Confirmation, confirmation
 from optimizer.search.records import RecordStore
-from optimizer.search.rejudge import Rejudged, rejudge_trials
+from optimizer.search.rejudge import Rejudged, lowest_rate_rps, rejudge_trials
 from optimizer.search.score import compared_per_gpu, noise_cv, rank_trials, tied_with
 from optimizer.search.study import FINISHED, confirmation_runs, run_name, search_trials
 
@@ -315,6 +315,5 @@ def run_views(study: optuna.Study, d: Decision) -> dict[str, TrialView]:
 
 def _unprobed_text(v: TrialView) -> str:
     """'#4 (nothing below 6.20 req/s)': the lowest Poisson rate a trial that cannot be ranked probed."""
-    rates = [p["offered_rate_rps"] for p in (v.rejudged.curve if v.rejudged is not None else v.curve)
-             if p.get("offered_rate_rps") is not None]
-    return f"#{v.number}" + (f" (nothing below {min(rates):.2f} req/s)" if rates else "")
+    lowest = lowest_rate_rps(v.curve)  # its probes as judged at the report's limits
+    return f"#{v.number}" + (f" (nothing below {lowest:.2f} req/s)" if lowest is not None else "")

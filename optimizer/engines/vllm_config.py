@@ -22,11 +22,16 @@ def trial_environment(env: Mapping[str, str]) -> Iterator[None]:
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        restore_environment(saved)
+
+
+def restore_environment(saved: Mapping[str, str | None]) -> None:
+    """Each variable of `saved` back to its value (None: unset), as it was before a trial's environment was set."""
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def resolved(vllm_config: Any) -> Resolved:

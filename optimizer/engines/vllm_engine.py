@@ -28,7 +28,7 @@ from optimizer.core.processes import (
 )
 from optimizer.engines import allocator, cpu_layout, warm_start
 from optimizer.engines.front_end_log import FrontEndLog
-from optimizer.engines.vllm_config import resolved, trial_environment
+from optimizer.engines.vllm_config import resolved, restore_environment, trial_environment
 from optimizer.measurement.engine import EngineStats, RequestTiming
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import DEFAULT_TARGET, usage_context
@@ -222,11 +222,7 @@ class VllmEngine:
             os.environ[name] = value
 
     def _restore_env(self) -> None:
-        for name, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        restore_environment(self._saved_env)
         self._saved_env = {}
 
     async def _watch_children(self, before: set[ProcessRef]) -> None:

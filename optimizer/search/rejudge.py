@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from optimizer.config.limits import Limits
@@ -43,31 +43,30 @@ class Rejudged:
     def unprobed_below_rps(self) -> float | None:
         """The lowest Poisson rate the trial probed, where it missed the new limits at every rate: it never probed
         below it, where they might hold (None: some probe met them)."""
-        if any(p.get("feasible") for p in self.curve):
-            return None
-        rates = [p["offered_rate_rps"] for p in self.curve if p.get("offered_rate_rps") is not None]
-        return min(rates, default=None)
+        return None if any(p.get("feasible") for p in self.curve) else lowest_rate_rps(self.curve)
 
 
-def rejudge_replay(rate_rps: float, records: Sequence[RequestRecord], stored: dict[str, Any] | None,
-                   config: StudyConfig, limits: Limits) -> dict[str, Any]:
-    """One stored replay as a curve point judged at `limits`: a probe sized by evidence (it stored a verdict) by the
-    probe rule on its requests in send order, a replay of fixed length by its statistics; its engine stats kept."""
+def lowest_rate_rps(curve: Sequence[dict[str, Any]]) -> float | None:
+    """The lowest Poisson rate among stored curve points (None: none, or bursts only)."""
+    return min((p["offered_rate_rps"] for p in curve if p.get("offered_rate_rps") is not None), default=None)
+
+
+def rejudge_replay(rate_rps: float, records: Sequence[RequestRecord], stored: dict[str, Any],
+                   config: StudyConfig, limits: Limits) -> CurvePoint:
+    """One stored replay judged at `limits`, at the rate the trial stored it at (a closed-loop replay's: its achieved
+    rate): a probe sized by evidence (it stored a verdict) by the probe rule on its requests in send order, a replay of
+    fixed length by its statistics."""
     spec = config.workload
     metrics = summarize(list(records), rate_rps, spec.skip_first_fraction, spec.skip_last_fraction)
-    if stored is not None and stored.get("verdict") is not None:
+    if stored.get("verdict") is not None:
         cap = min(spec.num_requests, len(spec.trace)) if spec.trace else spec.num_requests  # the workload's length
         rule = ProbeRule(limits, cap, 1 - config.search.probe_confidence)
         evidence = rule.evidence(sorted(records, key=lambda r: (r.sent_s, r.index)))
         point = CurvePoint.of_probe(metrics, evidence, limits)
     else:
         point = CurvePoint.of(metrics, limits)
-    out = point.to_dict()
-    if stored is not None:  # the rate the trial stored it at (a closed-loop replay's: its achieved rate)
-        out["offered_rate_rps"] = stored.get("offered_rate_rps")
-        if stored.get("engine"):
-            out["engine"] = stored["engine"]
-    return out
+    stored_rate = stored.get("offered_rate_rps")
+    return replace(point, offered_rate_rps=math.inf if stored_rate is None else float(stored_rate))
 
 
 def rejudge(measured: TrialMeasurement, replays: Sequence[Replay], config: StudyConfig,
@@ -76,11 +75,10 @@ def rejudge(measured: TrialMeasurement, replays: Sequence[Replay], config: Study
     (each stored curve point needs its replay's requests)."""
     if not replays or len(replays) != len(measured.curve):
         return None
-    curve = [rejudge_replay(rate, records, stored, config, limits)
-             for (rate, records), stored in zip(replays, measured.curve)]
-    points = [CurvePoint(**{**{k: v for k, v in p.items() if k != "engine"},
-                            **{k: math.inf for k in ("offered_rate_rps", "sent_rate_rps", "achieved_rate_rps")
-                               if p[k] is None}}) for p in curve]
+    points = [rejudge_replay(rate, records, stored, config, limits)
+              for (rate, records), stored in zip(replays, measured.curve)]
+    curve = [{**p.to_dict(), **({"engine": s["engine"]} if s.get("engine") else {})}  # its engine stats kept
+             for p, s in zip(points, measured.curve)]
     fit, key = fit_at_limits(points)
     return Rejudged(curve, fit, key)
 
