@@ -9,6 +9,8 @@ to this machine; the GPU demo's from vLLM's start-up phases; for any other model
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import textwrap
 from typing import Any
 
@@ -68,21 +70,29 @@ def plan_lines(config: StudyConfig, resumed: bool, split_line: str) -> list[str]
 def model_text(config: StudyConfig) -> tuple[Any, str]:
     """(ModelInfo, its line): name or path, parameters, weights' size. The embedded CPU demo is described from its
     shape, without generating it."""
-    from optimizer.config.model import inspect_model, is_demo_model, model_info
+    from optimizer.config.model import is_demo_model, model_info
     from optimizer.config.model import demo_shape
-    from optimizer.search.runner import model_path
+    from optimizer.engines.vllm_config import rank_model
+    from optimizer.search.runner import engine_base_args, model_path, read_model
 
     if config.model_is_default and is_demo_model(config.model):
-        info = model_info(demo_shape(config.model).config, config.model)
+        shape = demo_shape(config.model)
+        info = model_info(shape.config, config.model, shape.weights_bytes)
         where = f"embedded {config.model} (a Llama, random weights)"
     else:
-        info = inspect_model(model_path(config), config.dummy_weights)
+        path = model_path(config)
+        info = read_model(config, path)
+        if not info.weights_bytes:  # random weights: what vLLM's own build of the model holds (engines/vllm_config.py)
+            rank = rank_model({"skip_tokenizer_init": True, **engine_base_args(config, path)}, config.deploy_as, {})
+            info = replace(info, weights_bytes=rank.weights_bytes) if rank is not None else info
         where = (f"embedded {config.model}" if config.model_is_default else config.model) + \
             (" with random weights (load_format=dummy)" if config.dummy_weights else "")
     params = info.weights_bytes / max(info.dtype_bytes, 1)
     size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
     weights = f"{info.weights_bytes / 2**30:.1f} GiB" if info.weights_bytes >= 2**30 else \
         f"{info.weights_bytes / 2**20:.0f} MiB"
+    if not info.weights_bytes:  # vLLM could not build it without weights: its own start will say more
+        return info, f"{where}: as {info.dtype}, its weights counted by vLLM at each trial"
     probe = "; the probe at the start (an engine start, about a minute) may choose a smaller one" \
         if config.model_is_default and config.demo_probe else ""
     return info, f"{where}: {size} parameters, {weights} of weights as {info.dtype}{probe}"

@@ -18,8 +18,7 @@ class Resolved:
     max_in_flight_tokens: int  # VllmConfig.max_in_flight_tokens: the tokens a sliding window keeps beside itself
     use_mla: bool  # ModelConfig.use_mla, under the trial's environment (VLLM_MLA_DISABLE)
     kv_cache_dtype: str  # CacheConfig.cache_dtype ("auto": the model's dtype)
-    # one token's cache in one attention layer on a rank, as vLLM's KV cache spec class for it counts it (its
-    # FullAttentionSpec or MLAAttentionSpec at one token a block: `page_size_bytes`); 0 for a cache with scales or
-    # packing per token, which the attention backend sizes: the preflight then reads the model's config
-    kv_bytes_per_layer: int = 0
-    attention_layers: int = 0  # ModelConfig.get_num_layers_by_block_type(parallel_config, "attention")
+    # one rank's model as vLLM builds it (engines/vllm_config.py::rank_model); 0 where it could not be built
+    kv_bytes_one_sequence: int = 0  # the KV cache of one max_model_len sequence, as vLLM's start checks it
+    kv_bytes_per_token: int = 0  # of it, a token's share (state kept per sequence, as Mamba's, spread over its tokens)
+    weights_bytes: int = 0  # its parameters and buffers

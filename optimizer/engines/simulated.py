@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.config.model import ModelInfo
+from optimizer.config.resolved import Resolved
 from optimizer.core import failures
 from optimizer.core.errors import EngineStartError
 from optimizer.core.processes import ProcessRef
@@ -33,9 +34,8 @@ from optimizer.engines.sim.virtual import simulate
 from optimizer.measurement.metrics import RequestRecord
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import batch_defaults
-from optimizer.params.preflight import (
-    CPU_RESERVE_BYTES, GIB, VLLM_DEFAULT_MEMORY_FRACTION, gpu_reserve_bytes, unset_model_len,
-)
+from optimizer.params.parallel import per_gpu
+from optimizer.params.preflight import CPU_RESERVE_BYTES, GIB, VLLM_DEFAULT_MEMORY_FRACTION, gpu_reserve_bytes
 from optimizer.params.space import SEARCHABLE, check_constraints
 
 # vLLM 0.32's defaults for what the simulator models (what the real engines resolved on each device).
@@ -77,9 +77,8 @@ class SimulatedEngine:
     def process_refs(self) -> list[ProcessRef]:
         return []
 
-    def resolve(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The values the simulated engine runs with, defaults filled in, and its KV cache size."""
-        self.validate(params)
+    def settings(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Pure: the values the simulated engine runs `params` with, its defaults filled in."""
         given = {k: v for k, v in params.items() if k not in _IGNORED and not k.startswith("env:")}
         defaults = dict(VLLM_DEFAULTS.get(self.device, VLLM_DEFAULTS["cpu"]))
         # what the deployment gets on a device of this memory and name (optimizer/params/deploy.py: an A100's 80 GB
@@ -87,8 +86,14 @@ class SimulatedEngine:
         defaults["max_num_seqs"], defaults["max_num_batched_tokens"] = batch_defaults(
             self.deploy_as, self.device, self.device_memory_bytes, self.device_name)
         out = {**defaults, **given}
-        out.setdefault("max_model_len", unset_model_len(out, self.model))
+        out.setdefault("max_model_len", self.model.max_len)
         out.setdefault("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION)
+        return out
+
+    def resolve(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The values the simulated engine runs with, defaults filled in, and its KV cache size."""
+        self.validate(params)
+        out = self.settings(params)
         requested = out["gpu_memory_utilization"] * self.device_memory_bytes
         if out["gpu_memory_utilization"] > self.max_memory_fraction:
             raise EngineStartError(f"simulated: gpu_memory_utilization {out['gpu_memory_utilization']} asks for "
@@ -105,13 +110,22 @@ class SimulatedEngine:
             out["max_num_batched_tokens"] = max(out["max_num_batched_tokens"], out["max_model_len"])
         return out
 
-    def validate(self, params: dict[str, Any]) -> None:
+    def validate(self, params: dict[str, Any]) -> Resolved:
+        """The simulated engine's own checks, and what it resolves `params` to: its defaults, its model's cache and
+        weights (the plain split of params/parallel.py)."""
         unknown = sorted(k for k in set(params) - set(SEARCHABLE) - _IGNORED if not k.startswith("env:"))
         if unknown:
             raise EngineStartError(f"simulated: unexpected keyword argument {unknown[0]!r}", failures.INVALID_CONFIG)
         problems = check_constraints(params, 1)
         if problems:
             raise EngineStartError("simulated: " + "; ".join(problems), failures.INVALID_CONFIG)
+        out = self.settings(params)
+        rank = per_gpu(self.model.served_as(params.get("dtype")), out)
+        length, seqs, tokens = int(out["max_model_len"]), int(out["max_num_seqs"]), int(out["max_num_batched_tokens"])
+        return Resolved(max_model_len=length, max_num_seqs=seqs, max_num_batched_tokens=tokens,
+                        max_in_flight_tokens=tokens, use_mla=False, kv_cache_dtype=str(out.get("kv_cache_dtype", "auto")),
+                        kv_bytes_one_sequence=rank.kv_bytes_per_token * length,
+                        kv_bytes_per_token=rank.kv_bytes_per_token, weights_bytes=rank.weights_bytes)
 
     async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
         resolved = self.resolve(params)

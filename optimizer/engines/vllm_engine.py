@@ -28,7 +28,9 @@ from optimizer.core.processes import (
 )
 from optimizer.engines import allocator, cpu_layout, warm_start
 from optimizer.engines.front_end_log import FrontEndLog
-from optimizer.engines.vllm_config import resolved, restore_environment, trial_environment
+from optimizer.engines.vllm_config import (
+    rank_model, resolved, restore_environment, trial_environment,
+)
 from optimizer.measurement.engine import EngineStats, RequestTiming
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import DEFAULT_TARGET, usage_context
@@ -115,10 +117,14 @@ class VllmEngine:
 
     def validate(self, params: dict[str, Any]) -> Resolved:
         """vLLM's own config validation without starting anything (building the config objects: ~0.1 s), under the
-        trial's `env:` parameters as its start runs; what vLLM resolved, for the preflight (engines/vllm_config.py)."""
+        trial's `env:` parameters as its start runs; what vLLM resolved, for the preflight, with one rank of the model
+        as vLLM builds it (engines/vllm_config.py: a child process, some seconds, once per layout and cache dtype)."""
+        given, env = split_env(params)
         try:
-            with trial_environment(split_env(params)[1]):
-                return resolved(self.engine_config(params))
+            with trial_environment(env):
+                config = self.engine_config(params)
+                rank = rank_model({"skip_tokenizer_init": True, **self._base_args, **given}, self.deploy_as, env)
+                return resolved(config, rank)
         except EngineStartError:
             raise
         except Exception as exc:  # pydantic ValidationError, ValueError, ...: the config is not valid

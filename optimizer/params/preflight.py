@@ -1,4 +1,4 @@
-"""Reject, before any engine starts, configs whose memory cannot work (in well under a second).
+"""Reject, before any engine starts, configs whose memory cannot work (in seconds, without an engine start).
 
 The estimate: the engine may take `gpu_memory_utilization` x device memory; weights and a runtime reserve come out
 of that first, and the rest is KV cache, which must hold at least one sequence of `max_model_len` tokens (vLLM
@@ -23,8 +23,7 @@ from optimizer.config.resolved import Resolved
 from optimizer.core.clock import Clock
 from optimizer.core.errors import OptimizerError
 from optimizer.params.open_space import split_env
-from optimizer.params.deploy import batch_defaults
-from optimizer.params.parallel import batches_in_flight, layout_sizes, per_gpu, v2_model_runner
+from optimizer.params.parallel import layout_sizes, online_share, per_gpu, v2_model_runner
 
 GIB = 1024**3
 # Memory the engine needs besides weights and KV cache (runtime, activations, buffers) on the CPU build, measured
@@ -96,13 +95,13 @@ class MemoryEstimate:
 
 
 def gpu_reserve_bytes(params: dict[str, Any], model: ModelInfo, env: dict[str, str]) -> int:
-    """Pure: at least what vLLM 0.32 takes on each GPU besides weights and KV cache, as its start counts it
+    """Pure: at least what vLLM takes on each GPU besides weights and KV cache, as its start counts it
     (`Worker.determine_available_memory`: all allocated since a snapshot taken after CUDA's context and NCCL, plus
     `profile_run`'s peak; CUDA graphs come on top, measured, not counted here). A lower bound, from the tensors that
     provably coexist, for `model` as served (its dtype, before the KV cache's):
 
     - the sampler state of the V2 model runner, allocated whatever a request asks for: `output_bin_counts`
-      (max_num_seqs x vocab int32: 1 GiB for Gemma 3's vocab at 1024 sequences), `prompt_bin_mask` and the grammar
+      (max_num_seqs x vocab int32: 1 GiB for a 262k-token vocabulary at 1024 sequences), `prompt_bin_mask` and the grammar
       bitmask (a bit per token each);
     - the profile run's peak over max_num_batched_tokens tokens (less a draft's queries, one row a sequence and
       speculative token, under speculative decoding): the residual and a dense MLP's output (intermediate_size, a
@@ -114,7 +113,7 @@ def gpu_reserve_bytes(params: dict[str, Any], model: ModelInfo, env: dict[str, s
     smaller of the two runners' figures. The sampler and the logits are the last pipeline stage's, whose layers and
     weights may be fewer than the estimate's (the first stages take the odd layers): with pipeline parallelism, and
     for a pooling model (no sampler), the MLP's peak alone; with prefill context parallelism each rank's share of the
-    tokens. Token budgets vLLM resolves (`with_batch_default`) count; one left unknown counts none."""
+    tokens. Token budgets as vLLM resolves them (`as_resolved`) count; one left unknown counts none."""
     tp, pp, _ = layout_sizes(params)
     seqs, tokens = int(params.get("max_num_seqs") or 0), int(params.get("max_num_batched_tokens") or 0)
     spec = params.get("speculative_config")
@@ -137,63 +136,36 @@ def gpu_reserve_bytes(params: dict[str, Any], model: ModelInfo, env: dict[str, s
 def estimate(params: dict[str, Any], model: ModelInfo, device: str, memory: DeviceMemory,
              mean_request_tokens: float, process_env: Mapping[str, str] | None = None,
              resolved: Resolved | None = None) -> MemoryEstimate:
-    """Pure: what the config asks for and what is left for the KV cache, in the dtype it serves and per GPU of its
-    layout (with tensor/pipeline parallelism each GPU holds a share: optimizer/params/parallel.py), with the cache
-    the environment its engine starts in chooses (VLLM_MLA_DISABLE: `ModelInfo.under_env`; VLLM_USE_V2_MODEL_RUNNER:
-    the batches in flight): `process_env`, the one it inherits, under its own `env:` parameters; its sliding layers
-    holding their windows only where vLLM keeps them so (config/layers.py). With `resolved` (what the installed vLLM
-    resolved for the trial: engines/vllm_config.py), its MLA and its tokens in flight are vLLM's own."""
+    """Pure: what the config asks for and what is left for the KV cache, per GPU of its layout.
+
+    With `resolved` (a real engine: what the installed vLLM resolved for the trial, engines/vllm_config.py), the
+    weights and the cache of one sequence are those of one rank of vLLM's own build of the model; where it could not
+    build one, they count none (the lenient side: the engine's start decides). Without it (the simulated engine),
+    the plain split of `model` (params/parallel.py). The runtime reserve is ours either way (`gpu_reserve_bytes`),
+    under the environment the engine starts in: `process_env` and the trial's own `env:` parameters."""
     env = {**(process_env or {}), **split_env(params)[1]}
     served = model.served_as(params.get("dtype"))
-    served = served.under_env(env) if resolved is None else served.with_mla(resolved.use_mla)
     reserve = CPU_RESERVE_BYTES if device == "cpu" else gpu_reserve_bytes(params, served, env)
-    model = per_gpu(served, params)
     fraction = float(params.get("gpu_memory_utilization", VLLM_DEFAULT_MEMORY_FRACTION))
     requested = int(fraction * memory.total_bytes)
-    kv_budget = requested - model.weights_bytes - reserve
+    if resolved is not None:
+        weights = int(resolved.weights_bytes * online_share(params))
+        per_token, one_seq = resolved.kv_bytes_per_token, resolved.kv_bytes_one_sequence
+    else:
+        rank = per_gpu(served, params)
+        weights, per_token = rank.weights_bytes, rank.kv_bytes_per_token
+        model_len = int(params.get("max_model_len") or rank.max_len)
+        one_seq = -(-per_token * model_len // int(params.get("decode_context_parallel_size") or 1))
+    kv_budget = requested - weights - reserve
     fixed_kv = params.get("kv_cache_memory_bytes")
     if isinstance(fixed_kv, (int, float)) and not isinstance(fixed_kv, bool) and fixed_kv > 0:
         kv_budget = int(fixed_kv)  # vLLM's KV cache then takes that, whatever the fraction says
-    model_len = unset_model_len(params, model) if params.get("max_model_len") is None else int(params["max_model_len"])
-    per_token = model.kv_bytes_per_token
-    # a sliding layer keeps its window where vLLM's hybrid KV cache manager runs (on GPUs, unless turned off), or
-    # where every layer slides (uniform specs: nothing to promote to full attention)
-    hybrid_manager = device != "cpu" and not params.get("disable_hybrid_kv_cache_manager")
-    windows_kept = not params.get("disable_sliding_window") \
-        and (hybrid_manager or 0 < model.num_layers == model.sliding_layers)
-    in_flight = resolved.max_in_flight_tokens if resolved is not None else \
-        batches_in_flight(params, device, env) * int(params.get("max_num_batched_tokens") or 0)
-    dcp = int(params.get("decode_context_parallel_size") or 1)  # each rank keeps its share of a sequence's tokens
-    if resolved is not None and resolved.kv_bytes_per_layer and resolved.attention_layers and uniform_cache(model) \
-            and int(params.get("pipeline_parallel_size") or 1) == 1:  # vLLM counts the first stage's layers
-        per_token = resolved.kv_bytes_per_layer * resolved.attention_layers  # vLLM's own spec of each layer's cache
-        one_seq = -(-per_token * model_len // dcp)
-    else:
-        one_seq = -(-model.kv_bytes_one_sequence(model_len, in_flight, windows_kept) // dcp)
     fit = kv_budget / (per_token * mean_request_tokens) if per_token and mean_request_tokens else float("inf")
     headroom = 0
     if device == "cpu":
         headroom = max(int(CPU_HEADROOM_FRACTION * memory.total_bytes), CPU_HEADROOM_MIN_BYTES)
-    return MemoryEstimate(requested, memory.available_bytes, model.weights_bytes, reserve, kv_budget, one_seq,
-                          max(fit, 0.0), headroom)
-
-
-def uniform_cache(model: ModelInfo) -> bool:
-    """Pure: every layer with a cache keeps the same full-attention cache of every token (no sliding window, no
-    per-layer shapes, no indexer beside it), and the config reader understood it (a KV head size and dtype; a NAS
-    model's layers, or a cache dtype it leaves unchecked, have none): vLLM's spec of one attention layer, times its
-    attention layers, is the whole of it."""
-    return bool(model.head_dim and model.dtype_bytes) and not (
-        model.sliding_layers or model.kv_shapes or model.indexer_bytes or model.packed_layer_bytes)
-
-
-def unset_model_len(params: dict[str, Any], model: ModelInfo) -> int:
-    """Pure: the max_model_len vLLM 0.32 takes where `params` leave it out (config/context.py; a LongRoPE model's
-    original length), at most the sliding window where they disable it (vLLM's _get_and_verify_max_len)."""
-    length = model.default_len or model.max_len
-    if params.get("disable_sliding_window") and 0 < model.sliding_window < length:
-        return model.sliding_window
-    return length
+    return MemoryEstimate(requested, memory.available_bytes, weights, reserve, kv_budget, one_seq, max(fit, 0.0),
+                          headroom)
 
 
 def as_resolved(params: dict[str, Any], resolved: Resolved) -> dict[str, Any]:
@@ -201,33 +173,6 @@ def as_resolved(params: dict[str, Any], resolved: Resolved) -> dict[str, Any]:
     out = {**params, "max_num_seqs": resolved.max_num_seqs, "max_num_batched_tokens": resolved.max_num_batched_tokens}
     if resolved.max_model_len > 0:  # -1: vLLM fits it to the memory at start
         out["max_model_len"] = resolved.max_model_len
-    return out
-
-
-def with_batch_default(params: dict[str, Any], deploy_as: str, device: str, memory_total_bytes: int,
-                       device_name: str = "", model_len: int = 0) -> dict[str, Any]:
-    """Pure: `params` with the max_num_seqs and max_num_batched_tokens vLLM 0.32 resolves where they leave them to it
-    (`EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`), which `estimate` counts: the sampler's state and
-    the profile run's peak (`gpu_reserve_bytes`), the tokens in flight beside a sliding window. The deployment's
-    defaults (params/deploy.py: `vllm serve` on an H100 1024 and 8192, on an A100 256 and 2048; on the CPU build x its
-    tensor x pipeline parallel ranks), 256 tokens for a batched data-parallel mixture (DeepEP low latency, NIXL EP),
-    both doubled in `performance_mode: throughput`; a default token budget at most the sequences x `model_len` (the
-    config's max_model_len, else the model's), a default sequence count at most the token budget. No token budget
-    where chunked prefill is off (vLLM then takes at least max_model_len: left uncounted, the lenient side)."""
-    tp, pp, dp = layout_sizes(params)
-    seqs, tokens = batch_defaults(deploy_as, device, memory_total_bytes, device_name, tp * pp)
-    if params.get("all2all_backend") in ("deepep_low_latency", "nixl_ep") and params.get("enable_expert_parallel") \
-            and dp > 1:  # ParallelConfig.use_batched_dp_moe
-        tokens = 256
-    if params.get("performance_mode") == "throughput":
-        seqs, tokens = 2 * seqs, 2 * tokens
-    out = dict(params)
-    seqs = out["max_num_seqs"] if out.get("max_num_seqs") is not None else seqs
-    if out.get("max_num_batched_tokens") is None and out.get("enable_chunked_prefill") is not False:
-        model_len = int(out.get("max_model_len") or model_len)  # the caller's: unset_model_len
-        out["max_num_batched_tokens"] = min(seqs * model_len, tokens) if model_len else tokens
-    if out.get("max_num_seqs") is None:  # at most the tokens' budget (with chunked prefill off, at least the default's)
-        out["max_num_seqs"] = min(seqs, int(out.get("max_num_batched_tokens") or tokens))
     return out
 
 

@@ -34,7 +34,7 @@ from optimizer.measurement.workload import Workload, build_workload, fixed_load_
 from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
 from optimizer.params.preflight import (
     VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, as_resolved, estimate, held_elsewhere, layout_probe, memory_problems,
-    most_free_for, unset_model_len, wait_for_memory, with_batch_default,
+    most_free_for, wait_for_memory,
 )
 from optimizer.params.space import Space
 from optimizer.search.attrs import (
@@ -217,11 +217,8 @@ class Objective:
         memory = probe() if self.model is not None else None
         if memory is None:
             return params
-        if resolved is not None:  # vLLM's own batch sizes and max_model_len for the trial
+        if resolved is not None:  # the engine's own batch sizes and max_model_len for the trial
             sized = as_resolved(sized, resolved)
-        else:  # an engine without vLLM's config (the simulator): its defaults as vLLM's for the simulated device
-            sized = with_batch_default(sized, self.config.deploy_as, self.config.device, memory.total_bytes,
-                                       self.gpu_name, unset_model_len(sized, self.model))
         est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len,
                        os.environ, resolved)  # the engine starts in this process's environment, under its `env:`
         most_free = most_free_for(self.most_free_bytes, gpus)

@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial
 
 from optimizer.config.demo import GPU_DEMO_NAME, embedded_model
 from optimizer.config.model import ModelInfo, inspect_model
+from optimizer.engines.vllm_config import model_defaults
 from optimizer.config.settings import StudyConfig
 from optimizer.core.units import format_ms
 from optimizer.hardware.device import gpu_name, installed_build, version_line
@@ -62,6 +63,14 @@ def engine_base_args(config: StudyConfig, path: str) -> dict[str, Any]:
     return args
 
 
+def read_model(config: StudyConfig, path: str, real_engine: bool = True) -> ModelInfo:
+    """The model as the study sees it: its config.json (config/model.py), with the default max_model_len and MLA the
+    installed vLLM resolves for it where the trials start vLLM (`real_engine`)."""
+    info = inspect_model(path, config.dummy_weights)
+    facts = model_defaults(engine_base_args(config, path)) if real_engine else None
+    return info if facts is None else replace(info, max_len=facts[0], mla=facts[1])
+
+
 def vllm_factory(base_args: dict[str, Any], deploy_as: str = "serve", warm_starts: bool = True) -> EngineFactory:
     from optimizer.engines.vllm_engine import VllmEngine
 
@@ -96,7 +105,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     (probe, pilot, pre-screen) tick on a terminal (search/progress.py `Ticker`); `live=False`: never."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     path = model_path(config)
-    info = inspect_model(path, config.dummy_weights)
+    info = read_model(config, path, engine_factory is None)
     # bad input fails before any write
     resolve(config.space, config.device, info.max_len, config.workload, info.mla, config.engine_args)
     storage = storage_for(config.storage_url)
@@ -108,7 +117,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     if new_study:  # fitted to this machine once, stored with the study: a resume keeps it
         config, fitted = fit_to_machine(config, info, engine_factory, logs_dir, say, live)
         path = model_path(config)
-        info = inspect_model(path, config.dummy_weights)
+        info = read_model(config, path, engine_factory is None)
     info = info.served_as(config.engine_args.get("dtype") or config.space.fixed.get("dtype"))
     space = resolve(config.space, config.device, info.max_len, config.workload, info.mla, config.engine_args)
     workload = build_workload(config.workload, info.vocab_size)

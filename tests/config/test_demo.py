@@ -63,8 +63,7 @@ def test_the_shipped_config_builds_llama_3_2_1b(model_cache):
         model = AutoModelForCausalLM.from_config(config)
     assert sum(p.numel() for p in model.parameters()) == LLAMA_3_2_1B_PARAMETERS
     info = inspect_model(str(embedded_model(GPU_DEMO_NAME)), dummy_weights=True)
-    # the estimate leaves out the RMSNorm weights (33 x 2048 values)
-    assert info.weights_bytes == 2 * (LLAMA_3_2_1B_PARAMETERS - 33 * 2048)
+    assert info.weights_bytes == 0  # random weights: vLLM's own build of the model counts them at each trial
     assert (info.num_layers, info.num_kv_heads, info.head_dim, info.max_len) == (16, 8, 64, 131072)
 
 

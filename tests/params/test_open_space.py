@@ -85,7 +85,8 @@ def test_an_mla_model_leaves_the_block_size_to_vllm():
 
 def test_the_kv_estimate_follows_kv_cache_dtype():
     model = model_info({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-                        "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}, "llama-8b")
+                        "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}, "llama-8b",
+                       weights_bytes=16_060_522_496)
     assert per_gpu(model, {"kv_cache_dtype": "fp8"}).kv_bytes_per_token == model.kv_bytes_per_token // 2
     memory = DeviceMemory(80 * GIB, 80 * GIB)
     auto = estimate({"gpu_memory_utilization": 0.9}, model, "cuda", memory, 500)
