@@ -49,7 +49,7 @@ from optimizer.search.confirmed import recommended  # noqa: E402
 
 VARIANTS = ("120", "1000", "auto")
 FRESH_REQUESTS = 3000
-FINE_SEARCH = RateSearchSpec(refine_steps=5, max_replays=12)
+FINE_SEARCH = RateSearchSpec(max_replays=12)
 
 
 @dataclass

@@ -67,7 +67,7 @@ from optimizer.search.score import goodput  # noqa: E402
 from optimizer.search.study import open_study, run_to_budget  # noqa: E402
 
 FRACTIONS = (0.95, 0.97, 0.99)
-FINE_SEARCH = RateSearchSpec(refine_steps=5, max_replays=12)
+FINE_SEARCH = RateSearchSpec(max_replays=12)
 # "The real engine" of the pre-screen comparison: the nominal model with every term off by 25-50%, in both
 # directions, so that the simulator that pre-screens (nominal) ranks configs somewhat wrongly.
 PERTURBATION = {"fixed_s": 1.5, "prefill_token_s": 0.7, "decode_seq_s": 1.3, "context_token_s": 1.5}

@@ -24,11 +24,6 @@ class RateSearchSpec(StrictModel):
         0.95, gt=0.5, lt=1.0, description="Confidence at which a probe's verdict at the limit is settled "
         "(a binomial test on the count over the limit, Bonferroni over its looks)."
     )
-    # Kept so that studies stored with them still load; the search does not read them (probes are sized by evidence).
-    step_down: float = Field(0.6, gt=0.1, lt=1.0, description="Unused (studies stored before).")
-    refine_steps: int = Field(2, ge=0, description="Unused (studies stored before).")
-    sustain_ratio: float = Field(0.9, gt=0, le=1.0, description="Unused (studies stored before): a backlog that "
-                                 "grows over the arrivals' window, not a completion ratio, decides now.")
 
 
 class IntRange(StrictModel):
@@ -134,8 +129,8 @@ class StudyConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _limits_of_a_ttft_study(cls, data: Any) -> Any:
-        """A config stored with one TTFT P99 limit (`ttft_p99_ms`, before limits of every metric) reads as it."""
+    def _one_ttft_limit(cls, data: Any) -> Any:
+        """`ttft_p99_ms=X` is shorthand for one limit, TTFT P99 <= X ms."""
         if isinstance(data, dict) and "ttft_p99_ms" in data and "limits" not in data:
             data = dict(data)
             data["limits"] = {"items": [{"metric": "ttft", "stat": "p99", "value_ms": data.pop("ttft_p99_ms")}]}

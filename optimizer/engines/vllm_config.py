@@ -54,17 +54,25 @@ def restore_environment(saved: Mapping[str, str | None]) -> None:
             os.environ[k] = v
 
 
-def model_defaults(engine_args: Mapping[str, Any]) -> tuple[int, bool] | None:
-    """(the max_model_len the installed vLLM takes for the model where a config leaves it out, whether it runs it with
+def model_defaults(engine_args: Mapping[str, Any], longer: int = 0) -> tuple[int, bool] | None:
+    """(the longest max_model_len the installed vLLM runs the model with: its default, or `longer` where vLLM accepts
+    that too (a LongRoPE model's full context beside the shorter one vLLM defaults to), whether it runs it with
     multi-head latent attention), from the `ModelConfig` it builds for the study's engine arguments (`model` among
     them); None where it cannot build one (its own start then says why)."""
-    try:
-        from vllm import EngineArgs
+    from vllm import EngineArgs
 
-        config = EngineArgs(**{"skip_tokenizer_init": True, **engine_args}).create_model_config()
-        return int(config.max_model_len), bool(config.use_mla)
+    args = {"skip_tokenizer_init": True, **engine_args}
+    try:
+        config = EngineArgs(**args).create_model_config()
     except Exception:  # noqa: BLE001 - vLLM raises what its validators raise; the trial's start reports it
         return None
+    longest = int(config.max_model_len)
+    if longer > longest and "max_model_len" not in engine_args:
+        try:
+            longest = int(EngineArgs(**args, max_model_len=longer).create_model_config().max_model_len)
+        except Exception:  # noqa: BLE001 - vLLM refuses that length for this model: its default stays
+            pass
+    return longest, bool(config.use_mla)
 
 
 # Engine arguments that do not change what a rank's model builds (its layers' KV cache specs, its parameters): trials

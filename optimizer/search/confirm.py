@@ -234,9 +234,9 @@ def prior_spec(rates_rps: Sequence[float]) -> dict[str, float] | None:
     return {"start_rps": median_rps / PRIOR_SPAN, "failed_rps": median_rps * PRIOR_SPAN, "step": PRIOR_STEP}
 
 
-def plan_limits(plan_attr: dict[str, Any]) -> Limits | float:
-    """The limits a confirmation plan ranks its candidates at (a plan stored before: its TTFT P99 limit, ms)."""
-    return Limits.model_validate(plan_attr["limits"]) if "limits" in plan_attr else float(plan_attr["limit_ms"])
+def plan_limits(plan_attr: dict[str, Any]) -> Limits:
+    """The limits a confirmation plan ranks its candidates at."""
+    return Limits.model_validate(plan_attr["limits"])
 
 
 def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limits: Limits | float, engine_args: dict[str, Any],

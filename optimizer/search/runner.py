@@ -16,7 +16,6 @@ from optimizer.config.demo import GPU_DEMO_NAME, embedded_model
 from optimizer.config.model import ModelInfo, inspect_model
 from optimizer.engines.vllm_config import model_defaults
 from optimizer.config.settings import StudyConfig
-from optimizer.core.units import format_ms
 from optimizer.hardware.device import gpu_name, installed_build, version_line
 from optimizer.hardware.machine import describe, fingerprint
 from optimizer.measurement.engine import EngineFactory
@@ -64,10 +63,10 @@ def engine_base_args(config: StudyConfig, path: str) -> dict[str, Any]:
 
 
 def read_model(config: StudyConfig, path: str, real_engine: bool = True) -> ModelInfo:
-    """The model as the study sees it: its config.json (config/model.py), with the default max_model_len and MLA the
-    installed vLLM resolves for it where the trials start vLLM (`real_engine`)."""
+    """The model as the study sees it: its config.json (config/model.py), with the longest max_model_len and the MLA
+    the installed vLLM accepts and resolves for it where the trials start vLLM (`real_engine`)."""
     info = inspect_model(path, config.dummy_weights)
-    facts = model_defaults(engine_base_args(config, path)) if real_engine else None
+    facts = model_defaults(engine_base_args(config, path), info.max_len) if real_engine else None
     return info if facts is None else replace(info, max_len=facts[0], mla=facts[1])
 
 

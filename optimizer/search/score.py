@@ -108,10 +108,8 @@ def _stored_config(study: optuna.Study) -> dict[str, Any]:
 
 
 def stored_limits(stored: Mapping[str, Any]) -> Limits:
-    """The limits a stored config names (one stored before limits of every metric: its TTFT P99 limit)."""
-    if "limits" in stored:
-        return Limits.model_validate(stored["limits"])
-    return Limits.ttft_p99(float(stored["ttft_p99_ms"]))
+    """The limits a stored config names."""
+    return Limits.model_validate(stored["limits"])
 
 
 def study_limits(study: optuna.Study) -> Limits:

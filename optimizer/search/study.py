@@ -19,6 +19,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import ValidationError
 
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import UsageError
@@ -114,7 +115,15 @@ def stored_config(storage: optuna.storages.BaseStorage, study_name: str) -> Stud
     raw = STUDY_CONFIG.of(study)
     if raw is None:
         raise UsageError(f"study {study_name!r} exists but was not made by optimize: choose another --study name")
-    return StudyConfig.model_validate(json.loads(raw))
+    check_schema(study)  # an older optimizer's study is refused in one line before its settings are read
+    try:
+        return StudyConfig.model_validate(json.loads(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UsageError(f"study {study_name!r} was stored by another version of optimize (its setting "
+                         f"{'.'.join(str(p) for p in first['loc'])!r} does not read: {first['msg']}): start a new "
+                         f"study under another --study name, or read this one with the optimizer that made it") \
+            from None
 
 
 def worker_seed(config: StudyConfig) -> int:

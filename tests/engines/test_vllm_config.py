@@ -175,3 +175,16 @@ def test_a_model_vllm_cannot_build_leaves_its_memory_to_the_start(tmp_path):
     from optimizer.engines.vllm_config import rank_model
 
     assert rank_model({"model": str(tmp_path / "none"), "load_format": "dummy"}, "serve", {}) is None
+
+
+def test_the_space_reaches_the_longest_context_vllm_accepts(tmp_path, monkeypatch):
+    """Phi-3-mini-128k: vLLM runs 4096 tokens by default (its LongRoPE rule) and accepts its full 131072, which the
+    space may search; a length past what vLLM accepts leaves its default."""
+    from optimizer.engines.vllm_config import model_defaults
+
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    args = {"model": published(tmp_path, "Phi-3-mini-128k")._base_args["model"], "load_format": "dummy"}
+    assert model_defaults(args) == (4096, False)
+    assert model_defaults(args, 131072) == (131072, False)
+    assert model_defaults(args, 10**7) == (4096, False)
+    assert model_defaults({"model": str(tmp_path / "none")}) is None

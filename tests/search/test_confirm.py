@@ -385,7 +385,8 @@ def _rounds_study(values: dict[int, list[float | None]], rounds: int, dropped: d
     for n in range(3):
         study.add_trial(create_trial(values=[100.0, 50.0], user_attrs={**BASELINE.item(n == 0),
                                                                        **RESULT.item({"schema": SCHEMA, "feasible": True})}))
-    STUDY_CONFIRMATION.set(study, {"plan": "3:2", "rounds": rounds, "candidates": [0, 1, 2], "limit_ms": 150.0,
+    STUDY_CONFIRMATION.set(study, {"plan": "3:2", "rounds": rounds, "candidates": [0, 1, 2],
+                                   "limits": Limits.ttft_p99(150.0).model_dump(mode="json"),
                                    "confidence": look_confidence(rounds), "precise_half_width": 0.05,
                                    "dropped": {str(k): v for k, v in (dropped or {}).items()}})
     for n, per_round in values.items():
@@ -695,7 +696,7 @@ def test_the_defaults_go_to_the_rounds_only_where_they_met_the_limit_in_the_sear
 
     def study_with(defaults_ttft_ms):
         study = optuna.create_study(directions=["maximize", "minimize"])
-        STUDY_CONFIG.set(study, json.dumps({"ttft_p99_ms": 150.0, "engine_args": {}}))
+        STUDY_CONFIG.set(study, json.dumps({"limits": Limits.ttft_p99(150.0).model_dump(mode="json"), "engine_args": {}}))
         for n, ttft in enumerate((defaults_ttft_ms, 90.0, 100.0)):
             study.add_trial(create_trial(values=[300.0, ttft], user_attrs={**BASELINE.item(n == 0), **curve(ttft)}))
         return study

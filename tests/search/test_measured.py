@@ -132,6 +132,26 @@ def test_an_older_study_is_refused_in_one_line_by_every_command_and_left_as_it_w
     assert digest(db) == before
 
 
+def test_settings_an_older_optimizer_stored_are_refused_in_one_line(tmp_path, capsys):
+    """A study whose stored settings name a field this optimizer no longer has (an earlier rate search's
+    `step_down`) is refused with the fix, not read half-way."""
+    import json
+
+    _, config = old_study(tmp_path)
+    optuna.delete_study(study_name="old", storage=config.storage_url)
+    study = optuna.create_study(study_name="old", storage=config.storage_url, directions=DIRECTIONS)  # no trials
+    stored = json.loads(config.model_dump_json())
+    stored["rate_search"] = {**stored.get("rate_search", {}), "step_down": 0.6}
+    STUDY_CONFIG.set(study, json.dumps(stored))
+    for command in (["report"], ["--study", "old", "--budget", "3"]):
+        capsys.readouterr()
+        args = command if command[0] == "--study" else [*command, "--study", "old"]
+        assert main([*args, "--studies-dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert err.startswith("error: study 'old' was stored by") and "start a new study" in err, err
+
+
 def test_a_study_of_this_schema_passes_the_check(tmp_path):
     study, _ = synthetic.build(tmp_path)
     check_schema(study)

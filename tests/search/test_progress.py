@@ -8,6 +8,7 @@ import sys
 
 from optuna.trial import create_trial
 
+from optimizer.config.limits import Limits
 from optimizer.core.processes import output_to
 from optimizer.search.attrs import CONFIRM, CONFIRM_APART, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.objective import CONSTRAINT
@@ -144,7 +145,7 @@ def test_the_count_covers_the_budget_and_follows_the_confirmation_as_it_shrinks(
     assert (search.phase, search.done, search.total, search.work_s) == ("search", 5, 14, 9 * 80.0)
     assert search.best.startswith("best #2: 770.0 tok/s at 7.70 req/s")  # the synthetic study's recommendation
     tally.confirm(9)
-    STUDY_CONFIRMATION.set(study, {"plan": "5:4", "rounds": 3, "candidates": [0, 2], "limit_ms": 100.0})
+    STUDY_CONFIRMATION.set(study, {"plan": "5:4", "rounds": 3, "candidates": [0, 2], "limits": Limits.ttft_p99(100.0).model_dump(mode="json")})
     tally.run_done(study)
     first = tally.status(study, trial_s=60.0, run_s=80.0, deadline_unix_s=None)
     assert (first.phase, first.done, first.total, first.work_s, first.best) == ("confirmation 1/6", 6, 11, 400.0, "")
@@ -163,7 +164,7 @@ def test_the_count_covers_the_budget_and_follows_the_confirmation_as_it_shrinks(
     again = Tally(search_budget=5, runs_planned=6)
     again.resume(study)
     assert (again.runs_done, again.status(study, 60.0, 80.0, None).done) == (2, 7)
-    STUDY_CONFIRMATION.set(study, {"plan": "4:3", "rounds": 3, "candidates": [0, 2], "limit_ms": 100.0})
+    STUDY_CONFIRMATION.set(study, {"plan": "4:3", "rounds": 3, "candidates": [0, 2], "limits": Limits.ttft_p99(100.0).model_dump(mode="json")})
     stale = Tally(search_budget=5, runs_planned=6)
     stale.resume(study)  # a plan of a shorter search before: none of its runs is this search's
     assert stale.runs_done == 0
