@@ -236,9 +236,16 @@ class Objective:
         MEMORY_ESTIMATE_GIB.set(trial, est.to_dict())
         if problems and self._may_fall_back(trial, params):
             fallback = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
-            BASELINE_NOTE.set(trial, _fallback_note("; ".join(problems)))
-            ENGINE_PARAMS.set(trial, fallback)
-            return fallback
+            # the defaults at the smaller fraction, checked as any config: a model that cannot fit either way costs
+            # no start
+            again = memory_problems(estimate({**sized, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK},
+                                             self.model, self.config.device, memory,
+                                             self.config.workload.mean_total_len, os.environ, resolved))
+            if not again:
+                BASELINE_NOTE.set(trial, _fallback_note("; ".join(problems)))
+                ENGINE_PARAMS.set(trial, fallback)
+                return fallback
+            problems = again
         if problems:
             self._prune(trial, failures.OUT_OF_MEMORY, "preflight: " + "; ".join(problems))
         return params

@@ -223,3 +223,28 @@ def test_the_memory_of_a_layout_is_its_gpus_smallest():
     assert mem.for_gpus(2) == DeviceMemory(80 * GIB, 60 * GIB, mem.per_gpu)
     assert mem.for_gpus(3) == mem.for_gpus(8) == DeviceMemory(40 * GIB, 2 * GIB, mem.per_gpu)
     assert MEM.for_gpus(4) is MEM  # the CPU's memory, or GPUs not read one by one
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat")
+def test_cpu_defaults_that_fit_at_no_memory_fraction_cost_no_start(objective):
+    """On the CPU build vLLM's defaults fall back to a smaller memory fraction where 0.92 does not fit beside the
+    machine's other processes; where the model does not fit at that fraction either, the baseline is pruned before
+    any start, with the fallback's reason."""
+    from optimizer.search.attrs import BASELINE, ENGINE_PARAMS, PRUNED_DETAIL, PRUNED_REASON
+
+    obj, study = objective
+    obj.config = obj.config.model_copy(update={"device": "cpu"})
+    obj.memory_probe, _ = scripted_probe(10)
+    trial = study.ask()
+    BASELINE.set(trial, True)
+    params = asyncio.run(obj._preflight(trial, FakeEngine(), {}, obj.logs_dir / "t.log"))
+    assert params["gpu_memory_utilization"] == 0.2  # the small model fits at the fallback
+    assert ENGINE_PARAMS.of(study.trials[-1]) == params
+    obj.model = replace(MODEL, weights_bytes=30 * GIB)  # a model larger than the machine
+    trial = study.ask()
+    BASELINE.set(trial, True)
+    with pytest.raises(optuna.TrialPruned):
+        asyncio.run(obj._preflight(trial, FakeEngine(), {}, obj.logs_dir / "t.log"))
+    pruned = study.trials[-1]
+    assert PRUNED_REASON.of(pruned) == "out_of_memory"
+    assert "leave no room for the KV cache in 2.00 GiB" in PRUNED_DETAIL.of(pruned)  # 0.2 of its 10 GiB
