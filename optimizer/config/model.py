@@ -89,7 +89,7 @@ class ModelInfo:
 
     path: str
     vocab_size: int
-    max_len: int  # the max_model_len vLLM takes where a config leaves it out (search/runner.py asks vLLM)
+    max_len: int  # the longest max_model_len of the space (search/runner.py asks vLLM what it accepts)
     num_layers: int = 0
     num_kv_heads: int = 0
     head_dim: int = 0
@@ -235,7 +235,8 @@ def model_info(config: dict, path: str, weights_bytes: int = 0) -> ModelInfo:
         weights_bytes //= 2
     mlp = text_config.get("intermediate_size")
     return ModelInfo(path=path, vocab_size=int(text_config.get("vocab_size") or 32000),
-                     max_len=min(lengths) if lengths else 2048, num_layers=int(text_config.get("num_hidden_layers") or 0),
+                     max_len=min(lengths) if lengths else 2048,
+                     num_layers=int(text_config.get("num_hidden_layers") or 0),
                      num_kv_heads=int(text_config.get("num_key_value_heads") or heads),
                      head_dim=int(text_config.get("head_dim") or (hidden // heads if heads else 0)),
                      dtype_bytes=dtype_bytes, weights_bytes=int(weights_bytes), dtype=dtype, hidden_size=hidden,

@@ -120,10 +120,12 @@ class SimulatedEngine:
         if problems:
             raise EngineStartError("simulated: " + "; ".join(problems), failures.INVALID_CONFIG)
         out = self.settings(params)
-        rank = per_gpu(self.model.served_as(params.get("dtype")), out)
+        # its weights as vLLM builds them, in 16 bits (the preflight counts what an online quantization keeps)
+        rank = per_gpu(self.model.served_as(params.get("dtype")), {k: v for k, v in out.items() if k != "quantization"})
         length, seqs, tokens = int(out["max_model_len"]), int(out["max_num_seqs"]), int(out["max_num_batched_tokens"])
         return Resolved(max_model_len=length, max_num_seqs=seqs, max_num_batched_tokens=tokens,
-                        max_in_flight_tokens=tokens, use_mla=False, kv_cache_dtype=str(out.get("kv_cache_dtype", "auto")),
+                        max_in_flight_tokens=tokens, use_mla=False,
+                        kv_cache_dtype=str(params.get("kv_cache_dtype") or "auto"),
                         kv_bytes_one_sequence=rank.kv_bytes_per_token * length,
                         kv_bytes_per_token=rank.kv_bytes_per_token, weights_bytes=rank.weights_bytes)
 

@@ -101,8 +101,8 @@ def gpu_reserve_bytes(params: dict[str, Any], model: ModelInfo, env: dict[str, s
     provably coexist, for `model` as served (its dtype, before the KV cache's):
 
     - the sampler state of the V2 model runner, allocated whatever a request asks for: `output_bin_counts`
-      (max_num_seqs x vocab int32: 1 GiB for a 262k-token vocabulary at 1024 sequences), `prompt_bin_mask` and the grammar
-      bitmask (a bit per token each);
+      (max_num_seqs x vocab int32: 1 GiB for a 262k-token vocabulary at 1024 sequences), `prompt_bin_mask` and the
+      grammar bitmask (a bit per token each);
     - the profile run's peak over max_num_batched_tokens tokens (less a draft's queries, one row a sequence and
       speculative token, under speculative decoding): the residual and a dense MLP's output (intermediate_size, a
       tensor-parallel share: Molmo's gate and up together, a non-gated MLP's up projection; none for a mixture), or
