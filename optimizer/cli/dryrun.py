@@ -83,7 +83,7 @@ def model_text(config: StudyConfig) -> tuple[Any, str]:
         path = model_path(config)
         info = read_model(config, path)
         if not info.weights_bytes:  # random weights: what vLLM's own build of the model holds (engines/vllm_config.py)
-            rank = rank_model({"skip_tokenizer_init": True, **engine_base_args(config, path)}, config.deploy_as, {})
+            rank = rank_model(engine_base_args(config, path), config.deploy_as, {})
             info = replace(info, weights_bytes=rank.weights_bytes) if rank is not None else info
         where = (f"embedded {config.model}" if config.model_is_default else config.model) + \
             (" with random weights (load_format=dummy)" if config.dummy_weights else "")

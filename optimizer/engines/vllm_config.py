@@ -11,9 +11,8 @@ Two readings of what the installed vLLM makes of a trial's engine arguments, bef
   (`python -m optimizer.engines.vllm_config`), as rank 0 of the trial's tensor, pipeline and data parallel layout, so
   that nothing of it (a device context, vLLM's process groups) stays in this process.
 
-The cache one sequence of max_model_len tokens needs is then vLLM's own `kv_cache_utils.max_memory_usage_bytes` over
-those specs, unified first where vLLM's config turns its hybrid KV cache manager off (`unify_hybrid_kv_cache_specs`),
-as its start checks it. Nothing here derives a value vLLM already resolves.
+The cache one sequence of max_model_len tokens needs is then counted over those specs as vLLM's engine core checks it
+at start (`kv_bytes_one_sequence`). Nothing here derives a value vLLM already resolves.
 """
 
 from __future__ import annotations
@@ -148,6 +147,7 @@ def rank_model(engine_args: Mapping[str, Any], deploy_as: str, env: Mapping[str,
     """One rank's model as the installed vLLM builds it for `engine_args` (on the meta device, in a child process
     with the trial's environment `env`; once per `build_key` in a run); None where the build fails or takes longer
     than `timeout_s` (the engine's own start then decides)."""
+    engine_args = {"skip_tokenizer_init": True, **engine_args}
     key = build_key(engine_args, deploy_as, env)
     if key not in _BUILT:
         _BUILT[key] = _build_in_child(engine_args, deploy_as, env, timeout_s)

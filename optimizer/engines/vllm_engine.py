@@ -123,7 +123,7 @@ class VllmEngine:
         try:
             with trial_environment(env):
                 config = self.engine_config(params)
-                rank = rank_model({"skip_tokenizer_init": True, **self._base_args, **given}, self.deploy_as, env)
+                rank = rank_model({**self._base_args, **given}, self.deploy_as, env)
                 return resolved(config, rank)
         except EngineStartError:
             raise

@@ -33,8 +33,8 @@ from optimizer.measurement.telemetry import for_device
 from optimizer.measurement.workload import Workload, build_workload, fixed_load_rate
 from optimizer.params.parallel import LAYOUT_ARGS, gpus_needed, layout_problems
 from optimizer.params.preflight import (
-    VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, as_resolved, estimate, held_elsewhere, layout_probe, memory_problems,
-    most_free_for, wait_for_memory,
+    VLLM_DEFAULT_MEMORY_FRACTION, DeviceMemory, MemoryEstimate, as_resolved, estimate, held_elsewhere, layout_probe,
+    memory_problems, most_free_for, wait_for_memory,
 )
 from optimizer.params.space import Space
 from optimizer.search.attrs import (
@@ -219,8 +219,12 @@ class Objective:
             return params
         if resolved is not None:  # the engine's own batch sizes and max_model_len for the trial
             sized = as_resolved(sized, resolved)
-        est = estimate(sized, self.model, self.config.device, memory, self.config.workload.mean_total_len,
-                       os.environ, resolved)  # the engine starts in this process's environment, under its `env:`
+
+        def estimate_of(config: dict[str, Any]) -> MemoryEstimate:  # the engine starts in this process's environment
+            return estimate(config, self.model, self.config.device, memory, self.config.workload.mean_total_len,
+                            os.environ, resolved)
+
+        est = estimate_of(sized)
         most_free = most_free_for(self.most_free_bytes, gpus)
         problems = memory_problems(est)
         if problems and held_elsewhere(est, most_free, memory.total_bytes):
@@ -238,9 +242,7 @@ class Objective:
             fallback = {**params, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}
             # the defaults at the smaller fraction, checked as any config: a model that cannot fit either way costs
             # no start
-            again = memory_problems(estimate({**sized, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK},
-                                             self.model, self.config.device, memory,
-                                             self.config.workload.mean_total_len, os.environ, resolved))
+            again = memory_problems(estimate_of({**sized, "gpu_memory_utilization": CPU_BASELINE_MEMORY_FALLBACK}))
             if not again:
                 BASELINE_NOTE.set(trial, _fallback_note("; ".join(problems)))
                 ENGINE_PARAMS.set(trial, fallback)
