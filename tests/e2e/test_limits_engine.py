@@ -29,8 +29,10 @@ def test_a_tpot_limit_binds_vllms_defaults_and_the_trial_line_names_it(tmp_path,
     result = base.user_attrs["result"]
     assert result["feasible"], alone[-2000:]
     best = next(p for p in base.user_attrs["curve"] if p["offered_rate_rps"] == result["rate_rps"])
-    # a TPOT limit under what vLLM's defaults stream at their rate under TTFT alone: it must bind them
-    tpot_ms = round(0.9 * best["stats"]["tpot"]["p99"], 1)
+    # a TPOT limit well under what vLLM's defaults stream at their rate under TTFT alone: it must bind them. TPOT P99
+    # changes little with the rate on this engine, and a second run may stream a tenth faster than the first: the
+    # limit sits a fifth under, so the second run cannot pass it by chance at every rate the TTFT limit allows
+    tpot_ms = round(0.8 * best["stats"]["tpot"]["p99"], 1)
     both = optimize(model_cache, tmp_path, *SMALL, "--study", "both", "--ttft-p99", "150ms",
                     "--tpot-p99", f"{tpot_ms}ms")
     trial = load(tmp_path, "both").trials[0]
