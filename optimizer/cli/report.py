@@ -36,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for the PNG and HTML report (default: the studies dir)")
     add_limit_flags(p, rerank=True)  # given: they replace the study's own limits (every one to hold is given)
     p.add_argument("--trial", help="print this trial's parameters and replays (its latency-vs-load curve) instead of "
-                   "the front; a confirmation run's name (c2, as its console line gives it; in studies made before, "
-                   "its number) prints that run: its round, the config it measured, its probes")
+                   "the front; a confirmation run's name (c2, as its console line gives it) prints that run: its "
+                   "round, the config it measured, its probes")
     p.add_argument("--bench-json", metavar="PATH", help="write the result of --trial (default: the recommended trial) "
                    "in the JSON format of `vllm bench serve --save-result`")
     return p

@@ -24,9 +24,8 @@ from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import OptimizerError
 from optimizer.decision.decide import Decision
 from optimizer.decision.trial import TrialView
-from optimizer.measurement.workload import build_workload
 from optimizer.search.attrs import BASELINE, ENGINE_CONFIG, PRUNED_REASON
-from optimizer.search.study import confirmation_study_name, in_confirmation_study
+from optimizer.search.study import confirmation_study_name, is_confirmation
 
 # Stored curve keys that are already vLLM result keys under another name.
 _SAME_METRIC = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "tpot_p99_ms": "p99_tpot_ms",
@@ -48,11 +47,6 @@ def chosen_point(trial: FrozenTrial, limits: Limits) -> dict[str, Any]:
             + f": pick another --trial, or pass looser limits than these ({limits.flags})"
         )
     return dict(ranked.point)
-
-
-def total_input_tokens(config: StudyConfig) -> int:
-    """Prompt tokens of one replay. Prompt lengths are drawn before token ids, so any vocabulary gives them."""
-    return sum(r.input_len for r in build_workload(config.workload, vocab_size=1000).requests)
 
 
 def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any], limits: Limits) -> dict[str, Any]:
@@ -96,9 +90,7 @@ def bench_result(trial: FrozenTrial, config: StudyConfig, point: dict[str, Any],
         "request_goodput": None,  # vLLM writes None without --goodput
         "output_throughput": out_tput,
     }
-    total_in = point.get("total_input_tokens")  # stored since it counts the completed requests' prompts
-    if total_in is None and failed == 0:  # an older curve: every request completed, so the workload's prompts
-        total_in = total_input_tokens(config)
+    total_in = point.get("total_input_tokens")  # the completed requests' prompts
     if total_in is not None:
         result["total_input_tokens"] = int(total_in)
         result["total_token_throughput"] = (total_in / duration_s if duration_s > 0 else 0.0) + out_tput
@@ -133,4 +125,4 @@ def write_bench_json(path: Path, result: dict[str, Any]) -> Path:
 
 def study_of(study_name: str, trial: FrozenTrial) -> str:
     """The Optuna study that holds `trial`: the study, or for a confirmation run its confirmation study."""
-    return confirmation_study_name(study_name) if in_confirmation_study(trial) else study_name
+    return confirmation_study_name(study_name) if is_confirmation(trial) else study_name

@@ -308,7 +308,7 @@ def view(d: Decision, number: int | str, runs: Sequence[str] = ()) -> TrialView:
 
 def run_views(study: optuna.Study, d: Decision) -> dict[str, TrialView]:
     """The study's finished confirmation runs by name (c3: search/study.py `run_name`), each ranked under the
-    report's limit like a trial (none in a study made before the confirmation, or without one)."""
+    report's limit like a trial (none in a study without a confirmation)."""
     return {run_name(t): TrialView.under(t, d.limits)
             for t in confirmation_runs(study, FINISHED)}
 

@@ -34,7 +34,7 @@ from optimizer.search.attrs import (
     CONFIRM, PRUNED_DETAIL, PRUNED_REASON, STUDY_CREATED, STUDY_MACHINE,
 )
 from optimizer.search.missed import why_infeasible
-from optimizer.search.study import in_confirmation_study, run_name
+from optimizer.search.study import is_confirmation, run_name
 
 NOT_RECORDED = "not recorded"
 
@@ -45,7 +45,7 @@ class RunInfo:
 
     config: StudyConfig
     machine: dict[str, Any] | None  # hardware/machine.py::fingerprint, stored when the study was made
-    created: str | None  # ISO 8601, UTC, stored when the study was made (None: an older study)
+    created: str | None  # ISO 8601, UTC, stored when the study was made (None: not stored with it)
     first_trial_start: str | None  # the first trial's start (Optuna's own record, local time)
 
 
@@ -90,7 +90,7 @@ def length_mix_text(spec: WorkloadSpec) -> str:
 
 
 def metadata_rows(d: Decision, info: RunInfo) -> list[tuple[str, str]]:
-    """What the page opens with: (label, value) pairs; 'not recorded' where an older study did not store it."""
+    """What the page opens with: (label, value) pairs; 'not recorded' where the study did not store it."""
     c, fp = info.config, info.machine
     model = c.model + (" (the embedded demo model)" if c.model_is_default else "") \
         + (", random weights" if c.dummy_weights else "") \
@@ -202,14 +202,13 @@ def probe_panels(d: Decision) -> list[Panel]:
 
 
 def _label(v: TrialView) -> str:
-    """#7 for a search trial; a confirmation run by its name (c3), as `optimize report --trial` takes it (runs that
-    studies made before stored among their trials: #57)."""
-    return run_name(v.trial) if in_confirmation_study(v.trial) else f"#{v.number}"
+    """#7 for a search trial; a confirmation run by its name (c3), as `optimize report --trial` takes it."""
+    return run_name(v.trial) if is_confirmation(v.trial) else f"#{v.number}"
 
 
 def _in_order(entry: tuple[TrialView, str]) -> tuple[bool, int]:
-    """Search trials (and runs stored among them) by number, then the confirmation study's runs by theirs."""
-    return in_confirmation_study(entry[0].trial), entry[0].number
+    """Search trials by number, then the confirmation study's runs by theirs."""
+    return is_confirmation(entry[0].trial), entry[0].number
 
 
 def decision_headline(d: Decision) -> str:

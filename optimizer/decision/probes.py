@@ -46,7 +46,8 @@ class _Count:
 
 
 def _counts(point: Mapping[str, Any], limits: Limits) -> list[_Count]:
-    """The verdict's counts, one per limit (a probe stored before: its one TTFT limit's), in the limits' order."""
+    """The verdict's counts, one per limit, in the limits' order (a probe without per-limit parts: its one count,
+    the first limit's)."""
     parts = point.get("limits")
     if not parts:
         over, verdict = point.get("over_limit") or 0, point.get("verdict")

@@ -63,15 +63,15 @@ class CurvePoint:
     failed: int
     sustained: bool
     feasible: bool
-    total_input_tokens: int | None = None  # prompt tokens of the completed requests (None in curves stored before)
-    # a probe sized by evidence (None in curves stored before, and for replays of a fixed length)
+    total_input_tokens: int | None = None  # prompt tokens of the completed requests
+    # a probe sized by evidence (None for replays of a fixed length)
     requests: int | None = None  # requests resolved: their side of the limit known
     over_limit: int | None = None  # of them, over the TTFT limit
     verdict: str | None = None  # evidence.PASS, FAIL or UNSETTLED (the cap came first)
     effective_fraction: float | None = None  # clusters / requests over the limit (evidence.Counted), 1 with none
     limit_ms: float | None = None  # the TTFT limit its verdict was settled at
     over_indices: list[int] | None = None  # the workload indices of its requests over the limit
-    # every metric's statistics, and each limit's part of the verdict (None in curves stored before)
+    # every metric's statistics; each limit's part of the verdict (None for replays of a fixed length)
     stats: dict[str, dict[str, float | None]] | None = None  # {"tpot": {"p99": 41.2, "mean": ...}, ...}
     limits: list[dict[str, Any]] | None = None  # probe_rule.LimitEvidence.to_dict() of each limit, in order
     binding: str | None = None  # the key of the limit its verdict rests on ("tpot:p99")
@@ -214,7 +214,7 @@ TAIL_SHARE = 0.1
 
 
 def part_value_ms(p: CurvePoint, key: str | None) -> float:
-    """The point's statistic for the limit `key` (None, or a curve stored before: its TTFT P99)."""
+    """The point's statistic for the limit `key` (None, or a point without that limit's part: its TTFT P99)."""
     part = next((d for d in p.limits or () if d["key"] == key), None) if key is not None else None
     if part is None or part.get("value_ms") is None:
         return p.ttft_p99_ms if key is None or key == "ttft:p99" else math.nan
@@ -280,10 +280,10 @@ def limit_shares(points: list[CurvePoint]) -> dict[str, float]:
 
 def fit_at_limits(points: list[CurvePoint], **kwargs: Any) -> tuple[RateAtLimit | None, str | None]:
     """The rate at which every counted limit holds: each limit's pooled fit (rate_fit.py), and the lowest of them,
-    with the key of the limit it belongs to (its interval: the lowest of each end). Curves stored before limits of
-    every metric fit their one TTFT count."""
+    with the key of the limit it belongs to (its interval: the lowest of each end). Probes without per-limit parts
+    (probe_rule.Evidence of one count) fit that count."""
     shares = limit_shares(points)
-    if not shares:  # a curve stored before limits of every metric: its TTFT count; mean limits alone: no count
+    if not shares:  # probes without per-limit parts: their one count; mean limits alone: no count
         return (None, None) if any(p.limits for p in points) else (fit_rate_at_limit(probe_counts(points), **kwargs),
                                                                     None)
     fits = {key: fit_rate_at_limit(probe_counts(points, key), share=share, **kwargs) for key, share in shares.items()}

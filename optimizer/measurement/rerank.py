@@ -48,13 +48,10 @@ def as_limits(limits: Limits | float) -> Limits:
 
 
 def point_value_ms(point: Point, limit: Limit, limits: Limits | None = None) -> float:
-    """The limit's statistic at a stored point: from its stats (a point stored before them: its '<metric>_p99_ms'),
-    else from the limit's own part of its verdict; under goodput, each metric's stored percentile at the goodput share
-    (`Limits.stat_of`)."""
+    """The limit's statistic at a stored point: from its stats, else from the limit's own part of its verdict; under
+    goodput, each metric's stored percentile at the goodput share (`Limits.stat_of`)."""
     stat = limit.stat if limits is None else limits.stat_of(limit)
     value = ((point.get("stats") or {}).get(limit.metric) or {}).get(stat)
-    if value is None and stat == "p99":
-        value = point.get(f"{limit.metric}_p99_ms")
     if value is None:
         part = next((d for d in point.get("limits") or () if d.get("key") == limit.key), None)
         value = None if part is None else part.get("value_ms")
@@ -62,13 +59,8 @@ def point_value_ms(point: Point, limit: Limit, limits: Limits | None = None) -> 
 
 
 def judged_at(point: Point, limits: Limits) -> bool:
-    """The point's verdict was settled at exactly these limits (a point stored before: at this one TTFT limit)."""
-    if point.get("verdict") is None:
-        return False
-    if point.get("limits_key") is not None:
-        return point["limits_key"] == limits.key
-    ttft = limits.get("ttft", "p99")
-    return len(limits) == 1 and ttft is not None and point.get("limit_ms") == ttft.value_ms
+    """The point's verdict was settled at exactly these limits."""
+    return point.get("verdict") is not None and point.get("limits_key") == limits.key
 
 
 def qualifies(point: Point, limits: Limits | float) -> bool:

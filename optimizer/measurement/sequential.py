@@ -71,16 +71,6 @@ class Outcome(str, Enum):
     UNDECIDED = "undecided"  # the rounds ran out with an interval across 0, wider than +-3 points
 
 
-def looks(max_rounds: int) -> int:
-    """The looks a plan of `max_rounds` allows: one after each round from the second on (at least one)."""
-    return max(max_rounds - FIRST_LOOK_ROUND + 1, 1)
-
-
-def look_confidence(max_rounds: int) -> float:
-    """The confidence of every look's interval in a plan without "spending" (`look_alpha`): equal shares."""
-    return 1 - ALPHA / looks(max_rounds)
-
-
 def spent(max_rounds: int, round_: int, power: float = SPENDING_POWER,
           grown: Sequence[tuple[int, int]] = ()) -> float:
     """Pure: the error spent by the looks up to the one after round `round_` of a plan of up to `max_rounds` rounds:

@@ -8,15 +8,15 @@ measured again:
 
 - the candidates are vLLM's defaults (where they met the limit in the search: else there is no gain to decide, and
   the rounds stop at the first look), the search's recommendation and its closest rival whose rate interval (its
-  pooled fit) overlaps the recommendation's (for trials stored before: whose bracket, widened by the study's noise);
+  pooled fit) overlaps the recommendation's (where the recommendation has none, measured by fixed-length replays:
+  whose bracket, widened by the study's noise);
 - each run is a trial of its own (a fresh engine, the warm-up, then `search_rate` from its trial's bracket, or from the
   second round on from its config's rate so far, `prior_spec`: probes sized by evidence until the rate passed and the
   rate failed are within 3% whatever its fit says, measurement/rate_search.py::RUN_FIT_BRACKET), stored with a
   `confirm` attribute in the study's confirmation study NAME.confirmation (search/study.py `confirmation_study`), so
   that an interrupted confirmation resumes where it stopped, as trials do, and Optuna's own tools (`best_trials`,
   optuna-dashboard) see in NAME only the search's trials. Run 3 of it is named c3 (`run_name`: `optimize report
-  --trial c3`, its engine log confirm-00003.log); studies made before kept their runs among their trials, and still
-  report them (search/study.py `confirmation_runs`);
+  --trial c3`, its engine log confirm-00003.log);
 - the rounds alternate the order of the configs (round 2 starts with the second), so a slow minute of the
   machine hits each alike, and a round's runs of two configs are taken next to each other: the gain is measured
   per round (optimizer/measurement/intervals.py);
@@ -55,10 +55,9 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer.config.limits import Limits
 from optimizer.measurement.disturbance import disturbance_text, disturbed
 from optimizer.measurement.rate_search import BRACKET_STEP
-from optimizer.measurement.sequential import (GROUP_SEQUENTIAL, PRECISE_HALF_WIDTH, SPENDING_POWER, Outcome,
-                                              look_confidence)
+from optimizer.measurement.sequential import GROUP_SEQUENTIAL, PRECISE_HALF_WIDTH, SPENDING_POWER, Outcome
 from optimizer.search.attrs import (
-    CONFIRM, CONFIRM_APART, ENGINE_PARAMS, MACHINE_LOAD, PRUNED_REASON, STUDY_CONFIRMATION, TIMINGS,
+    CONFIRM, ENGINE_PARAMS, MACHINE_LOAD, PRUNED_REASON, STUDY_CONFIRMATION, TIMINGS,
 )
 from optimizer.search.confirmed import (DISTURBED_TRIES, FIT_VALUE, SPREAD_ALL_RUNS, Confirmation, Confirmed,
                                         confirmation)
@@ -70,7 +69,7 @@ from optimizer.search.score import (
 )
 from optimizer.search.split import CONFIGS, SPLIT_RULE, rounds_after_drop, rounds_for
 from optimizer.search.study import (
-    confirmation_runs, confirmation_study, is_baseline, is_confirmation, run_name, search_trials, wait_while_running,
+    confirmation_runs, confirmation_study, is_baseline, run_name, search_trials, wait_while_running,
 )
 
 ROUND_SEED_STEP = 1  # round r replays the workload of seed + ROUND_SEED_STEP + r
@@ -91,8 +90,9 @@ def interval_of(trial: FrozenTrial) -> tuple[float, float] | None:
 def candidates(study: optuna.Study) -> list[FrozenTrial]:
     """vLLM's defaults (when they met the limit in the search: rounds of a config that meets it nowhere give no gain
     to decide, and would run to the end undecided), the recommendation of the search and its closest rival: the
-    highest-scored other trial whose rate interval (its pooled fit) overlaps the recommendation's, or for trials
-    stored before, whose bracket does. At most CONFIGS; none when no trial meets the limit."""
+    highest-scored other trial whose rate interval (its pooled fit) overlaps the recommendation's, or where the
+    recommendation has none (fixed-length replays), whose bracket does. At most CONFIGS; none when no trial meets the
+    limit."""
     scored = scored_best_first(study)
     if not scored:
         return []
@@ -154,13 +154,11 @@ def enqueue(study: optuna.Study, rounds: int, engine_args: dict[str, Any],
         plan_attr = {**stored, "rounds": max(raised, kept)}
         if asked:  # the user's --confirm N: its rounds, whatever a drop-out leaves
             plan_attr.pop("split", None)
-        if plan_attr["rounds"] > kept and stored.get("spending"):  # the looks taken keep what they spent ...
+        if plan_attr["rounds"] > kept:  # the looks taken keep what they spent ...
             done = len(confirmation(study, stored).full_rounds)
             if 0 < done < kept:  # ... unless the plan ran out: the rounds a rerun adds then look afresh
                 plan_attr["grown"] = [*stored.get("grown", []), [done, kept]]
-        if not stored.get("spending"):  # a plan stored before the error was split unequally over the looks
-            plan_attr["confidence"] = look_confidence(plan_attr["rounds"])
-        # a plan made without runs as served (before them, or --no-served) gets none on a resume: its budget had none
+        # a plan made without runs as served (--no-served) gets none on a resume: its budget had none
         plan_attr["served"] = served and bool(stored.get("served"))
     else:
         chosen = candidates(study)
@@ -245,18 +243,16 @@ def run_attrs(plan_key: str, trial: FrozenTrial, round_: int, limits: Limits | f
     """The user attributes of one queued run of `trial`: its engine arguments, where its bisection starts (from its
     earlier rounds' rates `prior_rps` when there are any, `prior_spec`; else its search trial's bracket, `run_spec`;
     JSON has no infinity, so a burst start is stored as None), the seed of the workload it replays (None: the
-    study's), that it is stored in the confirmation study and, for a run through `vllm serve` (`served`), `served:
-    true` (the objective starts a server for it)."""
+    study's) and, for a run through `vllm serve` (`served`), `served: true` (the objective starts a server for it)."""
     spec = prior_spec(prior_rps) or {k: (None if isinstance(v, float) and math.isinf(v) else v)
                                      for k, v in run_spec(trial, limits, engine_args).items()}
     return CONFIRM.item({"plan": plan_key, "of": trial.number, "round": round_, "params": ENGINE_PARAMS.of(trial),
-                         "workload_seed": workload_seed, CONFIRM_APART: True, **spec,
-                         **({"served": True} if served else {})})
+                         "workload_seed": workload_seed, **spec, **({"served": True} if served else {})})
 
 
 def start_rates(confirm: dict[str, Any]) -> tuple[float, float | None, float]:
-    """A run's stored starting rate (None: a burst, in trials stored before), failed rate and step, as `search_rate`
-    takes them (runs queued before `prior_spec` have no step: BRACKET_STEP's)."""
+    """A run's stored starting rate (None: a burst), failed rate and step, as `search_rate` takes them (a run that
+    starts from its search trial's bracket, `run_spec`, has no step: BRACKET_STEP's)."""
     start = confirm.get("start_rps")
     return (math.inf if start is None else float(start)), confirm.get("failed_rps"), \
         float(confirm.get("step", BRACKET_STEP))
@@ -313,11 +309,7 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
     key, planned = plan_key(study), False
     callbacks = [lambda s, t: on_run(s, t)] if on_run else []
     while True:
-        left = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        for t in left:
-            if is_confirmation(t):  # a run a study made before queued among its trials: queued again apart
-                _drop(study, t)
-        pending = [t for t in left if not is_confirmation(t)]
+        pending = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if pending:
             return (f"confirmation: not run: {len(pending)} trials queued before it (the pre-screen's?) still wait: "
                     f"run again with a larger --budget to measure them first")
@@ -355,8 +347,7 @@ def run(study: optuna.Study, objective: Callable[[optuna.Trial], Any], rounds: i
 
 
 def _drop(study: optuna.Study, trial: FrozenTrial) -> None:
-    """End a queued run unrun (FAIL, never queued again): one of an older plan, or one a study made before queued
-    among its trials."""
+    """End a queued run unrun (FAIL, never queued again): one of an older plan."""
     try:
         study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:

@@ -9,7 +9,7 @@ itself does not reach again. So the incumbent's rate is
 - for a config the confirmation measured (search/confirm.py), the lower end of its rounds' 95% interval of rates;
 - for a trial measured by probes sized by evidence, the lower end of its own rate interval (its pooled fit:
   measurement/rate_fit.py), never above the highest rate it passed;
-- for a trial stored before (fixed-length replays), its rate less a one-sided 95% margin of one measurement:
+- for a trial measured by fixed-length replays, its rate less a one-sided 95% margin of one measurement:
   (1 - 1.645 x SINGLE_RUN_RATE_CV). Several replays at its rate (`--repeats`) narrow it by their square root.
 
 A search trial that other processes disturbed (measurement/disturbance.py) is no incumbent: it still ranks, but its

@@ -208,7 +208,7 @@ class TrialMeasurement:
     @property
     def rate_interval_rps(self) -> tuple[float, float] | None:
         """The rate at the limits as its 95% interval (low, high; high inf for a lower bound); None where it has no
-        fit (measured before probes were sized by evidence, or the limits met nowhere)."""
+        fit (measured by fixed-length replays, or the limits met nowhere)."""
         return None if self.rate_at_limit is None else (self.rate_at_limit.low_rps, self.rate_at_limit.high_rps)
 
     @property

@@ -227,7 +227,7 @@ def test_export_and_bench_json_carry_the_recommendation_and_its_confirmed_number
 
 
 def test_an_unconfirmed_study_reports_the_search_numbers_and_says_what_they_are(syn):
-    study, config, _ = syn  # made before the confirmation existed: no plan, no runs
+    study, config, _ = syn  # no confirmation: no plan, no runs
     doc = report_document(decide(study, config))
     assert doc["confirmation"] is None and doc["verdict"] == "gain from one measurement each"
     assert doc["recommendation"]["output_throughput"] == {

@@ -60,7 +60,7 @@ def test_every_trial_says_what_stopped_it_and_what_it_changed(syn):
     assert rows["#2"]["changed from vLLM's defaults"] == "max_num_seqs 256\u2192128"
     assert rows["#0"]["changed from vLLM's defaults"] == "(vLLM's defaults)"
     assert rows["#2"]["role"] == "recommended" and rows["#2"]["output tok/s"] == "770.0"
-    assert rows["#2"]["rate at the limit, req/s [95%]"] == "7.70 (passed)"  # stored before the pooled fit
+    assert rows["#2"]["rate at the limit, req/s [95%]"] == "7.70 (passed)"  # no pooled fit stored
     assert rows["#2"]["TTFT P99"] == "97ms"  # the statistic of each limit at the chosen rate, named in the header
     loose = {r["trial"]: r for r in trial_rows(decide(study, config, Limits.ttft_p99(1000.0)))}
     assert loose["#2"]["what stopped it"] == "even a burst met the limits: no arrival pattern offers more"

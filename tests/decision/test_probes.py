@@ -12,10 +12,12 @@ TTFT_TPOT = Limits(items=(Limit(metric="ttft", stat="p99", value_ms=30.0), Limit
 
 def probe(rate_rps=10.0, ttft_p99_ms=20.0, requests=40, over_limit=0, verdict="pass", sustained=True, completed=40,
           failed=0, feasible=True, limit_ms=30.0):
-    """A probe sized by evidence, judged at `limit_ms`, as the curve stores it."""
+    """A probe sized by evidence, judged at the TTFT P99 limit `limit_ms`, as the curve stores it."""
     return {"offered_rate_rps": rate_rps, "ttft_p99_ms": ttft_p99_ms, "requests": requests, "over_limit": over_limit,
             "verdict": verdict, "sustained": sustained, "completed": completed, "failed": failed,
-            "feasible": feasible, "limit_ms": limit_ms, "output_throughput_tok_s": 100.0}
+            "feasible": feasible, "limit_ms": limit_ms, "output_throughput_tok_s": 100.0,
+            "stats": {"ttft": {"p99": ttft_p99_ms}},
+            "limits_key": None if limit_ms is None else Limits.ttft_p99(limit_ms).key}
 
 
 def test_a_passed_probe_says_its_count():
@@ -48,9 +50,12 @@ def test_at_another_limit_a_probe_is_judged_by_its_p99():
     p = probe(ttft_p99_ms=45.0, over_limit=13, verdict="fail", feasible=False)
     assert outcome(p, 50.0).kind == PASSED  # re-ranked: sustained, P99 within 50 ms
     assert outcome(p, 40.0).words == "failed: TTFT P99 45ms over 40ms"
-    tpot = outcome({**probe(), "tpot_p99_ms": 60.0}, TTFT_TPOT)  # judged at TTFT alone: its P99s answer
+    def with_tpot(tpot_p99_ms):
+        return {**probe(), "stats": {"ttft": {"p99": 20.0}, "tpot": {"p99": tpot_p99_ms}}}
+
+    tpot = outcome(with_tpot(60.0), TTFT_TPOT)  # judged at TTFT alone: its P99s answer
     assert tpot.kind == OVER and tpot.words == "failed: TPOT P99 60ms over 50ms"
-    assert outcome({**probe(), "tpot_p99_ms": 41.0}, TTFT_TPOT).words == "passed: TTFT P99 20ms, TPOT P99 41ms"
+    assert outcome(with_tpot(41.0), TTFT_TPOT).words == "passed: TTFT P99 20ms, TPOT P99 41ms"
 
 
 def two_limit_probe(tpot_over, tpot_verdict, feasible, tpot_p99_ms):

@@ -16,7 +16,7 @@ TTFT_TPOT = Limits(items=(Limit(metric="ttft", stat="p99", value_ms=150.0), Limi
 
 
 def point(ttft, feasible=True):
-    return {"ttft_p99_ms": ttft, "feasible": feasible, "sustained": True}
+    return {"ttft_p99_ms": ttft, "feasible": feasible, "sustained": True, "stats": {"ttft": {"p99": ttft}}}
 
 
 def v(n, tput, worst, mem=0.9, holds=True):

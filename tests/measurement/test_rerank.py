@@ -10,7 +10,7 @@ from optimizer.measurement.rerank import Answer, Ranked, dominates, pareto_front
 def pt(rate, ttft_ms, tok_s=None, sustained=True):
     """A curve point; throughput defaults to 100 tokens per request at the offered rate."""
     return {"offered_rate_rps": rate, "ttft_p99_ms": ttft_ms, "sustained": sustained,
-            "output_throughput_tok_s": tok_s if tok_s is not None else rate * 100}
+            "output_throughput_tok_s": tok_s if tok_s is not None else rate * 100, "stats": {"ttft": {"p99": ttft_ms}}}
 
 
 # The shape a rate search leaves: a burst, steps down by 0.6 until one passes, then bisection upwards.
@@ -97,11 +97,11 @@ def test_other_latency_limits_narrow_the_answer():
     from optimizer.measurement.rerank import rank_curve
 
     curve = [
-        {"offered_rate_rps": None, "sustained": True, "ttft_p99_ms": 900.0, "tpot_p99_ms": 40.0,
+        {"offered_rate_rps": None, "sustained": True, "stats": {"ttft": {"p99": 900.0}, "tpot": {"p99": 40.0}},
          "output_throughput_tok_s": 1000.0},
-        {"offered_rate_rps": 8.0, "sustained": True, "ttft_p99_ms": 90.0, "tpot_p99_ms": 30.0,
+        {"offered_rate_rps": 8.0, "sustained": True, "stats": {"ttft": {"p99": 90.0}, "tpot": {"p99": 30.0}},
          "output_throughput_tok_s": 800.0},
-        {"offered_rate_rps": 4.0, "sustained": True, "ttft_p99_ms": 60.0, "tpot_p99_ms": 12.0,
+        {"offered_rate_rps": 4.0, "sustained": True, "stats": {"ttft": {"p99": 60.0}, "tpot": {"p99": 12.0}},
          "output_throughput_tok_s": 400.0},
     ]
     from optimizer.config.limits import parse_limits
@@ -118,7 +118,7 @@ def test_repeats_at_one_rate_rank_as_their_median():
 
     def pt(rate, tput, ttft, sustained=True):
         return {"offered_rate_rps": rate, "output_throughput_tok_s": tput, "ttft_p99_ms": ttft,
-                "sustained": sustained}
+                "sustained": sustained, "stats": {"ttft": {"p99": ttft}}}
 
     curve = [pt(None, 900, 5000), pt(6.0, 500, 120), pt(6.0, 400, 180), pt(6.0, 450, 140, sustained=False)]
     merged = merge_repeats(curve)

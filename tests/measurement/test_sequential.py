@@ -5,19 +5,11 @@ import math
 import pytest
 
 from optimizer.measurement.intervals import Interval, gain_interval
-from optimizer.measurement.sequential import (ALPHA, Outcome, behind, decides, look_alpha, look_confidence, looks,
-                                              outcome, spent)
+from optimizer.measurement.sequential import ALPHA, Outcome, behind, decides, look_alpha, outcome, spent
 
 
 def iv(low: float, high: float, n: int = 3) -> Interval:
     return Interval((low + high) / 2, low, high, n)
-
-
-def test_each_look_is_corrected_for_the_looks_the_plan_allows():
-    assert looks(3) == 2 and looks(2) == 1 and looks(1) == 1 and looks(10) == 9
-    assert look_confidence(3) == 0.975  # 0.05 split over the looks after rounds 2 and 3
-    assert math.isclose(look_confidence(6), 0.99)
-    assert look_confidence(2) == 0.95  # one look: no correction
 
 
 def test_the_error_is_split_over_the_looks_most_of_it_kept_for_the_last():

@@ -326,9 +326,10 @@ def test_the_incumbent_is_its_lower_bound_not_its_luckiest_measurement():
 
     def add(rate, confirm_of=None, feasible=True):
         attrs = {RESULT.key: {"schema": SCHEMA, "feasible": feasible, "rate_rps": rate}}
-        if confirm_of is not None:
+        if confirm_of is not None:  # a confirmation run, in the confirmation study
             attrs[CONFIRM.key] = {"plan": "p", "of": confirm_of, "round": 0}
-        study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs=attrs))
+        home = study if confirm_of is None else confirmation_study(study, create=True)
+        home.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs=attrs))
 
     assert fair_incumbent_rate(study) is None
     add(10.0)  # #0, measured once
@@ -378,7 +379,6 @@ def _rounds_study(values: dict[int, list[float | None]], rounds: int, dropped: d
     measured `values[config][round]` tok/s (None: that run is missing)."""
     from optuna.trial import create_trial
 
-    from optimizer.measurement.sequential import look_confidence
     from optimizer.search.attrs import BASELINE
 
     study = optuna.create_study(directions=["maximize", "minimize"])
@@ -387,12 +387,14 @@ def _rounds_study(values: dict[int, list[float | None]], rounds: int, dropped: d
                                                                        **RESULT.item({"schema": SCHEMA, "feasible": True})}))
     STUDY_CONFIRMATION.set(study, {"plan": "3:2", "rounds": rounds, "candidates": [0, 1, 2],
                                    "limits": Limits.ttft_p99(150.0).model_dump(mode="json"),
-                                   "confidence": look_confidence(rounds), "precise_half_width": 0.05,
+                                   # one confidence for every look: 0.05 split equally over them
+                                   "confidence": 1 - 0.05 / max(rounds - 1, 1), "precise_half_width": 0.05,
                                    "dropped": {str(k): v for k, v in (dropped or {}).items()}})
+    runs = confirmation_study(study, create=True)
     for n, per_round in values.items():
         for r, v in enumerate(per_round):
             if v is not None:
-                study.add_trial(create_trial(values=[v, 50.0], user_attrs={
+                runs.add_trial(create_trial(values=[v, 50.0], user_attrs={
                     **CONFIRM.item({"plan": "3:2", "of": n, "round": r}), **RESULT.item({"schema": SCHEMA, "feasible": True})}))
     return study
 
@@ -536,43 +538,6 @@ def test_a_config_that_dropped_out_is_not_waited_for():
     assert c.outcome.value == "undecided" and confirm.next_runs(c) == ([], {})
 
 
-def _as_made_before(study: optuna.Study, name: str) -> optuna.Study:
-    """`study` copied to study `name` as the confirmation stored it before it had a study of its own: its runs
-    among the search's trials, numbered after them, with no CONFIRM `apart`."""
-    from optimizer.search.attrs import CONFIRM_APART
-
-    old = optuna.create_study(study_name=name, storage=study._storage, directions=study.directions)
-    for key, value in study.user_attrs.items():
-        old.set_user_attr(key, value)
-    for t in study.trials:
-        old.add_trial(t)
-    for t in confirmation_study(study).trials:
-        attrs = {**t.user_attrs, **CONFIRM.item({k: v for k, v in CONFIRM.of(t).items() if k != CONFIRM_APART})}
-        old.add_trial(optuna.trial.create_trial(state=t.state, values=t.values, user_attrs=attrs))
-    return old
-
-
-def test_a_study_made_before_with_its_runs_among_its_trials_still_reports_them(confirmed, tmp_path, capsys):
-    from optimizer.cli.main import main
-
-    config, study = confirmed
-    old = _as_made_before(study, "before")
-    inline = [t for t in old.trials if is_confirmation(t)]
-    assert len(inline) == len(confirmation_study(study).trials) and confirmation_study(old) is None
-    assert [t.number for t in confirmation_runs(old)] == [t.number for t in inline]
-    c, new = confirmation(old), confirmation(study)
-    assert c.complete and c.full_rounds == new.full_rounds
-    assert [c.interval(x).median for x in c.configs] == [new.interval(x).median for x in new.configs]
-    assert recommended(old).number == recommended(study).number
-    text = summary_text(old, config)
-    assert "confirmed in 2 rounds" in text
-    run = inline[0]
-    rc = main(["report", "--study", "before", "--storage", config.storage_url, "--trial", str(run.number),
-               "--studies-dir", str(tmp_path)])
-    out = capsys.readouterr().out
-    assert rc == 0 and out.splitlines()[0] == confirm.describe(run) and f"(run {run.number}, " in out
-
-
 def test_a_new_plan_looks_group_sequentially_and_compares_runs_by_their_fits():
     from optimizer.measurement.sequential import look_confidence_at
     from optimizer.search.confirmed import FIT_VALUE, run_tok_s
@@ -595,7 +560,7 @@ def test_a_new_plan_looks_group_sequentially_and_compares_runs_by_their_fits():
     assert run_tok_s(run) == pytest.approx(53.66 * 1880.0 / 47.0)  # 2146.4 tok/s, against goodput's 1880
     no_fit = create_trial(values=[1880.0, 50.0],
                           user_attrs=RESULT.item({"schema": SCHEMA, "feasible": True, "rate_rps": 48.24}))
-    assert run_tok_s(no_fit) == 1880.0  # stored before the fit: its goodput
+    assert run_tok_s(no_fit) == 1880.0  # without a fit (fixed-length replays): its goodput
     missed = create_trial(values=[0.0, 500.0], user_attrs=RESULT.item({"schema": SCHEMA, "feasible": False}))
     assert run_tok_s(missed) == 0.0
     # plans stored before compare goodput; the rounds' values here have no fit, so both read the same
@@ -691,8 +656,10 @@ def test_the_defaults_go_to_the_rounds_only_where_they_met_the_limit_in_the_sear
 
     def curve(ttft_ms):
         return {**RESULT.item({"schema": SCHEMA}), **CURVE.item([
-            {"offered_rate_rps": 10.0, "sustained": True, "ttft_p99_ms": ttft_ms, "output_throughput_tok_s": 300.0},
-            {"offered_rate_rps": 12.0, "sustained": True, "ttft_p99_ms": 400.0, "output_throughput_tok_s": 330.0}])}
+            {"offered_rate_rps": 10.0, "sustained": True, "stats": {"ttft": {"p99": ttft_ms}},
+             "output_throughput_tok_s": 300.0},
+            {"offered_rate_rps": 12.0, "sustained": True, "stats": {"ttft": {"p99": 400.0}},
+             "output_throughput_tok_s": 330.0}])}
 
     def study_with(defaults_ttft_ms):
         study = optuna.create_study(directions=["maximize", "minimize"])
@@ -757,7 +724,7 @@ def test_a_run_disturbed_by_other_processes_is_run_again_once_then_kept():
     quiet = load_summary(50.0, 51.0, 0.0, 50.0, {0, 1})
 
     def add_run(study, of, round_, tok_s, load):
-        study.add_trial(create_trial(values=[tok_s, 50.0], user_attrs={
+        confirmation_study(study).add_trial(create_trial(values=[tok_s, 50.0], user_attrs={
             **CONFIRM.item({"plan": "3:2", "of": of, "round": round_}), **RESULT.item({"schema": SCHEMA, "feasible": True}),
             **MACHINE_LOAD.item(load)}))
 
@@ -783,7 +750,7 @@ def test_a_run_disturbed_by_other_processes_is_run_again_once_then_kept():
     assert confirmation(study).base.value_tok_s(1) == 80.0
     add_run(study, 0, 1, 99.0, quiet)
     assert confirmation(study).base.value_tok_s(1) == 80.0
-    assert confirm.describe(study.trials[-2]).endswith(
+    assert confirm.describe(confirmation_study(study).trials[-2]).endswith(
         "; disturbed (other processes took 0.89 of a core, the hypervisor 0.00): not counted unless its round's 2 "
         "tries all are")
     # a run that could not measure (pruned: its engine died, and an orphaned worker's time reads as others') is
@@ -791,6 +758,6 @@ def test_a_run_disturbed_by_other_processes_is_run_again_once_then_kept():
     from optuna.trial import TrialState
 
     study = _rounds_study({0: [100.0], 1: [120.0], 2: [90.0]}, rounds=3)
-    study.add_trial(create_trial(state=TrialState.PRUNED, user_attrs={
+    confirmation_study(study).add_trial(create_trial(state=TrialState.PRUNED, user_attrs={
         **CONFIRM.item({"plan": "3:2", "of": 0, "round": 1}), **MACHINE_LOAD.item(busy)}))
     assert 1 in confirmation(study).base.runs

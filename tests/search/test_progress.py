@@ -10,7 +10,7 @@ from optuna.trial import create_trial
 
 from optimizer.config.limits import Limits
 from optimizer.core.processes import output_to
-from optimizer.search.attrs import CONFIRM, CONFIRM_APART, STUDY_CONFIRMATION, TIMINGS
+from optimizer.search.attrs import CONFIRM, STUDY_CONFIRMATION, TIMINGS
 from optimizer.search.objective import CONSTRAINT
 from optimizer.search.missed import why_infeasible
 from optimizer.search.progress import Progress, Status, Ticker, describe, work_s
@@ -155,15 +155,10 @@ def test_the_count_covers_the_budget_and_follows_the_confirmation_as_it_shrinks(
     assert tally.status(study, 60.0, 80.0, None).total == 9
     runs = confirmation_study(study, create=True)  # where the runs are stored
     runs.add_trial(create_trial(values=[500.0, 90.0], constraints={CONSTRAINT: 0.0}, user_attrs=CONFIRM.item(
-        {"plan": "5:4", "of": 2, "round": 0, CONFIRM_APART: True})))
+        {"plan": "5:4", "of": 2, "round": 0})))
     again = Tally(search_budget=5, runs_planned=6)
     again.resume(study)
     assert (again.runs_done, again.status(study, 60.0, 80.0, None).done) == (1, 6)
-    study.add_trial(create_trial(values=[500.0, 90.0], user_attrs=CONFIRM.item({"plan": "5:4", "of": 0, "round": 0}),
-                                 constraints={CONSTRAINT: 0.0}))  # one a study made before stored among its trials
-    again = Tally(search_budget=5, runs_planned=6)
-    again.resume(study)
-    assert (again.runs_done, again.status(study, 60.0, 80.0, None).done) == (2, 7)
     STUDY_CONFIRMATION.set(study, {"plan": "4:3", "rounds": 3, "candidates": [0, 2], "limits": Limits.ttft_p99(100.0).model_dump(mode="json")})
     stale = Tally(search_budget=5, runs_planned=6)
     stale.resume(study)  # a plan of a shorter search before: none of its runs is this search's

@@ -54,7 +54,8 @@ def point(rate_rps: float | None, ttft_p99_ms: float, burst_rps: float | None = 
             "achieved_rate_rps": req_rps, "output_throughput_tok_s": req_rps * TOKENS_PER_REQUEST,
             "request_throughput_rps": req_rps, "ttft_p50_ms": ttft_p99_ms / 2, "ttft_p99_ms": float(ttft_p99_ms),
             "tpot_p99_ms": 5.0, "completed": 40, "failed": 0, "sustained": True,
-            "feasible": ttft_p99_ms <= LIMIT_MS}
+            "feasible": ttft_p99_ms <= LIMIT_MS,
+            "stats": {"ttft": {"p50": ttft_p99_ms / 2, "p99": float(ttft_p99_ms)}, "tpot": {"p99": 5.0}}}
 
 
 def stored(curve: list[dict] | None = None, **result) -> dict:
