@@ -157,7 +157,7 @@ def _mig_gpu(nvml: Any, uuid: str) -> Gpu:
                compute_capability=(int(major), int(minor)))
 
 
-def _nvml_module(nvml: Any | None) -> Any:
+def nvml_module(nvml: Any | None = None) -> Any:
     if nvml is not None:
         return nvml
     import pynvml  # nvidia-ml-py: a dependency of this project, importable without a GPU
@@ -182,7 +182,7 @@ def unreadable_gpus(nvml: Any | None = None, env: Mapping[str, str] | None = Non
 def _read_visible(nvml: Any | None, env: Mapping[str, str] | None) -> tuple[list[Gpu], list[int]]:
     env = os.environ if env is None else env
     try:
-        nvml = _nvml_module(nvml)
+        nvml = nvml_module(nvml)
         nvml.nvmlInit()
     except Exception:  # no nvidia-ml-py, no libnvidia-ml.so, no driver: no GPU for us
         return [], []
@@ -234,7 +234,7 @@ def gpu_name(device: str) -> str:
 def driver_version(nvml: Any | None = None) -> str | None:
     """The NVIDIA driver's version through NVML; None without NVML or a driver."""
     try:
-        nvml = _nvml_module(nvml)
+        nvml = nvml_module(nvml)
         nvml.nvmlInit()
     except Exception:
         return None

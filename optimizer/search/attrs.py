@@ -1,9 +1,9 @@
 """Every user attribute the optimizer stores with a trial or a study, in one place: its key in the database, the
-type of its value, what it means, and what a reader gets where it is missing (an older study, a trial that ended
-before it was written).
+type of its value, what it means, and what a reader gets where it is missing (a trial that ended before it was
+written, a study made without it).
 
-The keys are the stored form and never change: a study written by an older optimizer loads as before. Code reads
-and writes the attributes through these fields, never by a string of its own:
+The keys are the stored form. Code reads and writes the attributes through these fields, never by a string of its
+own:
 
     CONFIRM.of(trial)["round"]              # trial.user_attrs.get("confirm")
     LIMITED_BY.set(trial, line)             # trial.set_user_attr("limited_by", line)
@@ -66,14 +66,15 @@ PRESCREEN: Attr[str | None] = Attr("prescreen", None, "queued by the pre-screen:
 SIM_GOODPUT_TOK_S: Attr[float | None] = Attr("sim_goodput_tok_s", None, "a pre-screen pick's simulated goodput")
 RUN: Attr[bool] = Attr("run", False, "benchmarks/repeatability.py: one of its repeated runs")
 AB: Attr[str | None] = Attr("ab", None, "benchmarks/ab_gain.py: which side of the A/B ('defaults', 'recommended')")
-CONFIRM: Attr[Json | None] = Attr("confirm", None, "a confirmation run, not a search trial: {plan, of (the trial it "
-                                                   "measures again), round, workload_seed, start_rps, failed_rps, "
-                                                   "step (where its search starts), apart (stored in the study NAME."
-                                                   "confirmation)} (search/confirm.py)")
-CONFIRM_APART = "apart"  # the key, in a run's CONFIRM, that says the run is stored in the study NAME.confirmation
+CONFIRM: Attr[Json | None] = Attr("confirm", None, "a confirmation run, stored in the study NAME.confirmation, not a "
+                                                   "search trial: {plan, of (the trial it measures again), round, "
+                                                   "workload_seed, start_rps, failed_rps, step (where its search "
+                                                   "starts)} (search/confirm.py)")
 
 # --- on a trial: who ran it, and its engine's processes ------------------------------------------------------------
 WORKER: Attr[Json | None] = Attr("worker", None, "the optimize process running it: {host, pid, create_time}")
+GPUS: Attr[Json | None] = Attr("gpus", None, "the GPUs it was given from the study's pool (--gpus): {indices, uuids, "
+                                             "cpus, reserved_unix_s, released_unix_s}; None without a pool")
 ENGINE_PROCESSES: Attr[list[list[float]]] = Attr("engine_processes", [], "its engine's processes: [[pid, create_time]]")
 ENGINE_PIDS: Attr[list[int]] = Attr("engine_pids", [], "its engine's PIDs, for a person reading the study")
 INTERRUPTED: Attr[str | None] = Attr("interrupted", None, "why it ended FAIL without a result (queued again)")
@@ -104,8 +105,8 @@ PRUNED_REASON: Attr[str | None] = Attr("pruned_reason", None, "why it cannot run
 PRUNED_DETAIL: Attr[str] = Attr("pruned_detail", "", "the message behind pruned_reason, at most 1000 characters")
 
 TRIAL_ATTRS: tuple[Attr[Any], ...] = (
-    BASELINE, RETRY_OF, PRESCREEN, SIM_GOODPUT_TOK_S, RUN, AB, CONFIRM, WORKER, ENGINE_PROCESSES, ENGINE_PIDS,
-    INTERRUPTED,
+    BASELINE, RETRY_OF, PRESCREEN, SIM_GOODPUT_TOK_S, RUN, AB, CONFIRM, WORKER, GPUS, ENGINE_PROCESSES,
+    ENGINE_PIDS, INTERRUPTED,
     ENVIRONMENT_CAUSE, ENGINE_PARAMS, ENGINE_CONFIG, BASELINE_NOTE, MEMORY_WAITED_FOR, MEMORY_ESTIMATE_GIB, LOG_FILE,
     LOG_EXCERPT, ENGINE_START_PHASES, TELEMETRY, MACHINE_LOAD, TIMINGS, CURVE, RESULT, LIMITED_BY, PRUNED_REASON,
     PRUNED_DETAIL,
@@ -115,8 +116,7 @@ TRIAL_ATTRS: tuple[Attr[Any], ...] = (
 STUDY_CONFIG: StudyAttr[str | None] = StudyAttr("optimizer_config", None,
                                                 "the StudyConfig as JSON (no password): made by optimize")
 STUDY_MACHINE: StudyAttr[Json | None] = StudyAttr("machine", None, "the fingerprint of the machine it was made on")
-STUDY_CREATED: StudyAttr[str | None] = StudyAttr("created", None, "when the study was made: ISO 8601, UTC (None: "
-                                                                  "studies made before it was stored)")
+STUDY_CREATED: StudyAttr[str | None] = StudyAttr("created", None, "when the study was made: ISO 8601, UTC")
 STUDY_DEMO_SCALE: StudyAttr[Json | None] = StudyAttr("demo_scale", None, "the demo's probe and its chosen scale: "
                                                                          "{probe, scale}")
 STUDY_REQUESTS_CHOICE: StudyAttr[Json | None] = StudyAttr("num_requests_choice", None,

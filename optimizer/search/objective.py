@@ -24,7 +24,8 @@ from optimizer.core.clock import Clock, MonotonicClock
 from optimizer.core.errors import EngineDiedError, EngineStartError
 from optimizer.core.processes import output_to
 from optimizer.engines.compile_cache import cache_env, start_phases
-from optimizer.hardware.device import visible_gpus
+from optimizer.hardware.device import nvml_module, visible_gpus
+from optimizer.hardware.gpu_pool import GpuPool, Reservation, of_this_process, wait_until_unused
 from optimizer.measurement.engine import Engine, EngineFactory, ServesInVirtualTime
 from optimizer.measurement.engine_watch import CallBounds, WatchedEngine, pause_from_env
 from optimizer.measurement.limits import diagnose
@@ -38,7 +39,7 @@ from optimizer.params.preflight import (
 )
 from optimizer.params.space import Space
 from optimizer.search.attrs import (
-    BASELINE, BASELINE_NOTE, CONFIRM, ENGINE_CONFIG, ENGINE_PARAMS,
+    BASELINE, BASELINE_NOTE, CONFIRM, ENGINE_CONFIG, ENGINE_PARAMS, GPUS,
     ENGINE_START_PHASES, ENVIRONMENT_CAUSE, INTERRUPTED, LIMITED_BY, LOG_EXCERPT, LOG_FILE, MEMORY_ESTIMATE_GIB,
     MACHINE_LOAD, MEMORY_WAITED_FOR, PRUNED_DETAIL, PRUNED_REASON, TELEMETRY, TIMINGS, WORKER,
 )
@@ -51,7 +52,7 @@ from optimizer.search.records import RecordStore
 from optimizer.search.recovery import record_processes, save_processes, worker_identity
 from optimizer.search.probes import TrialReplays
 from optimizer.search.repeats import with_repeats
-from optimizer.search.study import in_confirmation_study
+from optimizer.search.study import is_confirmation
 
 CONSTRAINT = "ttft_p99_over_limit"  # a TTFT P99 limit's constraint (dashboard.constraint_key): measured / limit - 1
 # Each limit's constraint value for a config that cannot run at all: worse than any measured miss.
@@ -102,6 +103,7 @@ class Objective:
     breaker: StartFailureBreaker = field(default_factory=StartFailureBreaker)  # stops a run the machine breaks
     gpu_count: int | None = None  # GPUs visible to this process (found on the first trial on cuda)
     served_factory: EngineFactory | None = None  # `vllm serve` for the confirmation's runs as served (None: none)
+    gpu_pool: GpuPool | None = None  # --gpus: the GPUs each trial reserves its layout's from (None: the visible ones)
     gpu_name: str = ""  # the first GPU's name ("" on CPU): vLLM's batch defaults depend on it (params/deploy.py)
     # the confirmation's draws, by seed; not an init field, so a copy (dataclasses.replace) starts its own
     round_workloads: dict[int, Workload] = field(default_factory=dict, init=False, repr=False)
@@ -132,6 +134,40 @@ class Objective:
         problems = self.space.violations(params)
         if problems:
             self._prune(trial, failures.INVALID_CONFIG, "; ".join(problems))
+        held = await self._reserve_gpus(trial, params)
+        if held is None:
+            return await self._run(trial, params, timings, t0)
+        try:
+            with held.applied(logical=self.gpu_pool is not None and self.gpu_pool.topology.logical):
+                return await self._run(trial, params, timings, t0)
+        finally:
+            held.release()
+            GPUS.set(trial, held.to_json())  # with the time they were given back
+
+    async def _reserve_gpus(self, trial: optuna.Trial, params: dict[str, Any]) -> Reservation | None:
+        """The GPUs of the trial's layout from the study's pool (--gpus), as close as the free ones allow, once no
+        other program computes on them (GpuInUseError past `memory_wait_s`: the run stops, nothing is pruned);
+        None without a pool."""
+        pool = self.gpu_pool
+        if pool is None:
+            return None
+        needed = gpus_needed({**self.config.engine_args, **params})
+        if needed > pool.size:
+            self._prune(trial, failures.INVALID_CONFIG, f"its layout needs {needed} GPUs; the study's --gpus gives "
+                                                        f"it {pool.size}")
+        held = await pool.reserve(needed, poll_s=self.memory_poll_s)
+        try:
+            if not pool.topology.logical:
+                await wait_until_unused(self.nvml or nvml_module(), held.gpus, of_this_process, self.memory_wait_s,
+                                        self.memory_poll_s, self.clock.now)
+        except BaseException:
+            held.release()
+            raise
+        GPUS.set(trial, held.to_json())
+        return held
+
+    async def _run(self, trial: optuna.Trial, params: dict[str, Any], timings: TrialTimings,
+                   t0: float) -> tuple[float, float]:
         engine = self.engine_for(trial)
         log_path = self.logs_dir / log_name(trial)
         LOG_FILE.set(trial, str(log_path))
@@ -298,6 +334,8 @@ class Objective:
 
     def _visible_gpus(self) -> int | None:
         """GPUs this process may use (NVML, once per run); None where unknown (CPU build, no NVML): unchecked."""
+        if self.gpu_pool is not None:
+            return self.gpu_pool.size
         if self.config.device != "cuda":
             return None
         if self.gpu_count is None:
@@ -355,7 +393,7 @@ class Objective:
 def log_name(trial: optuna.Trial | optuna.trial.FrozenTrial) -> str:
     """The file name of a trial's engine log in the study's logs folder: trial-00007.log; a confirmation run stored
     in the confirmation study, whose numbers start at 0 again, confirm-00003.log."""
-    return f"{'confirm' if in_confirmation_study(trial) else 'trial'}-{trial.number:05d}.log"
+    return f"{'confirm' if is_confirmation(trial) else 'trial'}-{trial.number:05d}.log"
 
 
 def log_tail(log_path: Path, max_chars: int = 4000) -> str:

@@ -24,13 +24,19 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer.core.processes import ProcessRef, end_processes
 from optimizer.measurement.engine import Engine
-from optimizer.search.attrs import (BASELINE, CONFIRM, CONFIRM_APART, ENGINE_PIDS, ENGINE_PROCESSES, INTERRUPTED,
-                                     RETRY_OF, WORKER)
+from optimizer.search.attrs import BASELINE, CONFIRM, ENGINE_PIDS, ENGINE_PROCESSES, INTERRUPTED, RETRY_OF, WORKER
+
+
+RUN_ENV = "OPTIMIZER_RUN_ID"  # set by a run for the slot processes it starts (--gpus): they are one run's workers
 
 
 def worker_identity() -> dict[str, Any]:
+    """Who runs a trial: the host, the process, and the run it belongs to (RUN_ENV; absent for a run of one
+    process)."""
     me = psutil.Process()
-    return {"host": socket.gethostname(), "pid": os.getpid(), "create_time": me.create_time()}
+    run = os.environ.get(RUN_ENV)
+    return {"host": socket.gethostname(), "pid": os.getpid(), "create_time": me.create_time(),
+            **({"run": run} if run else {})}
 
 
 def _worker_dead_here(trial: FrozenTrial) -> bool:
@@ -77,9 +83,6 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
             if BASELINE.of(t):
                 attrs.update(BASELINE.item(True))
             confirm = CONFIRM.of(t)
-            if confirm is not None and not confirm.get(CONFIRM_APART):
-                continue  # a run stored among the search's trials (studies made before): the confirmation queues
-                # its missing runs in the confirmation study (search/confirm.py `next_runs`)
             if confirm is not None:  # a confirmation run is run again as one, in the confirmation study
                 attrs.update(CONFIRM.item(confirm))
             study.enqueue_trial(t.params, user_attrs=attrs, skip_if_exists=False)

@@ -23,10 +23,10 @@ from pydantic import ValidationError
 
 from optimizer.config.settings import StudyConfig
 from optimizer.core.errors import UsageError
-from optimizer.search.attrs import BASELINE, CONFIRM, CONFIRM_APART, STUDY_CONFIG, STUDY_CONFIRMS, WORKER
+from optimizer.search.attrs import BASELINE, CONFIRM, STUDY_CONFIG, STUDY_CONFIRMS, WORKER
 from optimizer.search.breaker import is_environment_failure
 from optimizer.search.measured import check_schema
-from optimizer.search.recovery import recover
+from optimizer.search.recovery import RUN_ENV, recover
 
 # A worker that stops beating for HEARTBEAT_GRACE_S has its trial failed and queued again (by any worker).
 HEARTBEAT_INTERVAL_S = 10
@@ -194,11 +194,15 @@ def _stored_form(config: StudyConfig) -> str:
 
 
 def refuse_parallel_sqlite(study: optuna.Study, url: str) -> None:
-    """SQLite is not for parallel workers (Optuna's own advice): refuse a second live worker on one file."""
+    """SQLite is not for parallel workers of separate runs (Optuna's own advice): refuse a second live run on one
+    file. The slot processes of one run (--gpus, which share its RUN_ENV) take turns on it."""
     if not url.startswith("sqlite"):
         return
+    run = os.environ.get(RUN_ENV)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         w = WORKER.of(t)
+        if w and run and w.get("run") == run:
+            continue
         if w and w.get("pid") != os.getpid() and not _dead_or_elsewhere(w):
             raise UsageError(
                 f"another optimize process (pid {w['pid']}) is running study {study.study_name!r} on this SQLite "
@@ -231,12 +235,13 @@ def ensure_baseline(study: optuna.Study) -> None:
     baselines = [t for t in trials if is_baseline(t)]
     if any(t.state in (*FINISHED, TrialState.WAITING, TrialState.RUNNING) for t in baselines):
         return
-    if baselines or any(t.state in FINISHED and not is_confirmation(t) for t in trials):
+    if baselines or any(t.state in FINISHED for t in trials):
         study.enqueue_trial({}, user_attrs=BASELINE.item(True), skip_if_exists=False)
 
 
-def is_confirmation(trial: FrozenTrial) -> bool:
-    """A confirmation run (optimizer/search/confirm.py): a config measured again after the search, not a trial of it."""
+def is_confirmation(trial: FrozenTrial | optuna.Trial) -> bool:
+    """A confirmation run (optimizer/search/confirm.py), stored in the confirmation study: a config measured again
+    after the search, not a trial of it."""
     return CONFIRM.of(trial) is not None
 
 
@@ -270,28 +275,21 @@ def confirmation_study(study: optuna.Study, create: bool = False) -> optuna.Stud
 
 
 def confirmation_runs(study: optuna.Study, states: tuple[TrialState, ...] = FINISHED) -> list[FrozenTrial]:
-    """The confirmation runs of `study` in `states`: those of its confirmation study, after those a study made
-    before it had one stored among its own trials. Every reader of the runs gets them here."""
-    inline = [t for t in study.get_trials(deepcopy=False, states=states) if is_confirmation(t)]
+    """The confirmation runs of `study` in `states`: those of its confirmation study. Every reader of the runs gets
+    them here."""
     runs = confirmation_study(study)
-    return inline + ([] if runs is None else runs.get_trials(deepcopy=False, states=states))
-
-
-def in_confirmation_study(trial: FrozenTrial | optuna.Trial) -> bool:
-    """True for a confirmation run stored in the confirmation study (False for a run a study made before stored
-    among its own trials, and for every search trial)."""
-    return bool((CONFIRM.of(trial) or {}).get(CONFIRM_APART))
+    return [] if runs is None else runs.get_trials(deepcopy=False, states=states)
 
 
 def run_name(trial: FrozenTrial) -> str:
-    """A confirmation run's name: c3 for run 3 of the confirmation study; a run stored among the search's trials
-    (studies made before) by its trial number there, 57, as `optimize report --trial` always took it."""
-    return f"c{trial.number}" if in_confirmation_study(trial) else str(trial.number)
+    """A confirmation run's name: c3 for run 3 of the confirmation study."""
+    return f"c{trial.number}"
 
 
 def search_trials(study: optuna.Study, states: tuple[TrialState, ...] = FINISHED) -> list[FrozenTrial]:
-    """The study's own trials in `states`, confirmation runs left out: what the search proposed and measured."""
-    return [t for t in study.get_trials(deepcopy=False, states=states) if not is_confirmation(t)]
+    """The study's own trials in `states`: what the search proposed and measured (its confirmation runs are in its
+    confirmation study)."""
+    return study.get_trials(deepcopy=False, states=states)
 
 
 def finished_count(study: optuna.Study) -> int:

@@ -10,7 +10,11 @@ GPU's handle, and its utilization is NVML_ERROR_NOT_SUPPORTED, as NVML documents
 raise `pynvml.NVMLError` subclasses with NVML's return codes (NVML_ERROR_LIBRARY_NOT_FOUND from `nvmlInit` without
 a driver, NVML_ERROR_INVALID_ARGUMENT for an index past the count, NVML_ERROR_NOT_FOUND for an
 unknown UUID, NVML_ERROR_GPU_IS_LOST for a device that fell off the bus). Calls before `nvmlInit` raise
-NVML_ERROR_UNINITIALIZED, as the library does.
+NVML_ERROR_UNINITIALIZED, as the library does. The topology functions answer as NVML's do: `nvmlDeviceGetP2PStatus`
+an `nvmlGpuP2PStatus_t` value (0 OK), `nvmlDeviceGetTopologyCommonAncestor` an `nvmlGpuTopologyLevel_t` value,
+`nvmlDeviceGetNumaNodeId` an `int`, `nvmlDeviceGetCpuAffinity` a ctypes array of 64-bit mask words,
+`nvmlDeviceGetComputeRunningProcesses` a list of `c_nvmlProcessInfo_v3_t`, `nvmlSystemGetProcessName` the name (bytes
+decoded to `str`, as pynvml's `convertStrBytes` does).
 """
 
 from __future__ import annotations
@@ -27,10 +31,17 @@ class FakeNvml:
     """`devices`: (name, total bytes, compute capability) per physical GPU; `script`: (utilization %, used bytes)
     per reading of the watched device's memory, the last one repeated; after `lost_after_readings` readings
     the GPU is lost (NVML_ERROR_GPU_IS_LOST from every reading); `migs`: (parent GPU's index, name, total bytes) per
-    MIG instance, found by `mig_uuid(k)`; `unreadable`: indices of GPUs whose handle NVML cannot get (lost)."""
+    MIG instance, found by `mig_uuid(k)`; `unreadable`: indices of GPUs whose handle NVML cannot get (lost);
+    `nvlink`: groups of indices joined by NVLink; `numa`: each GPU's NUMA node (the level of two GPUs on one node is
+    NODE, else SYSTEM); `affinity`: each GPU's close cores; `processes`: by index, (pid, name, used bytes) of the
+    compute processes on it."""
 
     def __init__(self, devices=(("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0)),) * 8, script=((0, 0),),
-                 fail_init: bool = False, lost_after_readings: int | None = None, migs=(), unreadable=()):
+                 fail_init: bool = False, lost_after_readings: int | None = None, migs=(), unreadable=(),
+                 nvlink=(), numa=(), affinity=(), processes=None):
+        self.nvlink = [set(g) for g in nvlink]
+        self.numa, self.affinity = list(numa), [list(a) for a in affinity]
+        self.processes = dict(processes or {})
         self.devices = list(devices)
         self.unreadable = set(unreadable)
         self.migs = list(migs)
@@ -120,6 +131,47 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         self._index(handle)
         return pynvml.c_nvmlUtilization_t(gpu=self._current()[0], memory=0)
+
+    def nvmlDeviceGetP2PStatus(self, a, b, index) -> int:
+        i, j = self._index(a), self._index(b)
+        if index != pynvml.NVML_P2P_CAPS_INDEX_NVLINK:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        joined = any(i in g and j in g for g in self.nvlink)
+        return pynvml.NVML_P2P_STATUS_OK if joined else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a, b) -> int:
+        i, j = self._index(a), self._index(b)
+        if not self.numa:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.NVML_TOPOLOGY_NODE if self.numa[i] == self.numa[j] else pynvml.NVML_TOPOLOGY_SYSTEM
+
+    def nvmlDeviceGetNumaNodeId(self, handle) -> int:
+        i = self._index(handle)
+        if not self.numa:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.numa[i]
+
+    def nvmlDeviceGetCpuAffinity(self, handle, words: int):
+        i = self._index(handle)
+        mask = (ctypes.c_ulonglong * words)()
+        for core in self.affinity[i] if self.affinity else ():
+            if core // 64 < words:
+                mask[core // 64] |= 1 << (core % 64)
+        return mask
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle) -> list:
+        i = self._index(handle)
+        return [pynvml.c_nvmlProcessInfo_v3_t(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF,
+                                              computeInstanceId=0xFFFFFFFF)
+                for pid, _, used in self.processes.get(i, ())]
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        self._check()
+        for procs in self.processes.values():
+            for p, name, _ in procs:
+                if p == pid:
+                    return name
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     # helpers
     @staticmethod
