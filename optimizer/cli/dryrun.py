@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import tempfile
 import textwrap
+from pathlib import Path
 from typing import Any
 
 from optimizer.config.settings import Choice, FloatRange, IntRange, StudyConfig
@@ -53,9 +55,18 @@ def plan_lines(config: StudyConfig, resumed: bool, split_line: str) -> list[str]
         workload = workload.replace(f"{config.workload.num_requests} requests per replay",
                                     "requests per replay chosen by a pilot trial")
     study = f"{config.study_name!r}, " + ("resumed" if resumed else "new") + f", in {redact(config.storage_url)}"
+    engine = f"{installed_build().describe()}; the trials run on {config.device}" if config.engine == "vllm" else \
+        f"none: the simulated engine serves the trials (a step-time model of vLLM on {config.device})"
+    gpus = []
+    if config.gpus:
+        from optimizer.hardware.gpu_pool import pool_for
+
+        pool = pool_for(config.gpus, config.engine == "sim", Path(tempfile.gettempdir()))  # reads, locks nothing
+        gpus = field("GPUs", f"{pool.describe()}: up to {pool.size} trials at once, each on its layout's GPUs")
     return [
         "dry run: what the run would do; no engine starts, nothing is written",
-        *field("vLLM", f"{installed_build().describe()}; the trials run on {config.device}"),
+        *field("vLLM", engine),
+        *gpus,
         *field("machine", describe(fingerprint(config.device))),
         *field("study", study),
         *field("model", model),
@@ -81,8 +92,8 @@ def model_text(config: StudyConfig) -> tuple[Any, str]:
         where = f"embedded {config.model} (a Llama, random weights)"
     else:
         path = model_path(config)
-        info = read_model(config, path)
-        if not info.weights_bytes:  # random weights: what vLLM's own build of the model holds (engines/vllm_config.py)
+        info = read_model(config, path, config.engine == "vllm")
+        if not info.weights_bytes and config.engine == "vllm":  # random weights: what vLLM's own build holds
             rank = rank_model(engine_base_args(config, path), config.deploy_as, {})
             info = replace(info, weights_bytes=rank.weights_bytes) if rank is not None else info
         where = (f"embedded {config.model}" if config.model_is_default else config.model) + \
@@ -119,6 +130,8 @@ def estimate_text(config: StudyConfig, resumed: bool) -> str:
     from optimizer.search.progress import clock_text
 
     deadline = f"; at most {config_deadline(config)}" if config.deadline_unix_s is not None else ""
+    if config.engine == "sim":
+        return "seconds a trial: the simulated engine serves each replay in virtual time" + deadline
     if resumed:  # the run's own first estimate (search/runner.py `start_estimate`), from its measured trials
         import optuna
 

@@ -15,6 +15,7 @@ from optimizer.cli.common import (
 from optimizer.cli.manual import main_usage, new_parser, subcommands_text
 from optimizer.core.errors import UsageError
 from optimizer.core.units import parse_duration_ms
+from optimizer.search.slots import SLOT_FLAG
 
 if TYPE_CHECKING:
     from optimizer.config.settings import StudyConfig
@@ -72,6 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--backend", choices=["inprocess", "http"],
                         help="how trials run vLLM: inprocess (AsyncLLM in this process, the default) or http (a vLLM "
                         "OpenAI-compatible server per trial, measured over HTTP as clients see it; docs/http.md)")
+    engine.add_argument("--gpus", metavar="SPEC",
+                        help="run trials at once, each on as many of these GPUs as its layout needs (tensor x pipeline "
+                        "x data parallel), none on a GPU another trial or program uses: 'all', a count (4: the first "
+                        "four) or indices (0-3,6); with --engine sim, a count of logical GPUs (docs/many-gpus.md)")
+    engine.add_argument("--engine", choices=["vllm", "sim"],
+                        help="what serves the trials: vllm (the installed vLLM, the default) or sim (the simulated "
+                        "engine: a step-time model of vLLM's scheduler on logical GPUs, to see a study's course and "
+                        "its scheduling on any machine)")
+    engine.add_argument(SLOT_FLAG, action="store_true", help=argparse.SUPPRESS)  # one of a run's --gpus processes
     engine.add_argument("--cold-starts", action="store_true", default=None,
                         help="on vLLM's CPU build, start every engine as vLLM does (spawning its processes, ~20 s more "
                         "a trial) instead of forking them from a process with vLLM imported "
@@ -156,6 +166,10 @@ def explicit_settings(ns: argparse.Namespace) -> dict[str, Any]:
         out["device"] = ns.device
     if getattr(ns, "backend", None) is not None:
         out["backend"] = ns.backend
+    if getattr(ns, "engine", None) is not None:
+        out["engine"] = ns.engine
+    if getattr(ns, "gpus", None) is not None:
+        out["gpus"] = ns.gpus
     if getattr(ns, "cold_starts", None):
         out["warm_starts"] = False
     if getattr(ns, "deploy_as", None) is not None:
@@ -244,7 +258,9 @@ def resolve_config(ns: argparse.Namespace):
         raise UsageError("a new study needs a latency limit, e.g. `optimize --ttft-p99 150ms --budget 40`; the "
                          "others: --tpot-p99, --itl-p99, --e2e-p99, --slo METRIC:STAT=VALUE, --goodput (optimize "
                          "--help)")
-    device = _detect_device(explicit.get("device"))
+    # the simulated engine models the CUDA build's GPUs, logical ones, on any machine
+    device = (explicit.get("device") or "cuda") if explicit.get("engine") == "sim" \
+        else _detect_device(explicit.get("device"))
     settings: dict[str, Any] = {"study_name": ns.study, "storage_url": url, "budget": DEFAULT_BUDGET,
                                 "device": device, **explicit}
     embedded = explicit.get("model") in EMBEDDED_MODELS
@@ -279,6 +295,22 @@ def changed_settings_text(ns: argparse.Namespace, stored: StudyConfig, config: S
     return f"{text}; `{report}` re-ranks its stored replays for the new limits."
 
 
+def run_slot(ns: argparse.Namespace, config: StudyConfig, pool: Any) -> int:
+    """A slot (search/slots.py): the study its run opened, search trials on the pool until the budget holds them,
+    each trial started under the run's budget lock; nothing on the console (its output is the slot's log)."""
+    from optimizer.search.runner import prepare
+    from optimizer.search.slots import BudgetGate, gate_path
+    from optimizer.search.split import plan
+    from optimizer.search.study import run_to_budget
+
+    prepared = prepare(config, Path(ns.studies_dir), live=False, slot=True)
+    prepared.objective.gpu_pool = pool
+    split = plan(config.budget, config.confirm, config.serves_after)
+    run_to_budget(prepared.study, prepared.objective, split.search_budget, deadline_unix_s=config.deadline_unix_s,
+                  gate=BudgetGate(gate_path(prepared.objective.logs_dir)))
+    return 0
+
+
 def shortest_output_tokens(workload: WorkloadSpec) -> int:
     """The fewest output tokens a request of `workload` asks for: its trace's replayed rows, or the
     shortest of its output length components."""
@@ -289,10 +321,10 @@ def shortest_output_tokens(workload: WorkloadSpec) -> int:
 
 def cmd_run(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
-    return guarded(ns.debug, lambda: run_study(ns))
+    return guarded(ns.debug, lambda: run_study(ns, argv))
 
 
-def run_study(ns: argparse.Namespace) -> int:
+def run_study(ns: argparse.Namespace, argv: list[str] | None = None) -> int:
     if ns.dry_run:  # what the run would do, and no more (cli/dryrun.py)
         from optimizer.cli.dryrun import dry_run
 
@@ -306,12 +338,28 @@ def run_study(ns: argparse.Namespace) -> int:
 
     # a --confirm the budget cannot hold fails here, before anything is written
     plan(config.budget, config.confirm, config.serves_after)
+    logs_dir = Path(ns.studies_dir) / f"{config.study_name}.logs"
+    pool = None
+    if config.gpus:  # a spec that names no GPU fails here, before anything is written
+        from optimizer.hardware.gpu_pool import pool_for
+
+        pool = pool_for(config.gpus, config.engine == "sim", logs_dir / "logical-gpus")
+    if ns.slot:  # one of a run's processes under --gpus: search trials until the budget, then exit
+        return run_slot(ns, config, pool)
     prepared = prepare(config, Path(ns.studies_dir), say, live=False if ns.quiet else None)
+    prepared.objective.gpu_pool = pool
     config = prepared.config  # with the count a pilot chose (--num-requests auto)
     if stored is not None:
         say(f"resuming study {config.study_name!r}: {prepared.finished} trials finished, budget "
             f"{budget_text(config)}")
-    study = run(prepared, quiet=ns.quiet, say=say)
+    slots = None
+    if pool is not None and pool.size > 1:
+        from optimizer.search.slots import start_slots
+
+        say(f"GPUs: {pool.describe()}; up to {pool.size} trials at once, each on its layout's GPUs (slot logs in "
+            f"{logs_dir})")
+        slots = lambda: start_slots(argv if argv is not None else sys.argv[1:], pool.size, logs_dir)  # noqa: E731
+    study = run(prepared, quiet=ns.quiet, say=say, slots=slots)
     from optimizer.decision.report import summary_text
 
     print(summary_text(study, config))

@@ -114,6 +114,14 @@ class StudyConfig(StrictModel):
     warm_starts: bool = Field(True, description="On vLLM's CPU build, fork each in-process engine from a process "
                                                 "with vLLM imported instead of spawning it as vLLM does "
                                                 "(optimizer/engines/warm_start.py); False: --cold-starts.")
+    engine: Literal["vllm", "sim"] = Field(
+        "vllm", description="What serves the trials: 'vllm' (the installed vLLM) or 'sim' (the simulated engine, "
+                            "optimizer/engines/simulated.py: a step-time model of vLLM's scheduler, for seeing a "
+                            "study's course, its layouts and its scheduling on any machine).")
+    gpus: str | None = Field(None, description="`--gpus`: the GPUs trials run on at once, each trial on as many as "
+                                               "its layout needs ('all', a count, or indices such as 0-3,6; with "
+                                               "engine 'sim', a count of logical GPUs); None: one trial at a time "
+                                               "on the GPUs this process sees. A resume may name others.")
     deploy_as: Literal["serve", "llm"] = Field(
         "serve", description="What is deployed, whose defaults the baseline is and under whose usage context every "
                              "trial's config is built: 'serve' (`vllm serve`) or 'llm' (`vllm.LLM`); see "
@@ -145,12 +153,12 @@ class StudyConfig(StrictModel):
     @property
     def serves_after(self) -> bool:
         """True when the confirmation ends with runs through `vllm serve` (`served`, and trials run in process)."""
-        return self.served and self.backend == "inprocess"
+        return self.served and self.backend == "inprocess" and self.engine == "vllm"
 
     def identity(self) -> dict[str, Any]:
         """Fields that define what a study measures: a resume may not change them."""
         return self.model_dump(include={"limits", "model", "dummy_weights", "workload", "search", "space",
-                                        "engine_args", "backend", "deploy_as"})
+                                        "engine_args", "backend", "deploy_as", "engine"})
 
 
 def load_yaml(path: str | Path, what: str) -> dict[str, Any]:

@@ -200,3 +200,13 @@ def output_to(log_path: Path | None) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for f in (fd, *saved):
             os.close(f)
+def log_tail(log_path: Path, max_chars: int = 4000) -> str:
+    """The end of a trial's engine log (whole lines), for a process that died."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(f.tell() - max_chars, 0))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return text.split("\n", 1)[1] if len(text) >= max_chars and "\n" in text else text

@@ -13,6 +13,10 @@ one it is deterministic.
 
 Its memory model follows optimizer/params/preflight.py: `gpu_memory_utilization` x device memory, less weights and a
 runtime reserve, is the KV cache; a config that asks for more than the device has fails to start as out of memory.
+
+A tensor-parallel layout (`tensor_parallel_size`) runs on that many GPUs of this memory: each holds its share of the
+weights and of the KV heads (params/parallel.py `per_gpu`), and a step splits its work over them and pays for their
+all-reduces (sim/steptime.py `for_tensor_parallel`). Pipeline and data parallel layouts are not modelled: refused.
 """
 
 from __future__ import annotations
@@ -29,12 +33,12 @@ from optimizer.core.errors import EngineStartError
 from optimizer.core.processes import ProcessRef
 from optimizer.engines.sim.noise import NoiseSource, scaled
 from optimizer.engines.sim.scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from optimizer.engines.sim.steptime import StepTimeModel
+from optimizer.engines.sim.steptime import StepTimeModel, for_tensor_parallel
 from optimizer.engines.sim.virtual import simulate
 from optimizer.measurement.metrics import RequestRecord
 from optimizer.measurement.workload import Request
 from optimizer.params.deploy import batch_defaults
-from optimizer.params.parallel import per_gpu
+from optimizer.params.parallel import LAYOUT_ARGS, layout_sizes, per_gpu
 from optimizer.params.preflight import CPU_RESERVE_BYTES, GIB, VLLM_DEFAULT_MEMORY_FRACTION, gpu_reserve_bytes
 from optimizer.params.space import SEARCHABLE, check_constraints
 
@@ -55,6 +59,7 @@ class SimulatedEngine:
                  device_memory_bytes: int = 24 * GIB, max_memory_fraction: float = 0.9,
                  noise: NoiseSource | None = None, deploy_as: str = "serve", device_name: str = "") -> None:
         self.model, self.time_model, self.device = model, time_model or StepTimeModel(), device
+        self.tensor_parallel_size = 1  # of the config it started with: its steps split over as many GPUs
         self.device_memory_bytes, self.max_memory_fraction = device_memory_bytes, max_memory_fraction
         self.deploy_as, self.device_name = deploy_as, device_name  # whose defaults: `vllm serve`'s or vllm.LLM's
         self.noise = noise
@@ -79,7 +84,8 @@ class SimulatedEngine:
 
     def settings(self, params: dict[str, Any]) -> dict[str, Any]:
         """Pure: the values the simulated engine runs `params` with, its defaults filled in."""
-        given = {k: v for k, v in params.items() if k not in _IGNORED and not k.startswith("env:")}
+        given = {k: v for k, v in params.items() if k not in _IGNORED and k not in LAYOUT_ARGS
+                 and not k.startswith("env:")}
         defaults = dict(VLLM_DEFAULTS.get(self.device, VLLM_DEFAULTS["cpu"]))
         # what the deployment gets on a device of this memory and name (optimizer/params/deploy.py: an A100's 80 GB
         # get 256 sequences from `vllm serve`, an H100's 1024)
@@ -98,9 +104,10 @@ class SimulatedEngine:
         if out["gpu_memory_utilization"] > self.max_memory_fraction:
             raise EngineStartError(f"simulated: gpu_memory_utilization {out['gpu_memory_utilization']} asks for "
                                    f"more memory than the device has free", failures.OUT_OF_MEMORY)
+        rank = per_gpu(self.model, {**out, **self.layout(params)})  # what one GPU of the layout holds
         reserve = CPU_RESERVE_BYTES if self.device == "cpu" else gpu_reserve_bytes(out, self.model, {})
-        kv_bytes = requested - self.model.weights_bytes - reserve
-        per_block = max(self.model.kv_bytes_per_token, 1) * out["block_size"]
+        kv_bytes = requested - rank.weights_bytes - reserve
+        per_block = max(rank.kv_bytes_per_token, 1) * out["block_size"]
         blocks = int(kv_bytes // per_block) if kv_bytes > 0 else 0
         if blocks * out["block_size"] < out["max_model_len"]:
             raise EngineStartError(f"simulated: the KV cache ({blocks} blocks) cannot hold one sequence of "
@@ -113,15 +120,21 @@ class SimulatedEngine:
     def validate(self, params: dict[str, Any]) -> Resolved:
         """The simulated engine's own checks, and what it resolves `params` to: its defaults, its model's cache and
         weights (the plain split of params/parallel.py)."""
-        unknown = sorted(k for k in set(params) - set(SEARCHABLE) - _IGNORED if not k.startswith("env:"))
+        unknown = sorted(k for k in set(params) - set(SEARCHABLE) - _IGNORED - set(LAYOUT_ARGS)
+                         if not k.startswith("env:"))
         if unknown:
             raise EngineStartError(f"simulated: unexpected keyword argument {unknown[0]!r}", failures.INVALID_CONFIG)
+        _, pp, dp = layout_sizes(params)
+        if pp > 1 or dp > 1:
+            raise EngineStartError("simulated: the simulated engine models tensor-parallel layouts only: leave "
+                                   "pipeline_parallel_size and data_parallel_size at 1", failures.INVALID_CONFIG)
         problems = check_constraints(params, 1)
         if problems:
             raise EngineStartError("simulated: " + "; ".join(problems), failures.INVALID_CONFIG)
         out = self.settings(params)
         # its weights as vLLM builds them, in 16 bits (the preflight counts what an online quantization keeps)
-        rank = per_gpu(self.model.served_as(params.get("dtype")), {k: v for k, v in out.items() if k != "quantization"})
+        rank = per_gpu(self.model.served_as(params.get("dtype")),
+                       {**{k: v for k, v in out.items() if k != "quantization"}, **self.layout(params)})
         length, seqs, tokens = int(out["max_model_len"]), int(out["max_num_seqs"]), int(out["max_num_batched_tokens"])
         return Resolved(max_model_len=length, max_num_seqs=seqs, max_num_batched_tokens=tokens,
                         max_in_flight_tokens=tokens, use_mla=False,
@@ -129,8 +142,19 @@ class SimulatedEngine:
                         kv_bytes_one_sequence=rank.kv_bytes_per_token * length,
                         kv_bytes_per_token=rank.kv_bytes_per_token, weights_bytes=rank.weights_bytes)
 
+    @property
+    def step_model(self) -> StepTimeModel:
+        """The time of a step of the started config: its time model on its tensor-parallel GPUs."""
+        return for_tensor_parallel(self.time_model, self.tensor_parallel_size)
+
+    @staticmethod
+    def layout(params: dict[str, Any]) -> dict[str, int]:
+        """The layout `params` ask for (tensor parallel only: `validate` refuses the others)."""
+        return {"tensor_parallel_size": layout_sizes(params)[0]}
+
     async def start(self, params: dict[str, Any], log_path: Path | None = None) -> dict[str, Any]:
         resolved = self.resolve(params)
+        self.tensor_parallel_size = layout_sizes(params)[0]
         self._config = SchedulerConfig.of(resolved)
         self._sched = Scheduler(self._config)
         if self.noise is not None:
@@ -145,7 +169,7 @@ class SimulatedEngine:
     def simulate_replay(self, requests: list[Request] | tuple[Request, ...],
                         arrivals_s: list[float]) -> list[RequestRecord]:
         assert self._sched is not None and self._config is not None, "simulate_replay before start"
-        model = self.time_model
+        model = self.step_model
         if self.noise is not None:
             factor = self.engine_factor * self.noise.replay_factor() * self.noise.drift_factor()
             model = scaled(model, factor)
@@ -169,7 +193,7 @@ class SimulatedEngine:
 
     async def _loop(self) -> None:
         assert self._sched is not None and self._wake is not None
-        model = scaled(self.time_model, self.engine_factor)  # real time: the engine's factor only
+        model = scaled(self.step_model, self.engine_factor)  # real time: the engine's factor only
         while True:
             if self._sched.idle:
                 self._wake.clear()
@@ -206,3 +230,15 @@ class SimulatedEngine:
         self.virtual_s += seconds
         if self.noise is not None:
             self.noise.advance(seconds)
+
+
+LOGICAL_GPU_MEMORY_BYTES = 80 * GIB  # `--engine sim`'s logical GPUs: an H100's memory, as NVML reports it
+LOGICAL_GPU_NAME = "NVIDIA H100 80GB HBM3"
+LOGICAL_MEMORY_FRACTION = 0.95  # of a logical GPU, free to a trial: vLLM's default 0.92 fits, as on an idle GPU
+
+
+def on_logical_gpu(model: ModelInfo, time_model: StepTimeModel, device: str, deploy_as: str) -> SimulatedEngine:
+    """The simulated engine of `--engine sim`: each GPU of its layout an idle H100 (on `device` cuda)."""
+    name = LOGICAL_GPU_NAME if device == "cuda" else ""
+    return SimulatedEngine(model, time_model, device, LOGICAL_GPU_MEMORY_BYTES, LOGICAL_MEMORY_FRACTION,
+                           deploy_as=deploy_as, device_name=name)

@@ -11,9 +11,7 @@ close together, and no GPU serves two trials at once.
 - **Held by whom** (`GpuPool`): a lock file per GPU (`flock`), taken while a pool-wide lock is held, so that
   processes of one study, and separate `optimize` runs on the host, never pick the same GPU; a process that dies
   releases its locks with it, so nothing is left to clean.
-- **Used by another program** (`foreign_processes`): NVML's compute processes on a reserved GPU that are not this
-  study's engines. A trial waits for them to leave, then the run stops with one line naming them: a config is never
-  pruned as out of memory for memory another program holds.
+A GPU another program computes on is found by hardware/gpu_guard.py.
 """
 
 from __future__ import annotations
@@ -278,6 +276,12 @@ class GpuPool:
     def size(self) -> int:
         return len(self.topology.gpus)
 
+    def describe(self) -> str:
+        """'4 GPUs (0,1,2,3)' / '8 logical GPUs'."""
+        if self.topology.logical:
+            return f"{self.size} logical GPU{'s' * (self.size != 1)}"
+        return f"{self.size} GPU{'s' * (self.size != 1)} ({','.join(str(i) for i in self.topology.indices)})"
+
     def try_reserve(self, size: int) -> Reservation | None:
         """`size` GPUs now, as close as the free ones allow; None when fewer are free."""
         if size > self.size:
@@ -315,79 +319,23 @@ class GpuPool:
             await sleep(poll_s)
 
 
-class GpuInUseError(OptimizerError):
-    """A reserved GPU stays in use by a program that is not this study's: the run stops, nothing is pruned."""
+def pool_for(spec: str, logical: bool, logical_lock_dir: Path, nvml: Any | None = None) -> GpuPool:
+    """The pool `--gpus spec` names: `logical` (the simulated engine), that many logical GPUs, locked in
+    `logical_lock_dir` (the study's: no other run has them); else the GPUs NVML reads that this process may use,
+    by their position among them (CUDA_VISIBLE_DEVICES applied), locked host-wide. A UsageError naming the fix for a
+    spec that names none."""
+    from optimizer.hardware.device import nvml_module, visible_gpus
 
-
-@dataclass(frozen=True)
-class ForeignProcess:
-    gpu_index: int
-    pid: int
-    name: str
-    used_bytes: int
-
-    def describe(self) -> str:
-        held = f", {self.used_bytes / 1024**3:.1f} GiB" if self.used_bytes else ""
-        return f"pid {self.pid} ({self.name}{held}) on GPU {self.gpu_index}"
-
-
-def foreign_processes(nvml: Any, gpus: Sequence[PoolGpu], ours: Callable[[int], bool]) -> list[ForeignProcess]:
-    """The compute processes NVML lists on `gpus` that `ours` does not claim (this study's engines); [] where
-    NVML cannot list them."""
-    found: list[ForeignProcess] = []
-    try:
-        nvml.nvmlInit()
-    except Exception:
-        return []
-    try:
-        for gpu in gpus:
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-                procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            except Exception:
-                continue
-            for p in procs:
-                pid = int(p.pid)
-                if ours(pid):
-                    continue
-                name = _or_default(lambda: _text(nvml.nvmlSystemGetProcessName(pid)), "") or "unknown"
-                used = getattr(p, "usedGpuMemory", None)  # NVML_VALUE_NOT_AVAILABLE (all ones) where it cannot say
-                known = isinstance(used, int) and used < 2**63
-                found.append(ForeignProcess(gpu.index, pid, Path(name).name, used if known else 0))
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
-    return found
-
-
-async def wait_until_unused(nvml: Any, gpus: Sequence[PoolGpu], ours: Callable[[int], bool], wait_s: float,
-                            poll_s: float, now_s: Callable[[], float],
-                            sleep: Callable[[float], Any] = asyncio.sleep) -> None:
-    """Return once no other program computes on `gpus`; past `wait_s`, GpuInUseError naming them and the fix."""
-    deadline = now_s() + wait_s
-    while True:
-        others = foreign_processes(nvml, gpus, ours)
-        if not others:
-            return
-        if now_s() >= deadline:
-            listed = "; ".join(p.describe() for p in others)
-            raise GpuInUseError(f"another program uses a GPU this study was given: {listed}: stop it, or leave its "
-                                f"GPU out with --gpus (waited {wait_s:.0f} s; no config was pruned for it)")
-        await sleep(poll_s)
-
-
-def of_this_process(pid: int) -> bool:
-    """Whether `pid` is this process or one it started (an engine of this study's trial, still exiting)."""
-    import psutil
-
-    if pid == os.getpid():
-        return True
-    try:
-        return any(p.pid == os.getpid() for p in psutil.Process(pid).parents())
-    except psutil.Error:
-        return False
+    if logical:
+        if not re.fullmatch(r"\s*\d+\s*", spec) or int(spec) < 1:
+            raise UsageError(f"--gpus {spec!r}: with --engine sim, give the number of logical GPUs, e.g. --gpus 8")
+        return GpuPool(logical_topology(int(spec)), logical_lock_dir)
+    gpus = visible_gpus(nvml)
+    if not gpus:
+        raise UsageError(f"--gpus {spec}: NVML reads no GPU this process may use: leave out --gpus, check the driver "
+                         f"and CUDA_VISIBLE_DEVICES, or simulate with --engine sim --gpus 8")
+    chosen = parse_gpus(spec, len(gpus))
+    return GpuPool(read_topology([gpus[i].index for i in chosen], nvml_module(nvml)))
 
 
 def _or_default(read: Callable[[], Any], default: Any) -> Any:
@@ -395,10 +343,6 @@ def _or_default(read: Callable[[], Any], default: Any) -> Any:
         return read()
     except Exception:
         return default
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _mask_words(cpus: Sequence[int]) -> int:

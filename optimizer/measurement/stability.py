@@ -112,6 +112,19 @@ class P99Stability:
     requests_needed: int | None  # predicted fewest requests for a stable P99 (None: the samples cannot tell)
     effective_fraction: float = 1.0  # n_eff / n from the TTFTs' correlation in send order
 
+    def advice_text(self, tolerance: float = 0.4) -> str:
+        """The line the end of a run prints for the recommendation's P99 stability (search/runner.py `p99_advice`)."""
+        s = self
+        high = "open above" if not math.isfinite(s.high_ms) else f"{s.high_ms:.0f} ms"
+        line = (f"TTFT P99 of the recommendation over {s.n} requests: {s.p99_ms:.0f} ms, 95% interval "
+                f"[{s.low_ms:.0f} ms, {high}]")
+        if s.stable:
+            return line + f": stable (within {tolerance:.0%} of it)"
+        if s.requests_needed is None:
+            return line + ": not stable; its tail is too short to say how many requests would make it so"
+        return line + (f": not stable; about {s.requests_needed} requests per replay would pin it within "
+                       f"{tolerance:.0%} (--num-requests {s.requests_needed}, or auto, in a new study)")
+
 
 def p99_stability(ttft_ms: Sequence[float], tolerance: float = 0.4, confidence: float = 0.95,
                   q: float = P99) -> P99Stability:

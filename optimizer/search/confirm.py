@@ -63,6 +63,7 @@ from optimizer.search.confirmed import (DISTURBED_TRIES, FIT_VALUE, SPREAD_ALL_R
                                         confirmation)
 from optimizer.search.measured import measurement_of
 from optimizer.search.missed import why_infeasible
+from optimizer.search.placement import gpus_text
 from optimizer.search.score import (
     baseline, noise_cv, rank_trials, rate_at_limit_text, scored_best_first, study_limits,
     tied_with,
@@ -367,8 +368,9 @@ def describe(trial: FrozenTrial) -> str:
     load = MACHINE_LOAD.of(trial)
     note = (f"; disturbed ({disturbance_text(load)}): not counted unless its round's {DISTURBED_TRIES} tries all are"
             if disturbed(load) else "")
+    took = f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s{gpus_text(trial)}]"
     if not m.feasible:
-        return f"{head}: {why_infeasible(m)} [{TIMINGS.of(trial).get('total_s', 0):.0f}s]{note}"
+        return f"{head}: {why_infeasible(m)} {took}{note}"
     bound = m.bound_text
-    return (f"{head}: {rate_at_limit_text(m)}; {m.output_throughput_tok_s:.1f} tok/s "
-            f"[{TIMINGS.of(trial).get('total_s', 0):.0f}s]{note}" + (f"; limited by {bound}" if bound else ""))
+    return (f"{head}: {rate_at_limit_text(m)}; {m.output_throughput_tok_s:.1f} tok/s {took}{note}"
+            + (f"; limited by {bound}" if bound else ""))

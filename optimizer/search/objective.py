@@ -22,10 +22,10 @@ from optimizer.config.settings import StudyConfig
 from optimizer.core import failures
 from optimizer.core.clock import Clock, MonotonicClock
 from optimizer.core.errors import EngineDiedError, EngineStartError
-from optimizer.core.processes import output_to
+from optimizer.core.processes import log_tail, output_to
 from optimizer.engines.compile_cache import cache_env, start_phases
-from optimizer.hardware.device import nvml_module, visible_gpus
-from optimizer.hardware.gpu_pool import GpuPool, Reservation, of_this_process, wait_until_unused
+from optimizer.hardware.device import visible_gpus
+from optimizer.hardware.gpu_pool import GpuPool, PoolTooSmallError, Reservation
 from optimizer.measurement.engine import Engine, EngineFactory, ServesInVirtualTime
 from optimizer.measurement.engine_watch import CallBounds, WatchedEngine, pause_from_env
 from optimizer.measurement.limits import diagnose
@@ -50,6 +50,7 @@ from optimizer.search.measured import (Bound, TrialMeasurement, bound_by, closes
                                        write_measurement)
 from optimizer.search.records import RecordStore
 from optimizer.search.recovery import record_processes, save_processes, worker_identity
+from optimizer.search.placement import on_gpus, reserve
 from optimizer.search.probes import TrialReplays
 from optimizer.search.repeats import with_repeats
 from optimizer.search.study import is_confirmation
@@ -135,36 +136,19 @@ class Objective:
         if problems:
             self._prune(trial, failures.INVALID_CONFIG, "; ".join(problems))
         held = await self._reserve_gpus(trial, params)
-        if held is None:
+        with on_gpus(held, self.gpu_pool is not None and self.gpu_pool.topology.logical, lambda r: GPUS.set(trial, r)):
             return await self._run(trial, params, timings, t0)
-        try:
-            with held.applied(logical=self.gpu_pool is not None and self.gpu_pool.topology.logical):
-                return await self._run(trial, params, timings, t0)
-        finally:
-            held.release()
-            GPUS.set(trial, held.to_json())  # with the time they were given back
 
     async def _reserve_gpus(self, trial: optuna.Trial, params: dict[str, Any]) -> Reservation | None:
-        """The GPUs of the trial's layout from the study's pool (--gpus), as close as the free ones allow, once no
-        other program computes on them (GpuInUseError past `memory_wait_s`: the run stops, nothing is pruned);
-        None without a pool."""
-        pool = self.gpu_pool
-        if pool is None:
+        """The GPUs of the trial's layout from the study's pool (--gpus: search/placement.py); None without one."""
+        if self.gpu_pool is None:
             return None
-        needed = gpus_needed({**self.config.engine_args, **params})
-        if needed > pool.size:
-            self._prune(trial, failures.INVALID_CONFIG, f"its layout needs {needed} GPUs; the study's --gpus gives "
-                                                        f"it {pool.size}")
-        held = await pool.reserve(needed, poll_s=self.memory_poll_s)
         try:
-            if not pool.topology.logical:
-                await wait_until_unused(self.nvml or nvml_module(), held.gpus, of_this_process, self.memory_wait_s,
-                                        self.memory_poll_s, self.clock.now)
-        except BaseException:
-            held.release()
+            return await reserve(self.gpu_pool, gpus_needed({**self.config.engine_args, **params}), self.nvml,
+                                 self.memory_wait_s, self.memory_poll_s, self.clock.now)
+        except PoolTooSmallError as exc:
+            self._prune(trial, failures.INVALID_CONFIG, str(exc))
             raise
-        GPUS.set(trial, held.to_json())
-        return held
 
     async def _run(self, trial: optuna.Trial, params: dict[str, Any], timings: TrialTimings,
                    t0: float) -> tuple[float, float]:
@@ -394,18 +378,6 @@ def log_name(trial: optuna.Trial | optuna.trial.FrozenTrial) -> str:
     """The file name of a trial's engine log in the study's logs folder: trial-00007.log; a confirmation run stored
     in the confirmation study, whose numbers start at 0 again, confirm-00003.log."""
     return f"{'confirm' if is_confirmation(trial) else 'trial'}-{trial.number:05d}.log"
-
-
-def log_tail(log_path: Path, max_chars: int = 4000) -> str:
-    """The end of a trial's engine log (whole lines), for a trial whose engine died."""
-    try:
-        with log_path.open("rb") as f:
-            f.seek(0, 2)
-            f.seek(max(f.tell() - max_chars, 0))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return text.split("\n", 1)[1] if len(text) >= max_chars and "\n" in text else text
 
 
 def _limited_by(replays: list, engine_points: list[dict[str, Any] | None], point: Any, bound: Bound | None) -> str | None:

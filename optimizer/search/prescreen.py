@@ -172,3 +172,17 @@ def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, con
         f"({sum(p.reason == 'top' for p in picks)} top, {sum(p.reason == 'unsure' for p in picks)} where the "
         f"simulator is least sure), best simulated {best:.0f} tok/s")
     return picks
+
+
+def prescreen_study(config: StudyConfig, study: optuna.Study, storage: optuna.storages.BaseStorage,
+                    objective: Objective, studies_dir: Path, say: Callable[..., None]) -> None:
+    """`--prescreen N`: N simulated trials (study NAME.sim), their best and least certain configs queued first."""
+    from optimizer.params.preflight import DeviceMemory
+
+    assert objective.model is not None
+    time_model = StepTimeModel.load_or_nominal(config.calibration)
+    memory = DeviceMemory.probe(config.device)
+    run_prescreen(study, storage, config, objective.space, objective.workload, objective.model, time_model,
+                  config.prescreen, logs_dir=studies_dir / f"{config.study_name}.sim.logs",
+                  device_memory_bytes=memory.total_bytes if memory else DEFAULT_DEVICE_MEMORY_BYTES,
+                  device_name=objective.gpu_name, say=say)

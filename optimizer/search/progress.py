@@ -30,10 +30,11 @@ from optimizer.config.limits import key_name
 from optimizer.core.units import format_ms
 from optimizer.measurement.disturbance import disturbance_text, disturbed
 from optimizer.search.attrs import (
-    BASELINE, CONFIRM, GPUS, LIMITED_BY, MACHINE_LOAD, PRUNED_DETAIL, PRUNED_REASON, STUDY_CONFIRMATION, TIMINGS,
+    BASELINE, CONFIRM, LIMITED_BY, MACHINE_LOAD, PRUNED_DETAIL, PRUNED_REASON, STUDY_CONFIRMATION, TIMINGS,
 )
 from optimizer.search.measured import TrialMeasurement, measurement_of
 from optimizer.search.missed import rate_text, why_infeasible
+from optimizer.search.placement import gpus_text
 from optimizer.search.score import feasible, rate_at_limit_text, scored_best_first
 from optimizer.search.study import confirmation_runs, finished_count
 
@@ -68,15 +69,6 @@ def describe(trial: FrozenTrial) -> str:
         return f"{line}\n  {limited}" if not bound or bound in limited or not feasible(trial) \
             else f"{line}\n  limited by {bound}; {limited}"
     return f"{line}\n  limited by {bound}" if bound and feasible(trial) else line
-
-
-def gpus_text(trial: FrozenTrial) -> str:
-    """' on GPUs 0,1' for a trial the study's pool gave GPUs (--gpus); '' otherwise."""
-    held = GPUS.of(trial)
-    if not held:
-        return ""
-    indices = held.get("indices") or []
-    return f" on GPU{'s' * (len(indices) != 1)} {','.join(str(i) for i in indices)}"
 
 
 def values_text(m: TrialMeasurement) -> str:

@@ -28,6 +28,7 @@ from optimizer.search.attrs import BASELINE, CONFIRM, ENGINE_PIDS, ENGINE_PROCES
 
 
 RUN_ENV = "OPTIMIZER_RUN_ID"  # set by a run for the slot processes it starts (--gpus): they are one run's workers
+SLOT_ENV = "OPTIMIZER_SLOT"  # a slot's number within its run
 
 
 def worker_identity() -> dict[str, Any]:

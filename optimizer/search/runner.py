@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -19,7 +19,6 @@ from optimizer.config.settings import StudyConfig
 from optimizer.hardware.device import gpu_name, installed_build, version_line
 from optimizer.hardware.machine import describe, fingerprint
 from optimizer.measurement.engine import EngineFactory
-from optimizer.measurement.stability import P99Stability
 from optimizer.measurement.workload import build_workload
 from optimizer.params.preflight import DeviceMemory
 from optimizer.params.space import resolve
@@ -37,6 +36,9 @@ from optimizer.search.records import RecordStore
 from optimizer.search.study import (
     finished_count, is_confirmation, open_study, run_to_budget, storage_for, stored_config,
 )
+
+if TYPE_CHECKING:
+    from optimizer.search.slots import Slot
 
 
 @dataclass
@@ -82,6 +84,16 @@ def http_factory(base_args: dict[str, Any]) -> EngineFactory:
     return lambda: HttpEngine(base_args)
 
 
+def sim_factory(config: StudyConfig, info: ModelInfo) -> EngineFactory:
+    """The simulated engine (`--engine sim`) for the study's model, on logical GPUs: the nominal step-time model, or
+    the study's calibration."""
+    from optimizer.engines.sim.steptime import StepTimeModel
+    from optimizer.engines.simulated import on_logical_gpu
+
+    time_model = StepTimeModel.load_or_nominal(config.calibration)
+    return lambda: on_logical_gpu(info, time_model, config.device, config.deploy_as)
+
+
 def factory_for(config: StudyConfig, path: str) -> EngineFactory:
     """The engine the study's `backend` names, with the study's fixed engine arguments."""
     base = engine_base_args(config, path)
@@ -97,26 +109,28 @@ def served_factory_for(config: StudyConfig, path: str) -> EngineFactory:
 def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = print,
             engine_factory: EngineFactory | None = None,
             memory_probe: Callable[[], DeviceMemory | None] | None = None,
-            served_factory: EngineFactory | None = None, live: bool | None = None) -> Prepared:
+            served_factory: EngineFactory | None = None, live: bool | None = None, slot: bool = False) -> Prepared:
     """Validate everything a user gave before anything is written, then open (or create) the study. The runs as
     served go to `served_factory` (default: `vllm serve` with the study's engine arguments, when the study's
     `serves_after`; none with an `engine_factory` given and no `served_factory`). The steps before the first trial
-    (probe, pilot, pre-screen) tick on a terminal (search/progress.py `Ticker`); `live=False`: never."""
+    (probe, pilot, pre-screen) tick on a terminal (search/progress.py `Ticker`); `live=False`: never. A `slot`
+    (one of a run's processes under --gpus) joins the study its run opened: no pre-screen of its own."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     path = model_path(config)
-    info = read_model(config, path, engine_factory is None)
+    simulated = config.engine == "sim"
+    info = read_model(config, path, engine_factory is None and not simulated)
     # bad input fails before any write
     resolve(config.space, config.device, info.max_len, config.workload, info.mla, config.engine_args)
     storage = storage_for(config.storage_url)
     new_study = stored_config(storage, config.study_name) is None
-    if engine_factory is None and (line := version_line(installed_build())):  # trials start the installed vLLM
+    if engine_factory is None and not simulated and (line := version_line(installed_build())):  # the installed vLLM
         say(line)
     logs_dir = studies_dir / f"{config.study_name}.logs"
     fitted: dict[str, Any] = {}
     if new_study:  # fitted to this machine once, stored with the study: a resume keeps it
         config, fitted = fit_to_machine(config, info, engine_factory, logs_dir, say, live)
         path = model_path(config)
-        info = read_model(config, path, engine_factory is None)
+        info = read_model(config, path, engine_factory is None and not simulated)
     info = info.served_as(config.engine_args.get("dtype") or config.space.fixed.get("dtype"))
     space = resolve(config.space, config.device, info.max_len, config.workload, info.mla, config.engine_args)
     workload = build_workload(config.workload, info.vocab_size)
@@ -135,6 +149,8 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     records = RecordStore(config.storage_url)
     if config.serves_after and served_factory is None and engine_factory is None:
         served_factory = served_factory_for(config, path)
+    if simulated and engine_factory is None:  # its engine checks its logical GPUs' memory itself
+        engine_factory, memory_probe = sim_factory(config, info), memory_probe or (lambda: None)
     objective = Objective(
         config=config,
         space=space,
@@ -145,7 +161,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         memory_probe=memory_probe or (lambda: DeviceMemory.probe(config.device)),
         records=records,
         served_factory=served_factory if config.serves_after else None,
-        gpu_name=gpu_name(config.device),
+        gpu_name=engine_factory().device_name if simulated else gpu_name(config.device),
     )
     choice = None
     if pilot_first:
@@ -165,9 +181,11 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
             say(warning)
     if choice is not None:
         STUDY_REQUESTS_CHOICE.set(study, choice.to_dict())
-    if config.prescreen and (config.budget is None or finished_count(study) < config.budget):
+    if config.prescreen and not slot and (config.budget is None or finished_count(study) < config.budget):
         with Ticker(f"pre-screen: {config.prescreen} simulated trials", say, live=live) as ticker:
-            prescreen(config, study, storage, objective, studies_dir, ticker.write)
+            from optimizer.search.prescreen import prescreen_study
+
+            prescreen_study(config, study, storage, objective, studies_dir, ticker.write)
     say(f"study {config.study_name!r}: {config.limits.text}, budget {budget_text(config)}, "
         f"engine logs in {objective.logs_dir}")
     return Prepared(config, study, objective)
@@ -210,12 +228,16 @@ def say_to_stderr(*args: Any) -> None:
     print(*args, file=sys.stderr)
 
 
-def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_to_stderr) -> optuna.Study:
+def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_to_stderr,
+        slots: Callable[[], Sequence[Slot]] | None = None) -> optuna.Study:
     """Run search trials until the study holds its budget of them (less the confirmation's runs), or the next would
     end past its deadline (less the time kept for the confirmation); then the confirmation (search/confirm.py).
 
     Unless `quiet`, one progress display covers both (search/progress.py): it prints every trial's and run's line,
-    and the lines said meanwhile, under one estimate of the time left, which the run's first line states."""
+    and the lines said meanwhile, under one estimate of the time left, which the run's first line states.
+
+    `slots` (--gpus, search/slots.py) starts the processes that run the search trials at once; this process then
+    says their trials as they finish and runs the confirmation once they have all stopped."""
     from optimizer.search import confirm
     from optimizer.search.confirmed import confirmation
     from optimizer.search.split import CONFIGS, plan
@@ -253,8 +275,14 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
             progress.update(status())
 
     try:
-        stop = run_to_budget(study, prepared.objective, split.search_budget, on_trial=on_trial,
-                             deadline_unix_s=config.deadline_unix_s, trial_estimate_s=estimate, reserve_s=reserve_s)
+        if slots is not None:
+            from optimizer.search.slots import watch
+
+            stop = watch(study, slots(), on_trial)
+        else:
+            stop = run_to_budget(study, prepared.objective, split.search_budget, on_trial=on_trial,
+                                 deadline_unix_s=config.deadline_unix_s, trial_estimate_s=estimate,
+                                 reserve_s=reserve_s)
         if stop.reason:
             say(stop.reason)
         rounds = 0
@@ -335,21 +363,6 @@ def stored_trial_s(study: optuna.Study, budget: int | None) -> float | None:
     return None
 
 
-def prescreen(config: StudyConfig, study: optuna.Study, storage: optuna.storages.BaseStorage, objective: Objective,
-              studies_dir: Path, say: Callable[..., None]) -> None:
-    """`--prescreen N`: N simulated trials (study NAME.sim), their best and least certain configs queued first."""
-    from optimizer.search.prescreen import DEFAULT_DEVICE_MEMORY_BYTES, run_prescreen
-    from optimizer.engines.sim.steptime import StepTimeModel
-
-    assert objective.model is not None
-    time_model = StepTimeModel.load(config.calibration) if config.calibration else StepTimeModel()
-    memory = DeviceMemory.probe(config.device)
-    run_prescreen(study, storage, config, objective.space, objective.workload, objective.model, time_model,
-                  config.prescreen, logs_dir=studies_dir / f"{config.study_name}.sim.logs",
-                  device_memory_bytes=memory.total_bytes if memory else DEFAULT_DEVICE_MEMORY_BYTES,
-                  device_name=objective.gpu_name, say=say)
-
-
 def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
     """How well the recommendation's replay pinned down TTFT P99, and the replay length that would (stored too).
 
@@ -378,17 +391,4 @@ def p99_advice(prepared: Prepared, tolerance: float = 0.4) -> str | None:
     s = p99_stability(ttft, tolerance)
     STUDY_P99_STABILITY.set(prepared.study, {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
                                              for k, v in s.__dict__.items()})
-    return advice_text(s, tolerance)
-
-
-def advice_text(s: P99Stability, tolerance: float = 0.4) -> str:
-    """Pure: the line `p99_advice` prints for a replay's P99 stability."""
-    high = "open above" if not math.isfinite(s.high_ms) else f"{s.high_ms:.0f} ms"
-    line = (f"TTFT P99 of the recommendation over {s.n} requests: {s.p99_ms:.0f} ms, 95% interval "
-            f"[{s.low_ms:.0f} ms, {high}]")
-    if s.stable:
-        return line + f": stable (within {tolerance:.0%} of it)"
-    if s.requests_needed is None:
-        return line + ": not stable; its tail is too short to say how many requests would make it so"
-    return line + (f": not stable; about {s.requests_needed} requests per replay would pin it within "
-                   f"{tolerance:.0%} (--num-requests {s.requests_needed}, or auto, in a new study)")
+    return s.advice_text(tolerance)

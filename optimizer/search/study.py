@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -26,7 +26,7 @@ from optimizer.core.errors import UsageError
 from optimizer.search.attrs import BASELINE, CONFIRM, STUDY_CONFIG, STUDY_CONFIRMS, WORKER
 from optimizer.search.breaker import is_environment_failure
 from optimizer.search.measured import check_schema
-from optimizer.search.recovery import RUN_ENV, recover
+from optimizer.search.recovery import RUN_ENV, SLOT_ENV, recover
 
 # A worker that stops beating for HEARTBEAT_GRACE_S has its trial failed and queued again (by any worker).
 HEARTBEAT_INTERVAL_S = 10
@@ -127,12 +127,16 @@ def stored_config(storage: optuna.storages.BaseStorage, study_name: str) -> Stud
 
 
 def worker_seed(config: StudyConfig) -> int:
-    """The study's seed for a lone SQLite worker; mixed with host and PID where several workers share a study,
-    or identically seeded workers would propose identical parameter sets."""
-    if config.storage_url.startswith("sqlite"):
-        return config.seed
+    """The study's seed for a lone SQLite worker; mixed with the slot's number for a slot of a run (SLOT_ENV, so
+    that a rerun draws alike), and with host and PID where workers of separate runs share a study: identically
+    seeded workers would propose identical parameter sets."""
     import zlib
 
+    slot = os.environ.get(SLOT_ENV)
+    if slot is not None:
+        return zlib.crc32(f"{config.seed}:slot:{slot}".encode())
+    if config.storage_url.startswith("sqlite"):
+        return config.seed
     return zlib.crc32(f"{config.seed}:{socket.gethostname()}:{os.getpid()}".encode())
 
 
@@ -343,12 +347,20 @@ def time_left_for(deadline_unix_s: float | None, estimate_s: float | None, now_u
     return ""
 
 
+class Gate(Protocol):
+    """A lock processes share (search/slots.py `BudgetGate`)."""
+
+    def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
 def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any], budget: int | None,
                   on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
                   gc_after_trial: bool = True, deadline_unix_s: float | None = None,
                   trial_estimate_s: Callable[[], float | None] = lambda: None,
                   now_unix_s: Callable[[], float] = time.time,
-                  reserve_s: Callable[[], float] = lambda: 0.0) -> BudgetStop:
+                  reserve_s: Callable[[], float] = lambda: 0.0, gate: Gate | None = None) -> BudgetStop:
     """Run trials one by one until the study holds `budget` finished trials, or until the next trial's estimated
     duration would push past `deadline_unix_s` (less `reserve_s()`, kept for the confirmation). `budget` None: the
     deadline alone decides.
@@ -356,14 +368,28 @@ def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any],
     `gc_after_trial=False` is for simulated trials, where a full collection costs more than the trial itself.
 
     With several workers, a worker starts a trial only while finished + running trials are under the budget,
-    so the workers together never run more than the budget.
+    so the workers together never run more than the budget; with a `gate` they share, exactly the budget (the check
+    and the trial's creation are one step under its lock).
     """
     ran = 0
     callbacks = [lambda s, t: on_trial(s, t)] if on_trial else []
-    while budget is None or _claimed_count(study) < budget:
-        reason = time_left_for(deadline_unix_s, trial_estimate_s(), now_unix_s(), reserve_s())
-        if reason:
-            return BudgetStop(ran, reason)
-        study.optimize(objective, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=gc_after_trial)
+    while True:
+        if gate is not None:
+            gate.acquire()
+        try:
+            if budget is not None and _claimed_count(study) >= budget:
+                return BudgetStop(ran)
+            reason = time_left_for(deadline_unix_s, trial_estimate_s(), now_unix_s(), reserve_s())
+            if reason:
+                return BudgetStop(ran, reason)
+
+            def started(trial: optuna.Trial) -> Any:  # the trial exists: the next check counts it
+                if gate is not None:
+                    gate.release()
+                return objective(trial)
+
+            study.optimize(started, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=gc_after_trial)
+        finally:
+            if gate is not None:
+                gate.release()
         ran += 1
-    return BudgetStop(ran)

@@ -21,7 +21,7 @@ from optimizer.core import failures
 from optimizer.core.errors import EngineDiedError
 from optimizer.decision.report import summary_text
 from optimizer.measurement.engine_watch import BETWEEN, PAUSE_ENV, REPLAY, RESET, SHUTDOWN, START, STATS, WARM_UP
-from optimizer.search.objective import log_tail
+from optimizer.core.processes import log_tail
 from tests.conftest import REPO, alive_pids, subprocess_env
 from tests.support.fakes import SimEngine, load, make_config, run_study
 

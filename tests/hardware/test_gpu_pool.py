@@ -10,9 +10,9 @@ import time
 import pytest
 
 from optimizer.core.errors import UsageError
-from optimizer.hardware.gpu_pool import (ACROSS_HOST, NVLINK, GpuInUseError, GpuPool, PoolTooSmallError,
-                                         choose_group, foreign_processes, logical_topology, parse_gpus,
-                                         read_topology, share_cores, wait_until_unused)
+from optimizer.hardware.gpu_guard import GpuInUseError, foreign_processes, wait_until_unused
+from optimizer.hardware.gpu_pool import (ACROSS_HOST, NVLINK, GpuPool, PoolTooSmallError, choose_group,
+                                         logical_topology, parse_gpus, read_topology, share_cores)
 from tests.support.fake_nvml import FakeNvml
 
 # an 8-GPU server as DGX-like hosts are built: two NVLink islands of four, each on its own NUMA node and socket

@@ -91,18 +91,16 @@ def test_a_study_measured_by_pooled_fits_ends_without_replay_length_advice(tmp_p
 
 
 def test_the_advice_names_the_replay_length_that_would_pin_the_p99():
-    from optimizer.search.runner import advice_text
-
     rng = np.random.default_rng(3)
     short = p99_stability(50.0 + rng.exponential(20.0, size=40))
-    text = advice_text(short)
+    text = short.advice_text()
     assert "over 40 requests" in text and "open above" in text and "not stable" in text  # 40 < 368
     long = p99_stability(50.0 + rng.exponential(20.0, size=5000))
-    assert long.stable and advice_text(long).endswith("stable (within 40% of it)")
+    assert long.stable and long.advice_text().endswith("stable (within 40% of it)")
     middle = p99_stability(50.0 + rng.exponential(20.0, size=400), tolerance=0.15)
     assert not middle.stable and middle.requests_needed is not None and middle.requests_needed > 400
-    assert advice_text(middle, 0.15).endswith(f"within 15% (--num-requests {middle.requests_needed}, or auto, in a "
-                                              "new study)")
+    assert middle.advice_text(0.15).endswith(f"within 15% (--num-requests {middle.requests_needed}, or auto, in a "
+                                             "new study)")
 
 
 def test_lag1_autocorrelation_by_hand():

@@ -12,7 +12,8 @@ from optuna.trial import TrialState
 
 from optimizer.config.settings import StudyConfig
 from optimizer.config.workload_spec import WorkloadSpec
-from optimizer.hardware.gpu_pool import GpuInUseError, GpuPool, logical_topology, read_topology
+from optimizer.hardware.gpu_guard import GpuInUseError
+from optimizer.hardware.gpu_pool import GpuPool, logical_topology, read_topology
 from optimizer.params.space import parse_space_yaml
 from optimizer.search.attrs import GPUS, PRUNED_DETAIL, PRUNED_REASON
 from optimizer.search.progress import describe

@@ -12,7 +12,7 @@ modelled as linear in what the step holds (as Vidur and vLLM's own cost models d
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,11 @@ class StepTimeModel:
         path.write_text(json.dumps({"step_time_model": self.to_dict()}, indent=2) + "\n")
 
     @classmethod
+    def load_or_nominal(cls, path: str | Path | None) -> StepTimeModel:
+        """The calibration at `path` (`load`), or the nominal model where there is none."""
+        return cls() if path is None else cls.load(path)
+
+    @classmethod
     def load(cls, path: str | Path) -> StepTimeModel:
         """Read a calibration file written by `optimize calibrate`, or fail naming the fix."""
         p = Path(path)
@@ -58,6 +63,23 @@ class StepTimeModel:
         except (ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"calibration file {str(p)!r} is not one `optimize calibrate` wrote ({exc}): "
                              "run `optimize calibrate` again") from None
+
+
+# What a step on several GPUs pays on top of its ranks' share of the work: the fixed term grows by this fraction per
+# extra tensor-parallel rank (the all-reduces of every layer, whose latency does not shrink with the work).
+TP_SYNC_FRACTION = 0.15
+
+
+def for_tensor_parallel(model: StepTimeModel, tp: int) -> StepTimeModel:
+    """Pure: a step of `model` on `tp` tensor-parallel GPUs: every token, sequence and context term split over the
+    ranks (each computes its share of every layer), the fixed term grown by TP_SYNC_FRACTION per extra rank."""
+    if tp <= 1:
+        return model
+    share = 1.0 / tp
+    return replace(model, fixed_s=model.fixed_s * (1 + TP_SYNC_FRACTION * (tp - 1)),
+                   prefill_token_s=model.prefill_token_s * share, decode_seq_s=model.decode_seq_s * share,
+                   context_token_s=model.context_token_s * share,
+                   prefill_attention_s=model.prefill_attention_s * share, request_s=model.request_s)
 
 
 def calibration_machine(path: str | Path) -> dict[str, Any] | None:
