@@ -303,12 +303,30 @@ def run_slot(ns: argparse.Namespace, config: StudyConfig, pool: Any) -> int:
     from optimizer.search.split import plan
     from optimizer.search.study import run_to_budget
 
+    from optimizer.search.confirm import run_estimate_s
+    from optimizer.search.runner import trial_estimate
+
     prepared = prepare(config, Path(ns.studies_dir), live=False, slot=True)
     prepared.objective.gpu_pool = pool
     split = plan(config.budget, config.confirm, config.serves_after)
     run_to_budget(prepared.study, prepared.objective, split.search_budget, deadline_unix_s=config.deadline_unix_s,
-                  gate=BudgetGate(gate_path(prepared.objective.logs_dir)))
+                  trial_estimate_s=trial_estimate(prepared), gate=BudgetGate(gate_path(prepared.objective.logs_dir)),
+                  reserve_s=lambda: split.runs * (run_estimate_s(prepared.study) or 0.0))  # the confirmation's time
     return 0
+
+
+def slot_argv(argv: list[str]) -> list[str]:
+    """Pure: the run's command line for its slots, without --budget: a slot reads the budget and deadline the run
+    stored with the study (a duration given again would end later)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--budget":
+            skip = True
+        elif not arg.startswith("--budget="):
+            out.append(arg)
+    return out
 
 
 def shortest_output_tokens(workload: WorkloadSpec) -> int:
@@ -358,7 +376,8 @@ def run_study(ns: argparse.Namespace, argv: list[str] | None = None) -> int:
 
         say(f"GPUs: {pool.describe()}; up to {pool.size} trials at once, each on its layout's GPUs (slot logs in "
             f"{logs_dir})")
-        slots = lambda: start_slots(argv if argv is not None else sys.argv[1:], pool.size, logs_dir)  # noqa: E731
+        line = slot_argv(argv if argv is not None else sys.argv[1:])
+        slots = lambda: start_slots(line, pool.size, logs_dir)  # noqa: E731
     study = run(prepared, quiet=ns.quiet, say=say, slots=slots)
     from optimizer.decision.report import summary_text
 
