@@ -11,6 +11,7 @@ close together, and no GPU serves two trials at once.
 - **Held by whom** (`GpuPool`): a lock file per GPU (`flock`), taken while a pool-wide lock is held, so that
   processes of one study, and separate `optimize` runs on the host, never pick the same GPU; a process that dies
   releases its locks with it, so nothing is left to clean.
+
 A GPU another program computes on is found by hardware/gpu_guard.py.
 """
 
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import fcntl
 import itertools
+import math
 import os
 import re
 import tempfile
@@ -32,7 +34,6 @@ from typing import Any
 from optimizer.core.errors import OptimizerError, UsageError
 
 NVLINK = 0  # the distance of two GPUs joined by NVLink: closer than any PCIe path
-SAME_GPU = 0
 # NVML's farthest topology level (nvmlGpuTopologyLevel_t: 10 one board, 20 PCIe switches, 30 a host bridge, 40 one
 # NUMA node, 50 across the CPU interconnect): what an unknown pair counts as
 ACROSS_HOST = 50
@@ -62,7 +63,7 @@ class Topology:
 
     def distance(self, a: int, b: int) -> int:
         if a == b:
-            return SAME_GPU
+            return NVLINK
         return self.distances.get((min(a, b), max(a, b)), ACROSS_HOST)
 
     def by_index(self, index: int) -> PoolGpu:
@@ -174,7 +175,7 @@ def choose_group(topology: Topology, free: Iterable[int], size: int) -> tuple[in
         pairs = [topology.distance(a, b) for a, b in itertools.combinations(group, 2)]
         return max(pairs, default=0), len({numa.get(i, -1) for i in group}), sum(pairs), group
 
-    if _combinations(len(free), size) <= 50_000:
+    if math.comb(len(free), size) <= 50_000:
         return min(itertools.combinations(free, size), key=key)
     best = None  # a pool too large to try every group: grow one greedily from each start, keep the best
     for start in free:
@@ -185,12 +186,6 @@ def choose_group(topology: Topology, free: Iterable[int], size: int) -> tuple[in
         candidate = tuple(sorted(group))
         best = candidate if best is None or key(candidate) < key(best) else best
     return best
-
-
-def _combinations(n: int, k: int) -> int:
-    from math import comb
-
-    return comb(n, k)
 
 
 @dataclass
