@@ -64,7 +64,8 @@ from optimizer.search.attrs import BASELINE, TIMINGS  # noqa: E402
 from optimizer.search.measured import measurement_of  # noqa: E402
 from optimizer.search.prescreen import evaluate, run_prescreen, sim_objective  # noqa: E402
 from optimizer.search.score import goodput  # noqa: E402
-from optimizer.search.study import open_study, run_to_budget  # noqa: E402
+from optimizer.search.budget import run_to_budget  # noqa: E402
+from optimizer.search.study import open_study  # noqa: E402
 
 FRACTIONS = (0.95, 0.97, 0.99)
 FINE_SEARCH = RateSearchSpec(max_replays=12)

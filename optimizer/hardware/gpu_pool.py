@@ -73,6 +73,12 @@ class Topology:
     def indices(self) -> tuple[int, ...]:
         return tuple(g.index for g in self.gpus)
 
+    def subset(self, indices: Iterable[int]) -> Topology:
+        """These GPUs of the topology alone (the ones a cluster scheduler gave a task)."""
+        keep = set(indices)
+        return Topology(tuple(g for g in self.gpus if g.index in keep),
+                        {k: d for k, d in self.distances.items() if keep.issuperset(k)}, self.logical)
+
 
 def parse_gpus(spec: str, count: int) -> list[int]:
     """The GPU indices `spec` names on a host of `count` GPUs: "all"; a count ("4": the first four); indices and
@@ -198,6 +204,7 @@ class Reservation:
     _files: list[int] = field(default_factory=list, repr=False)
     reserved_unix_s: float = field(default_factory=time.time)
     released_unix_s: float | None = None
+    host: str = ""  # the host, where a cluster runs trials on several (--ray): its name and node, 'name (node)'
 
     @property
     def env(self) -> dict[str, str]:
@@ -217,7 +224,8 @@ class Reservation:
 
     def to_json(self) -> dict[str, Any]:
         return {"indices": list(self.indices), "uuids": [g.uuid for g in self.gpus], "cpus": list(self.cpus),
-                "reserved_unix_s": self.reserved_unix_s, "released_unix_s": self.released_unix_s}
+                "reserved_unix_s": self.reserved_unix_s, "released_unix_s": self.released_unix_s,
+                **({"host": self.host} if self.host else {})}
 
     def release(self) -> None:
         for fd in self._files:
@@ -266,6 +274,7 @@ class GpuPool:
 
     topology: Topology
     lock_dir: Path = field(default_factory=default_lock_dir)
+    host: str = ""  # recorded with each reservation, where trials run on several hosts (--ray)
 
     @property
     def size(self) -> int:
@@ -300,7 +309,8 @@ class GpuPool:
                     os.close(fd)
             if group is None:
                 return None
-            return Reservation(tuple(self.topology.by_index(i) for i in group), [held[i] for i in group])
+            return Reservation(tuple(self.topology.by_index(i) for i in group), [held[i] for i in group],
+                               host=self.host)
         finally:
             os.close(pool_fd)
 

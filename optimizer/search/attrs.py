@@ -74,7 +74,10 @@ CONFIRM: Attr[Json | None] = Attr("confirm", None, "a confirmation run, stored i
 # --- on a trial: who ran it, and its engine's processes ------------------------------------------------------------
 WORKER: Attr[Json | None] = Attr("worker", None, "the optimize process running it: {host, pid, create_time}")
 GPUS: Attr[Json | None] = Attr("gpus", None, "the GPUs it was given from the study's pool (--gpus): {indices, uuids, "
-                                             "cpus, reserved_unix_s, released_unix_s}; None without a pool")
+                                             "cpus, reserved_unix_s, released_unix_s, host (--ray)}; None without a "
+                                             "pool")
+NODES: Attr[list[Json]] = Attr("nodes", [], "the cluster nodes its task started on, in order (--ray): [{host, node}]; "
+                                            "more than one where a node was lost and the task retried on another")
 ENGINE_PROCESSES: Attr[list[list[float]]] = Attr("engine_processes", [], "its engine's processes: [[pid, create_time]]")
 ENGINE_PIDS: Attr[list[int]] = Attr("engine_pids", [], "its engine's PIDs, for a person reading the study")
 INTERRUPTED: Attr[str | None] = Attr("interrupted", None, "why it ended FAIL without a result (queued again)")
@@ -105,7 +108,7 @@ PRUNED_REASON: Attr[str | None] = Attr("pruned_reason", None, "why it cannot run
 PRUNED_DETAIL: Attr[str] = Attr("pruned_detail", "", "the message behind pruned_reason, at most 1000 characters")
 
 TRIAL_ATTRS: tuple[Attr[Any], ...] = (
-    BASELINE, RETRY_OF, PRESCREEN, SIM_GOODPUT_TOK_S, RUN, AB, CONFIRM, WORKER, GPUS, ENGINE_PROCESSES,
+    BASELINE, RETRY_OF, PRESCREEN, SIM_GOODPUT_TOK_S, RUN, AB, CONFIRM, WORKER, GPUS, NODES, ENGINE_PROCESSES,
     ENGINE_PIDS, INTERRUPTED,
     ENVIRONMENT_CAUSE, ENGINE_PARAMS, ENGINE_CONFIG, BASELINE_NOTE, MEMORY_WAITED_FOR, MEMORY_ESTIMATE_GIB, LOG_FILE,
     LOG_EXCERPT, ENGINE_START_PHASES, TELEMETRY, MACHINE_LOAD, TIMINGS, CURVE, RESULT, LIMITED_BY, PRUNED_REASON,

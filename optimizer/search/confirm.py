@@ -69,9 +69,8 @@ from optimizer.search.score import (
     tied_with,
 )
 from optimizer.search.split import CONFIGS, SPLIT_RULE, rounds_after_drop, rounds_for
-from optimizer.search.study import (
-    confirmation_runs, confirmation_study, is_baseline, run_name, search_trials, wait_while_running,
-)
+from optimizer.search.budget import wait_while_running
+from optimizer.search.study import confirmation_runs, confirmation_study, is_baseline, run_name, search_trials
 
 ROUND_SEED_STEP = 1  # round r replays the workload of seed + ROUND_SEED_STEP + r
 RUN_OVER_TRIAL = 1.3  # a confirmation run against a median search trial: its bisection replays more

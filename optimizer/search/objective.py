@@ -134,7 +134,7 @@ class Objective:
         ENGINE_PARAMS.set(trial, params)
         problems = self.space.violations(params)
         if problems:
-            self._prune(trial, failures.INVALID_CONFIG, "; ".join(problems))
+            self.prune(trial, failures.INVALID_CONFIG, "; ".join(problems))
         held = await self._reserve_gpus(trial, params)
         with on_gpus(held, self.gpu_pool is not None and self.gpu_pool.topology.logical, lambda r: GPUS.set(trial, r)):
             return await self._run(trial, params, timings, t0)
@@ -147,7 +147,7 @@ class Objective:
             return await reserve(self.gpu_pool, gpus_needed({**self.config.engine_args, **params}), self.nvml,
                                  self.memory_wait_s, self.memory_poll_s, self.clock.now)
         except PoolTooSmallError as exc:
-            self._prune(trial, failures.INVALID_CONFIG, str(exc))
+            self.prune(trial, failures.INVALID_CONFIG, str(exc))
             raise
 
     async def _run(self, trial: optuna.Trial, params: dict[str, Any], timings: TrialTimings,
@@ -166,17 +166,18 @@ class Objective:
             load = MachineLoad(virtual_time=isinstance(engine, ServesInVirtualTime))
             try:
                 confirm = CONFIRM.of(trial)
-                incumbent = fair_incumbent_rate(trial.study) if self.early_stop and confirm is None else None
+                incumbent = None if not self.early_stop or confirm is not None else fair_incumbent_rate(
+                    trial.study, gpus_needed({**self.config.engine_args, **params}), self.config.engine_args)
                 with telemetry, load:
                     # records by (study, number): a confirmation run's are its confirmation study's
                     search = await engine.guard(self._measure(engine, incumbent, trial.number, engine_points,
                                                               self._repeats(trial), confirm, trial.study.study_name),
                                                 bound_s=self.config.trial_timeout_s)
             except asyncio.TimeoutError:
-                self._prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
+                self.prune(trial, failures.TIMEOUT, f"replays took longer than {self.config.trial_timeout_s:.0f} s")
             except EngineDiedError as exc:
                 LOG_EXCERPT.set(trial, log_tail(log_path))  # what the engine said before it died
-                self._prune(trial, failures.ENGINE_DIED, str(exc))
+                self.prune(trial, failures.ENGINE_DIED, str(exc))
             finally:
                 TELEMETRY.set(trial, telemetry.summary())
                 MACHINE_LOAD.set(trial, load.summary())
@@ -216,7 +217,7 @@ class Objective:
         factory = self.engine_factory
         if (CONFIRM.of(trial) or {}).get("served"):
             if self.served_factory is None:
-                self._prune(trial, failures.INVALID_CONFIG, "a run as served needs `vllm serve`, which this run "
+                self.prune(trial, failures.INVALID_CONFIG, "a run as served needs `vllm serve`, which this run "
                                                             "does not start (--no-served, or --backend http)")
             factory = self.served_factory
         return WatchedEngine(factory(), CallBounds(start_s=self.config.trial_timeout_s), pause_from_env())
@@ -226,12 +227,12 @@ class Objective:
         sized = {**self.config.engine_args, **params}  # a layout fixed in the study's engine arguments counts too
         layout = layout_problems(sized, self._visible_gpus())
         if layout:
-            self._prune(trial, failures.INVALID_CONFIG, "; ".join(layout))
+            self.prune(trial, failures.INVALID_CONFIG, "; ".join(layout))
         try:
             with output_to(log_path):
                 resolved = engine.validate(params)  # what the installed vLLM resolves for it (None: no vLLM)
         except EngineStartError as exc:
-            self._prune(trial, exc.reason, str(exc))
+            self.prune(trial, exc.reason, str(exc))
         gpus = gpus_needed(sized)  # its ranks' GPUs: another job on a GPU past them does not count against it
         probe = layout_probe(self.memory_probe, gpus, self.most_free_bytes)
         memory = probe() if self.model is not None else None
@@ -269,7 +270,7 @@ class Objective:
                 return fallback
             problems = again
         if problems:
-            self._prune(trial, failures.OUT_OF_MEMORY, "preflight: " + "; ".join(problems))
+            self.prune(trial, failures.OUT_OF_MEMORY, "preflight: " + "; ".join(problems))
         return params
 
     def _may_fall_back(self, trial: optuna.Trial, params: dict[str, Any]) -> bool:
@@ -300,14 +301,14 @@ class Objective:
             return resolved
         except asyncio.TimeoutError:
             self.breaker.observe(None)
-            self._prune(trial, failures.TIMEOUT, f"the engine did not start within {self.config.trial_timeout_s:.0f} s")
+            self.prune(trial, failures.TIMEOUT, f"the engine did not start within {self.config.trial_timeout_s:.0f} s")
         except EngineDiedError as exc:  # a process of it gone mid-start, or the start hung past its bound
             self.breaker.observe(None)
             LOG_EXCERPT.set(trial, log_tail(log_path))
-            self._prune(trial, failures.ENGINE_DIED, str(exc))
+            self.prune(trial, failures.ENGINE_DIED, str(exc))
         except EngineStartError as exc:
             cause = self._environment_cause(trial, exc, log_path)  # raises when the breaker trips
-            self._prune(trial, failures.START_FAILED if cause else exc.reason, str(exc))
+            self.prune(trial, failures.START_FAILED if cause else exc.reason, str(exc))
         finally:
             timings.start_s = time.perf_counter() - t
             if log_path.exists():  # compile and CUDA-graph capture apart from the rest of the start
@@ -367,7 +368,8 @@ class Objective:
             return max(self.config.repeats, BASELINE_REPEATS)
         return self.config.repeats
 
-    def _prune(self, trial: optuna.Trial, reason: str, detail: str) -> None:
+    def prune(self, trial: optuna.Trial, reason: str, detail: str) -> None:
+        """Store why `trial` cannot run (a core/failures.py class, and its message) and end it pruned."""
         PRUNED_REASON.set(trial, reason)
         PRUNED_DETAIL.set(trial, detail[:1000])
         set_constraints(trial, {constraint_key(lim): CANNOT_RUN for lim in self.config.limits})

@@ -124,7 +124,8 @@ def run_pilot(config: StudyConfig, storage: optuna.storages.BaseStorage, objecti
     `PILOT_REQUESTS` per replay and no early stop. A pilot already finished (a run stopped right after it) is
     reused, not run again.
     """
-    from optimizer.search.study import open_study, run_to_budget
+    from optimizer.search.budget import run_to_budget
+    from optimizer.search.study import open_study
 
     spec = config.workload
     trace_len = len(spec.trace) if spec.trace else None
@@ -164,7 +165,7 @@ def _wait_for_pilot(pilot_study: optuna.Study, timeout_s: float, say: Callable[.
                     poll_s: float = 5.0) -> list[optuna.trial.FrozenTrial]:
     """The finished pilot trial. When another worker started the same study a moment before, its pilot is the
     one running: wait for it (at most one trial's time limit), so that every worker takes the same count."""
-    from optimizer.search.study import wait_while_running
+    from optimizer.search.budget import wait_while_running
 
     wait_while_running(pilot_study, timeout_s, poll_s, now, sleep,
                        on_wait=lambda: say("pilot: another worker is running it; waiting for its result"))

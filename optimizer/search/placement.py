@@ -50,9 +50,11 @@ def on_gpus(held: Reservation | None, logical: bool, record: Callable[[dict[str,
 
 
 def gpus_text(trial: FrozenTrial) -> str:
-    """' on GPUs 0,1' for a trial the study's pool gave GPUs (--gpus); '' otherwise."""
+    """' on GPUs 0,1' for a trial the study's pool gave GPUs (--gpus), ' on GPUs 0,1 of HOST' on a cluster (--ray);
+    '' otherwise."""
     held = GPUS.of(trial)
     if not held:
         return ""
     indices = held.get("indices") or []
-    return f" on GPU{'s' * (len(indices) != 1)} {','.join(str(i) for i in indices)}"
+    host = f" of {held['host']}" if held.get("host") else ""
+    return f" on GPU{'s' * (len(indices) != 1)} {','.join(str(i) for i in indices)}{host}"

@@ -138,7 +138,8 @@ def run_prescreen(study: optuna.Study, storage: optuna.storages.BaseStorage, con
 
     Returns the picks (empty when the study was pre-screened before: resuming never queues them again).
     """
-    from optimizer.search.study import open_study, run_to_budget, wait_while_running
+    from optimizer.search.budget import run_to_budget, wait_while_running
+    from optimizer.search.study import open_study
 
     if STUDY_PRESCREEN.of(study) is not None:
         return []

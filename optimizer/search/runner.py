@@ -23,21 +23,19 @@ from optimizer.measurement.workload import build_workload
 from optimizer.params.preflight import DeviceMemory
 from optimizer.params.space import resolve
 from optimizer.search.attrs import (
-    STUDY_CREATED, STUDY_DEMO_SCALE, STUDY_MACHINE, STUDY_P99_STABILITY,
-    STUDY_REQUESTS_CHOICE, TIMINGS,
+    STUDY_CREATED, STUDY_DEMO_SCALE, STUDY_MACHINE, STUDY_P99_STABILITY, STUDY_REQUESTS_CHOICE, TIMINGS,
 )
+from optimizer.search.budget import run_to_budget, trials_at_once
 from optimizer.search.fitting import machine_warning, served_dtype, size_demo
 from optimizer.search.gpu_demo import model_line as gpu_demo_line
 from optimizer.search.measured import measurement_of
 from optimizer.search.objective import Objective
-from optimizer.search.progress import Progress, Status, Tally, Ticker, clock_text
-from optimizer.search.progress import describe as describe_trial
+from optimizer.search.progress import Progress, Status, Tally, Ticker, clock_text, describe as describe_trial
 from optimizer.search.records import RecordStore
-from optimizer.search.study import (
-    finished_count, is_confirmation, open_study, run_to_budget, storage_for, stored_config,
-)
+from optimizer.search.study import finished_count, is_confirmation, open_study, storage_for, stored_config
 
 if TYPE_CHECKING:
+    from optimizer.search.budget import Cluster
     from optimizer.search.slots import Slot
 
 
@@ -114,7 +112,8 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
     served go to `served_factory` (default: `vllm serve` with the study's engine arguments, when the study's
     `serves_after`; none with an `engine_factory` given and no `served_factory`). The steps before the first trial
     (probe, pilot, pre-screen) tick on a terminal (search/progress.py `Ticker`); `live=False`: never. A `slot`
-    (one of a run's processes under --gpus) joins the study its run opened: no pre-screen of its own."""
+    (one of a run's processes under --gpus, or a trial's task on a cluster under --ray) joins the study its run
+    opened: no recovery and no pre-screen of its own."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     path = model_path(config)
     simulated = config.engine == "sim"
@@ -171,7 +170,7 @@ def prepare(config: StudyConfig, studies_dir: Path, say: Callable[..., None] = p
         with Ticker("pilot: vLLM's defaults measure the TTFT tail", say, live=live) as ticker:
             config, choice = run_pilot(config, storage, objective, records, ticker.write)
         objective = replace(objective, config=config, workload=build_workload(config.workload, info.vocab_size))
-    study = open_study(config, storage)
+    study = open_study(config, storage, joined=slot)
     if new_study:
         for key, value in fitted.items():
             study.set_user_attr(key, value)
@@ -229,7 +228,8 @@ def say_to_stderr(*args: Any) -> None:
 
 
 def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_to_stderr,
-        slots: Callable[[], Sequence[Slot]] | None = None) -> optuna.Study:
+        slots: Callable[[], Sequence[Slot]] | None = None, cluster: Cluster | None = None, gpus_at_once: int = 1
+        ) -> optuna.Study:
     """Run search trials until the study holds its budget of them (less the confirmation's runs), or the next would
     end past its deadline (less the time kept for the confirmation); then the confirmation (search/confirm.py).
 
@@ -237,7 +237,9 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
     and the lines said meanwhile, under one estimate of the time left, which the run's first line states.
 
     `slots` (--gpus, search/slots.py) starts the processes that run the search trials at once; this process then
-    says their trials as they finish and runs the confirmation once they have all stopped."""
+    says their trials as they finish and runs the confirmation once they have all stopped. `cluster` (--ray,
+    search/raycluster.py) runs the search trials as tasks on a Ray cluster, and the confirmation as one; the time left
+    counts the trials that run at once on `gpus_at_once` GPUs."""
     from optimizer.search import confirm
     from optimizer.search.confirmed import confirmation
     from optimizer.search.split import CONFIGS, plan
@@ -254,8 +256,9 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
         run_s = confirm.run_estimate_s(study)
         return split.runs * run_s if run_s is not None else 0.0
 
-    def status() -> Status:
-        return run_status(prepared, tally, estimate)
+    def status() -> Status:  # a search trial's length over how many run at once
+        trial_s, at_once = estimate(), trials_at_once(study, gpus_at_once, config.engine_args)
+        return run_status(prepared, tally, lambda: trial_s and trial_s / at_once)
 
     first = status()
     if not quiet:
@@ -279,10 +282,12 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
             from optimizer.search.slots import watch
 
             stop = watch(study, slots(), on_trial)
+        elif cluster is not None:
+            stop = cluster.search(on_trial, split.search_budget, config.deadline_unix_s, estimate, reserve_s)
         else:
             stop = run_to_budget(study, prepared.objective, split.search_budget, on_trial=on_trial,
                                  deadline_unix_s=config.deadline_unix_s, trial_estimate_s=estimate,
-                                 reserve_s=reserve_s)
+                                 reserve_s=reserve_s, wait_running_s=config.trial_timeout_s)
         if stop.reason:
             say(stop.reason)
         rounds = 0
@@ -298,9 +303,10 @@ def run(prepared: Prepared, quiet: bool = False, say: Callable[..., None] = say_
         if progress is not None:
             progress.update(status())
         if rounds:
-            line = confirm.run(study, prepared.objective, rounds, config.engine_args, say, on_run=on_run,
-                               deadline_unix_s=config.deadline_unix_s, workload_seed=config.workload.seed,
-                               served=serves, asked=config.confirm is not None)
+            line = (cluster.confirm if cluster is not None else confirm.run)(
+                study, prepared.objective, rounds, config.engine_args, say, on_run=on_run,
+                deadline_unix_s=config.deadline_unix_s, workload_seed=config.workload.seed, served=serves,
+                asked=config.confirm is not None)
             if line:
                 say(line)
         tally.confirmed()

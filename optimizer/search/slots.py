@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from optimizer.search.study import BudgetStop
+    from optimizer.search.budget import BudgetStop
 
 SLOT_FLAG = "--slot"
 STOP_WAIT_S = 120.0  # how long the slots get to shut their engines down after Ctrl-C or SIGTERM
@@ -126,7 +126,8 @@ def watch(study: optuna.Study, slots: Sequence[Slot], on_trial: Callable[[optuna
     """Say each search trial the slots finish (`on_trial`), in the order they finish, until every slot has exited;
     a slot that failed stops the others, and its line is raised (OptimizerError). Ctrl-C or SIGTERM stops them all,
     then goes on up."""
-    from optimizer.search.study import BudgetStop, search_trials
+    from optimizer.search.budget import BudgetStop
+    from optimizer.search.study import search_trials
 
     seen = {t.number for t in search_trials(study)}
     ran = 0

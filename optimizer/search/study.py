@@ -13,9 +13,8 @@ import socket
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -113,6 +112,10 @@ def stored_config(storage: optuna.storages.BaseStorage, study_name: str) -> Stud
     except KeyError:
         return None
     raw = STUDY_CONFIG.of(study)
+    deadline = time.monotonic() + 10.0
+    while raw is None and not study.get_trials(deepcopy=False) and time.monotonic() < deadline:
+        time.sleep(0.2)  # another worker made it a moment ago (open_study) and stores its config next: wait for it
+        raw = STUDY_CONFIG.of(study)
     if raw is None:
         raise UsageError(f"study {study_name!r} exists but was not made by optimize: choose another --study name")
     check_schema(study)  # an older optimizer's study is refused in one line before its settings are read
@@ -156,8 +159,10 @@ def sampler(seed: int) -> optuna.samplers.BaseSampler:
                                           n_startup_trials=N_STARTUP_TRIALS)
 
 
-def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage) -> optuna.Study:
-    """Create the study (with its baseline queued first) or load it to resume."""
+def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage, joined: bool = False) -> optuna.Study:
+    """Create the study (with its baseline queued first) or load it to resume. `joined`: a process that runs trials
+    for a run that opened the study already (a slot, a cluster task) leaves the recovery of earlier runs to it: a
+    trial whose process died here may be one its run is retrying elsewhere."""
     try:
         study = optuna.load_study(study_name=config.study_name, storage=storage, sampler=sampler(worker_seed(config)))
     except KeyError:
@@ -178,6 +183,8 @@ def open_study(config: StudyConfig, storage: optuna.storages.BaseStorage) -> opt
             check_schema(s)
             refuse_parallel_sqlite(s, config.storage_url)
         STUDY_CONFIG.set(study, _stored_form(config))  # a larger budget is the only change allowed
+        if joined:
+            return study
         if runs is not None:
             requeued, ended = recover(runs)
             if requeued or ended:
@@ -299,97 +306,3 @@ def search_trials(study: optuna.Study, states: tuple[TrialState, ...] = FINISHED
 def finished_count(study: optuna.Study) -> int:
     """Finished search trials (confirmation runs are not trials of the search)."""
     return len(search_trials(study))
-
-
-def _claimed_count(study: optuna.Study) -> int:
-    """Finished search trials plus those running now (stale ones failed first): what the budget has given out."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
-    return len(search_trials(study, (*FINISHED, TrialState.RUNNING)))
-
-
-def wait_while_running(study: optuna.Study, timeout_s: float, poll_s: float = 1.0,
-                       now: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                       on_wait: Callable[[], None] | None = None) -> None:
-    """Until no trial of `study` runs (another worker's), at most `timeout_s`: a worker that died mid-trial is not
-    waited for forever. `on_wait` is called once, before the first wait."""
-    deadline = now() + timeout_s
-    waited = False
-    while now() < deadline and any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False)):
-        if not waited and on_wait is not None:
-            on_wait()
-        waited = True
-        sleep(poll_s)
-
-
-@dataclass(frozen=True)
-class BudgetStop:
-    """How a run ended: `ran` trials here; `reason` says why it stopped before the trial budget (else empty)."""
-
-    ran: int
-    reason: str = ""
-
-
-def time_left_for(deadline_unix_s: float | None, estimate_s: float | None, now_unix_s: float,
-                  reserve_s: float = 0.0) -> str:
-    """Pure: why the next trial may not start (it would end past the deadline, less `reserve_s` kept for the
-    confirmation after the search), or '' when it may."""
-    if deadline_unix_s is None:
-        return ""
-    left_s = deadline_unix_s - now_unix_s
-    if left_s <= 0:
-        return "time budget: the deadline has passed; give --budget DURATION (e.g. --budget 2h) to extend it"
-    if estimate_s is not None and estimate_s + reserve_s > left_s:
-        kept = f", ~{reserve_s:.0f} s of them kept for the confirmation" if reserve_s > 0 else ""
-        return (f"time budget: the next trial takes ~{estimate_s:.0f} s and {left_s:.0f} s are left before the "
-                f"deadline{kept}: stopping the search here; give --budget DURATION to extend it")
-    return ""
-
-
-class Gate(Protocol):
-    """A lock processes share (search/slots.py `BudgetGate`)."""
-
-    def acquire(self) -> None: ...
-
-    def release(self) -> None: ...
-
-
-def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Any], budget: int | None,
-                  on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
-                  gc_after_trial: bool = True, deadline_unix_s: float | None = None,
-                  trial_estimate_s: Callable[[], float | None] = lambda: None,
-                  now_unix_s: Callable[[], float] = time.time,
-                  reserve_s: Callable[[], float] = lambda: 0.0, gate: Gate | None = None) -> BudgetStop:
-    """Run trials one by one until the study holds `budget` finished trials, or until the next trial's estimated
-    duration would push past `deadline_unix_s` (less `reserve_s()`, kept for the confirmation). `budget` None: the
-    deadline alone decides.
-
-    `gc_after_trial=False` is for simulated trials, where a full collection costs more than the trial itself.
-
-    With several workers, a worker starts a trial only while finished + running trials are under the budget,
-    so the workers together never run more than the budget; with a `gate` they share, exactly the budget (the check
-    and the trial's creation are one step under its lock).
-    """
-    ran = 0
-    callbacks = [lambda s, t: on_trial(s, t)] if on_trial else []
-    while True:
-        if gate is not None:
-            gate.acquire()
-        try:
-            if budget is not None and _claimed_count(study) >= budget:
-                return BudgetStop(ran)
-            reason = time_left_for(deadline_unix_s, trial_estimate_s(), now_unix_s(), reserve_s())
-            if reason:
-                return BudgetStop(ran, reason)
-
-            def started(trial: optuna.Trial) -> Any:  # the trial exists: the next check counts it
-                if gate is not None:
-                    gate.release()
-                return objective(trial)
-
-            study.optimize(started, n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=gc_after_trial)
-        finally:
-            if gate is not None:
-                gate.release()
-        ran += 1

@@ -67,6 +67,16 @@ def test_a_model_of_one_s_own_has_no_estimate_before_an_engine_starts(tmp_path, 
     assert not (tmp_path / "s").exists()
 
 
+def test_a_ray_cluster_is_named_and_not_joined(tmp_path, capsys):
+    argv = ["--dry-run", "--engine", "sim", "--ttft-p99", "150ms", "--ray", "127.0.0.1:1", "--budget", "20",
+            "--studies-dir", str(tmp_path / "s")]
+    assert main(argv) == 0  # nothing answers at that address: a dry run does not ask
+    f = fields(capsys.readouterr().out)
+    assert f["cluster"] == ("the Ray cluster at 127.0.0.1:1 (a dry run does not join it): each trial a task on one "
+                            "node with its layout's GPUs, as many at once as the cluster has GPUs")
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_resumed_study_is_planned_from_its_own_trials_and_left_unchanged(tmp_path, capsys):
     config = make_config(tmp_path, config_only_model_in(tmp_path), study_name="default",
                          storage_url=f"sqlite:///{tmp_path}/default.db")

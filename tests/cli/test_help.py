@@ -146,7 +146,7 @@ RUN_GROUPS = {  # the run's --help, group by group, in this order
     "the study": ["--study", "--storage", "--studies-dir"],
     "limits and budget": ["--ttft-p99", "--tpot-p99", "--itl-p99", "--e2e-p99", "--slo", "--goodput", "--budget",
                           "--trial-timeout"],
-    "the model and engine": ["--model", "--dummy-weights", "--device", "--backend", "--gpus", "--engine",
+    "the model and engine": ["--model", "--dummy-weights", "--device", "--backend", "--gpus", "--engine", "--ray",
                              "--cold-starts"],
     "the workload": ["--workload", "--preset", "--num-requests", "--input-len", "--output-len", "--workload-seed",
                      "--trace"],

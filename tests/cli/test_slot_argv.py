@@ -1,6 +1,6 @@
 """A run's slots (--gpus) get its command line without --budget: they read the budget and deadline the run stored."""
 
-from optimizer.cli.run import slot_argv
+from optimizer.cli.parallel import slot_argv
 
 
 def test_the_slots_command_line_leaves_the_budget_to_the_stored_study():

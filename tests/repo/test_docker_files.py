@@ -326,7 +326,8 @@ def test_installs_the_projects_own_requirements_read_from_pyproject():
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     out = subprocess.run([sys.executable, str(DOCKER / "project_requirements.py"), str(REPO / "pyproject.toml")],
                          capture_output=True, text=True, timeout=60, check=True).stdout.split()
-    assert out == meta["dependencies"] + meta["optional-dependencies"]["postgres"]
+    extras = meta["optional-dependencies"]
+    assert out == meta["dependencies"] + extras["postgres"] + extras["ray"]
     names = {normalize(re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0]) for r in out}
     assert {"optuna", "aiohttp", "numpy", "nvidia-ml-py", "pydantic", "sqlalchemy", "pyyaml", "tqdm", "psutil",
             "psycopg2-binary"} <= names

@@ -18,7 +18,7 @@ from tests.conftest import REPO
 # The database form: these strings are what every study ever written holds. Never change one.
 STORED_TRIAL_KEYS = {
     "BASELINE": "baseline", "RETRY_OF": "retry_of", "PRESCREEN": "prescreen", "SIM_GOODPUT_TOK_S": "sim_goodput_tok_s",
-    "RUN": "run", "AB": "ab", "CONFIRM": "confirm", "WORKER": "worker", "GPUS": "gpus",
+    "RUN": "run", "AB": "ab", "CONFIRM": "confirm", "WORKER": "worker", "GPUS": "gpus", "NODES": "nodes",
     "ENGINE_PROCESSES": "engine_processes", "ENGINE_PIDS": "engine_pids",
     "INTERRUPTED": "interrupted", "ENVIRONMENT_CAUSE": "environment_cause", "ENGINE_PARAMS": "engine_params",
     "ENGINE_CONFIG": "engine_config", "BASELINE_NOTE": "baseline_note", "MEMORY_WAITED_FOR": "memory_waited_for",

@@ -17,7 +17,7 @@ from optimizer.config.settings import RateSearchSpec
 from optimizer.measurement.rate_search import BRACKET_PRECISION
 from optimizer.search import confirm, split
 from optimizer.search.attrs import (
-    BASELINE, CONFIRM, CURVE, LOG_FILE, MACHINE_LOAD, RESULT, RETRY_OF, STUDY_CONFIRMATION,
+    BASELINE, CONFIRM, CURVE, ENGINE_PARAMS, LOG_FILE, MACHINE_LOAD, RESULT, RETRY_OF, STUDY_CONFIRMATION,
 )
 from optimizer.search.incumbent import fair_incumbent_rate, single_run_lower_rps
 from optimizer.search.measured import SCHEMA
@@ -761,3 +761,22 @@ def test_a_run_disturbed_by_other_processes_is_run_again_once_then_kept():
     confirmation_study(study).add_trial(create_trial(state=TrialState.PRUNED, user_attrs={
         **CONFIRM.item({"plan": "3:2", "of": 0, "round": 1}), **MACHINE_LOAD.item(busy)}))
     assert 1 in confirmation(study).base.runs
+
+
+def test_with_layouts_of_different_sizes_the_incumbent_compares_per_gpu():
+    study = optuna.create_study(directions=["maximize", "minimize"])
+
+    def add(rate, tp):
+        study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0], user_attrs={
+            RESULT.key: {"schema": SCHEMA, "feasible": True, "rate_rps": rate},
+            ENGINE_PARAMS.key: {"tensor_parallel_size": tp}}))
+
+    add(40.0, 4)  # 10 req/s per GPU
+    add(12.0, 1)  # 12 req/s per GPU: the best per GPU, though a third of the other's rate
+    low = 1 - 1.645 * 0.06
+    assert fair_incumbent_rate(study, gpus=1) == pytest.approx(12.0 * low)  # not 0.9 x 40 for a 1-GPU trial
+    assert fair_incumbent_rate(study, gpus=2) == pytest.approx(24.0 * low)
+    assert fair_incumbent_rate(study, gpus=4) == pytest.approx(48.0 * low)
+    # a layout fixed by the engine arguments counts as the trials' own
+    # (x 2 GPUs each: 40 req/s on 8, 12 on 2, the best per GPU 6)
+    assert fair_incumbent_rate(study, gpus=2, engine_args={"pipeline_parallel_size": 2}) == pytest.approx(12.0 * low)

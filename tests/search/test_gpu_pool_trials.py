@@ -19,7 +19,8 @@ from optimizer.search.attrs import GPUS, PRUNED_DETAIL, PRUNED_REASON
 from optimizer.search.progress import describe
 from optimizer.search.recovery import RUN_ENV
 from optimizer.search.runner import prepare
-from optimizer.search.study import run_to_budget
+from optimizer.search.slots import BudgetGate
+from optimizer.search.budget import run_to_budget
 from tests.support.fake_engine import FakeEngine
 from tests.support.fake_nvml import FakeNvml
 
@@ -41,7 +42,7 @@ def _slot(tmp_path, model, budget):
     """One slot of the pool: a process of its own running trials until the study holds `budget`, as `--gpus` runs
     one per GPU."""
     obj, study = objective_on(tmp_path, model, GpuPool(logical_topology(8), tmp_path / "locks"))
-    run_to_budget(study, obj, budget)
+    run_to_budget(study, obj, budget, gate=BudgetGate(tmp_path / "budget.lock"))  # as --gpus gives its slots
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -84,7 +84,7 @@ def test_a_second_worker_that_pre_screens_the_same_study_queues_no_pick_twice(tm
 
 
 def test_the_pre_screen_waits_for_another_workers_running_simulated_trials():
-    from optimizer.search.study import wait_while_running
+    from optimizer.search.budget import wait_while_running
 
     study = optuna.create_study()
     running = study.ask()

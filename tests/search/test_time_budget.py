@@ -16,7 +16,8 @@ from optimizer.search.progress import clock_text
 from optimizer.search.split import plan
 from optimizer.search.progress import Tally
 from optimizer.search.runner import budget_text, prepare, run_status, start_estimate
-from optimizer.search.study import open_study, run_to_budget, storage_for, time_left_for
+from optimizer.search.budget import run_to_budget, time_left_for
+from optimizer.search.study import open_study, storage_for
 from tests.support.fakes import SimEngine, make_config
 
 
