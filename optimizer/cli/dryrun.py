@@ -66,7 +66,7 @@ def plan_lines(config: StudyConfig, resumed: bool, split_line: str, ray: str | N
         gpus = field("GPUs", f"{pool.describe()}: up to {pool.size} trials at once, each on its layout's GPUs")
     if ray:
         gpus = field("cluster", f"the Ray cluster at {ray} (a dry run does not join it): each trial a task on one "
-                     f"node with its layout's GPUs, as many at once as the cluster has GPUs")
+                     f"node with its layout's GPUs, as many at once as the cluster's GPUs hold")
     return [
         "dry run: what the run would do; no engine starts, nothing is written",
         *field("vLLM", engine),

@@ -13,7 +13,7 @@ from optimizer.cli.common import (
     storage_url, where_flags, workload_settings,
 )
 from optimizer.cli.manual import main_usage, new_parser, subcommands_text
-from optimizer.cli.parallel import join_ray, run_slot
+from optimizer.cli.parallel import join_ray, run_slot, slot_argv
 from optimizer.core.errors import UsageError
 from optimizer.core.units import parse_duration_ms
 from optimizer.search.slots import SLOT_FLAG
@@ -349,8 +349,6 @@ def run_study(ns: argparse.Namespace, argv: list[str] | None = None) -> int:
 
         say(f"GPUs: {pool.describe()}; up to {pool.size} trials at once, each on its layout's GPUs (slot logs in "
             f"{logs_dir})")
-        from optimizer.cli.parallel import slot_argv
-
         line = slot_argv(argv if argv is not None else sys.argv[1:])
         slots = lambda: start_slots(line, pool.size, logs_dir)  # noqa: E731
     cluster = None

@@ -17,11 +17,17 @@ from optimizer.search.attrs import ENGINE_PARAMS
 from optimizer.search.study import FINISHED, finished_count, search_trials
 
 
-def claimed_count(study: optuna.Study) -> int:
-    """Finished search trials plus those running now (stale ones failed first): what the budget has given out."""
+def fail_stale(study: optuna.Study) -> None:
+    """End as failed the running trials whose worker stopped beating (Optuna's heartbeat; its callback queues them
+    again: search/study.py)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+
+
+def claimed_count(study: optuna.Study) -> int:
+    """Finished search trials plus those running now (stale ones failed first): what the budget has given out."""
+    fail_stale(study)
     return len(search_trials(study, (*FINISHED, TrialState.RUNNING)))
 
 
@@ -36,9 +42,7 @@ def trials_at_once(study: optuna.Study, gpus: int, engine_args: Mapping[str, Any
 
 def _still_running(study: optuna.Study) -> bool:
     """A trial of `study` runs (one whose worker died failed first: Optuna's heartbeat)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
+    fail_stale(study)
     return any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
 
 

@@ -5,8 +5,8 @@ as its layout needs, the study in its one database.
   with constant liar, search/study.py: knowing the configs in flight), then submits it as a Ray task that asks for
   its layout's GPUs (tensor x pipeline x data parallel) and a core per GPU. Ray starts it on a node with that many
   free and shows it exactly them; the task joins the study, runs the trial on those GPUs (its pool, so the guard
-  against other programs holds: hardware/gpu_pool.py) and stores the result. At most as many trials are in flight
-  as the cluster has GPUs; a layout larger than every node is pruned with its reason.
+  against other programs holds: hardware/gpu_pool.py) and stores the result. A trial is drawn only while the ones in
+  flight ask for fewer GPUs than the cluster has; a layout larger than every node is pruned with its reason.
 - **One budget.** Only this process creates trials, and only while the study's finished and running trials are
   under the budget and the next would end before the deadline.
 - **A node lost mid-trial.** Ray runs the task again on another node, up to RETRIES times: the same trial, so nothing
@@ -241,16 +241,20 @@ class RayCluster:
                     if reason:
                         break
                     trial = study.ask()
-                    params = objective.trial_params(trial)  # drawn here, knowing the trials in flight
-                    needed = gpus_needed({**self.prepared.config.engine_args, **params})
-                    if needed > max(gpus, default=0):
-                        self._too_large(trial, params, needed, gpus)
-                        ran += 1
-                        on_trial(study, study._storage.get_trial(trial._trial_id))
-                        continue
-                    ref = task.options(num_gpus=needed, num_cpus=cpus_for(needed, nodes), max_retries=RETRIES,
-                                       retry_exceptions=False, name=f"trial-{trial.number}") \
-                        .remote(self.payload, trial._trial_id)
+                    try:
+                        params = objective.trial_params(trial)  # drawn here, knowing the trials in flight
+                        needed = gpus_needed({**self.prepared.config.engine_args, **params})
+                        if needed > max(gpus, default=0):
+                            self._too_large(trial, params, needed, gpus)
+                            ran += 1
+                            on_trial(study, study._storage.get_trial(trial._trial_id))
+                            continue
+                        ref = task.options(num_gpus=needed, num_cpus=cpus_for(needed, nodes), max_retries=RETRIES,
+                                           retry_exceptions=False, name=f"trial-{trial.number}") \
+                            .remote(self.payload, trial._trial_id)
+                    except BaseException:  # stopped between its creation and its task: queued again, as interrupted
+                        self._interrupt(trial, "Ctrl-C or SIGTERM")
+                        raise
                     self.in_flight[ref], self.needs[ref] = trial, needed
                 if not self.in_flight:
                     return BudgetStop(ran, reason)

@@ -73,7 +73,7 @@ def test_a_ray_cluster_is_named_and_not_joined(tmp_path, capsys):
     assert main(argv) == 0  # nothing answers at that address: a dry run does not ask
     f = fields(capsys.readouterr().out)
     assert f["cluster"] == ("the Ray cluster at 127.0.0.1:1 (a dry run does not join it): each trial a task on one "
-                            "node with its layout's GPUs, as many at once as the cluster has GPUs")
+                            "node with its layout's GPUs, as many at once as the cluster's GPUs hold")
     assert not (tmp_path / "s").exists()
 
 
