@@ -22,6 +22,7 @@ as its layout needs, the study in its one database.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 import threading
@@ -38,8 +39,9 @@ from optimizer.core import failures
 from optimizer.core.errors import OptimizerError, UsageError
 from optimizer.core.signals import install_stop_handlers
 from optimizer.params.parallel import gpus_needed
-from optimizer.search.attrs import ENGINE_PARAMS, INTERRUPTED, NODES
+from optimizer.search.attrs import ENGINE_PARAMS, NODES
 from optimizer.search.budget import BudgetStop, claimed_count, time_left_for
+from optimizer.search.recovery import end_interrupted, requeue_interrupted
 from optimizer.search.study import confirmation_study
 
 if TYPE_CHECKING:
@@ -206,8 +208,9 @@ class RayCluster:
     in_flight: dict[Any, optuna.Trial] = field(default_factory=dict)  # by task
     needs: dict[Any, int] = field(default_factory=dict)  # the GPUs each task in flight asked for
 
-    @property
+    @functools.cached_property
     def payload(self) -> dict[str, Any]:
+        """What every task is given: the run's config and where its studies are."""
         config = self.prepared.config
         return {"config": config.model_dump_json(), "studies_dir": str(self.studies_dir),
                 "logical": config.engine == "sim"}
@@ -283,8 +286,6 @@ class RayCluster:
         again; an error of the run's (the cause of a task that raised) stops the run."""
         from ray.exceptions import RayTaskError
 
-        from optimizer.search.recovery import requeue_interrupted
-
         study = self.prepared.study
         try:
             self.ray.get(ref)
@@ -300,10 +301,7 @@ class RayCluster:
 
     def _interrupt(self, trial: optuna.Trial, why: str) -> None:
         """End `trial` FAIL as interrupted (queued again by requeue_interrupted), where its task did not."""
-        storage = self.prepared.study._storage
-        if storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
-            storage.set_trial_user_attr(trial._trial_id, INTERRUPTED.key, why)
-            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        end_interrupted(self.prepared.study._storage, trial._trial_id, why)
 
     def stop(self) -> None:
         """Cancel every task in flight (a running one shuts its engine down and ends its trial FAIL, interrupted),

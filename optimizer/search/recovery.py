@@ -61,15 +61,22 @@ def recover(study: optuna.Study) -> tuple[list[int], list[int]]:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _worker_dead_here(trial):
             ended += end_processes(engine_processes(trial))
-            storage.set_trial_user_attr(trial._trial_id, INTERRUPTED.key, "its optimize process died")
-            try:
-                storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                pass
+            end_interrupted(storage, trial._trial_id, "its optimize process died")
     for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
         if _worker_dead_here(trial):
             ended += end_processes(engine_processes(trial))
     return requeue_interrupted(study), ended
+
+
+def end_interrupted(storage: optuna.storages.BaseStorage, trial_id: int, why: str) -> None:
+    """End a running trial FAIL as interrupted (`why`), to be queued again (`requeue_interrupted`); one that ended
+    meanwhile is left as it is."""
+    try:
+        if storage.get_trial(trial_id).state == TrialState.RUNNING:
+            storage.set_trial_user_attr(trial_id, INTERRUPTED.key, why)
+            storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:
